@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds a Horovod wheel from the PyPI sdist, with PyTorch and both the Gloo and MPI controllers.
+#
+# Why a patch: Horovod 0.28.1 (the last release) compiles its C++ with CMAKE_CXX_STANDARD 14, and
+# torch >= 2.1 headers need C++17, so the sdist fails to build against any current torch. Upstream fixed
+# this in horovod/horovod#3998 (raise the standard to 17 in CMakeLists.txt and horovod/torch/CMakeLists.txt)
+# after 0.28.1, and never released it. We apply exactly that change to the released sdist.
+#
+# Used by scripts/setup.sh (local machine) and docker/training.Dockerfile (the image), so both build
+# Horovod the same way.
+#
+# usage: build-horovod.sh OUT_DIR [EXTRA_ENV...]   (needs torch and cmake already installed in the python)
+set -euo pipefail
+out_dir=${1:?usage: build-horovod.sh OUT_DIR}
+python=${PYTHON:-python}
+here=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck disable=SC1091
+source "$here/versions.env"
+
+mkdir -p "$out_dir"
+if ls "$out_dir"/horovod-"$HOROVOD_VERSION"-*.whl >/dev/null 2>&1; then
+  echo "horovod wheel already built in $out_dir"
+  exit 0
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$python" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
+tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
+src="$work/horovod-$HOROVOD_VERSION"
+sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
+grep -q 'CMAKE_CXX_STANDARD 17' "$src/horovod/torch/CMakeLists.txt" || { echo "C++17 patch did not apply" >&2; exit 1; }
+
+export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=${HOROVOD_WITH_MPI:-1}
+export HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+export MAKEFLAGS="-j$(nproc)"
+# --no-build-isolation: the extension must compile against the torch already installed, not a fresh one.
+"$python" -m pip wheel --no-build-isolation --no-deps "$src" -w "$out_dir"

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine for ringflow, unattended and idempotent: Debian's OpenMPI, a virtual
+# environment in .venv, torch (CPU build), Horovod built from source with the C++17 fix
+# (docker/build-horovod.sh says why), and ringflow itself with Airflow and the test tools.
+# A second run reuses the venv and the cached Horovod wheel and finishes in seconds.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+# shellcheck disable=SC1091
+source versions.env
+venv=${RINGFLOW_VENV:-$root/.venv}
+cache=${RINGFLOW_CACHE:-$HOME/.cache/ringflow}
+stamp="$venv/.ringflow-setup-$(cat pyproject.toml versions.env | sha256sum | cut -c1-16)"
+
+if [ -f "$stamp" ]; then
+  exit 0
+fi
+
+if ! command -v mpirun >/dev/null || [ ! -e /usr/include/x86_64-linux-gnu/openmpi ] && [ ! -d /usr/lib/x86_64-linux-gnu/openmpi/include ]; then
+  echo "[setup] installing OpenMPI from Debian"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev cmake g++ >/dev/null
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "[setup] creating $venv"
+  python3 -m venv "$venv"
+fi
+py="$venv/bin/python"
+"$py" -m pip install --quiet --upgrade pip wheel setuptools
+"$py" -m pip install --quiet "torch==$TORCH_VERSION"
+
+if ! "$py" -c "import horovod.torch" 2>/dev/null; then
+  echo "[setup] building Horovod $HOROVOD_VERSION (about 3 minutes the first time)"
+  "$py" -m pip install --quiet cmake packaging psutil pyyaml cloudpickle
+  PYTHON="$py" docker/build-horovod.sh "$cache/wheels"
+  "$py" -m pip install --quiet "$cache"/wheels/horovod-"$HOROVOD_VERSION"-*.whl
+fi
+
+echo "[setup] installing ringflow and its dependencies"
+"$py" -m pip install --quiet -e ".[airflow,test]"
+"$venv/bin/horovodrun" --check-build
+rm -f "$venv"/.ringflow-setup-*
+touch "$stamp"

@@ -1,0 +1,163 @@
+"""Shared fixtures.
+
+`s3_server` runs a real S3 API (moto's server) in a subprocess once per session, so S3 code is
+tested over HTTP with the same SDK calls as production, not against an in-process mock.
+`object_store` runs a test once per store implementation (local folder, S3).
+Imports of ringflow stay inside fixtures: a broken module should fail its own tests, not collection
+of every test in the tree.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass
+class S3Server:
+    endpoint: str  # http://127.0.0.1:<port>
+    access_key: str = "ringflow-test-key"
+    secret_key: str = dataclasses.field(default="ringflow-test-secret", repr=False)
+    region: str = "us-east-1"
+    _counter: itertools.count = dataclasses.field(default_factory=itertools.count, repr=False)
+
+    def boto3_client(self, **overrides):
+        import boto3
+
+        kwargs = dict(endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
+                      aws_secret_access_key=self.secret_key, region_name=self.region)
+        return boto3.client("s3", **(kwargs | overrides))
+
+    def new_bucket(self, prefix: str = "rf-test") -> str:
+        """A fresh, empty bucket: tests never see each other's objects."""
+        name = f"{prefix}-{next(self._counter)}-{uuid.uuid4().hex[:8]}"
+        self.boto3_client().create_bucket(Bucket=name)
+        return name
+
+    def settings(self, **overrides):
+        from ringflow.training.store import S3Settings
+
+        fields = dict(endpoint=self.endpoint, access_key=self.access_key, secret_key=self.secret_key,
+                      region=self.region)
+        return S3Settings(**(fields | overrides))
+
+    def env(self) -> dict[str, str]:
+        """The variables S3Settings.from_env reads, for monkeypatch.setenv or a subprocess env."""
+        return {"RINGFLOW_S3_ENDPOINT": self.endpoint, "AWS_ACCESS_KEY_ID": self.access_key,
+                "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_DEFAULT_REGION": self.region}
+
+
+class _MotoProcess:
+    def __init__(self, log_path: pathlib.Path) -> None:
+        self.port = _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MOTO_", "INITIAL_NO_AUTH"))}
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=self._log, stderr=subprocess.STDOUT, env=env,
+        )
+        self.log_path = log_path
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"moto server exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
+            try:
+                # The moto API answers without counting as an S3 action (matters for auth mode).
+                with urllib.request.urlopen(f"{self.endpoint}/moto-api/data.json", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"moto server did not answer within {timeout}s:\n{self.log_path.read_text()}")
+
+    def enforce_auth(self) -> None:
+        """From now on every request needs IAM credentials that exist on this server."""
+        # Not form-encoded (urllib's default): Flask would swallow the body as a form.
+        req = urllib.request.Request(f"{self.endpoint}/moto-api/reset-auth", data=b"0", method="POST",
+                                     headers={"Content-Type": "text/plain"})
+        with urllib.request.urlopen(req, timeout=5):
+            pass
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A permissive S3 server (any credentials accepted) for the whole session."""
+    moto = _MotoProcess(tmp_path_factory.mktemp("moto") / "server.log")
+    try:
+        moto.wait_ready()
+        yield S3Server(endpoint=moto.endpoint)
+    finally:
+        moto.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server_with_auth(tmp_path_factory):
+    """An S3 server that checks credentials like AWS does. Its `access_key`/`secret_key` belong to
+    an IAM user allowed everything on S3; `limited` credentials belong to a user allowed nothing."""
+    import json
+
+    moto = _MotoProcess(tmp_path_factory.mktemp("moto-auth") / "server.log")
+    try:
+        moto.wait_ready()
+        import boto3
+
+        iam = boto3.client("iam", endpoint_url=moto.endpoint, region_name="us-east-1",
+                           aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
+        keys = {}
+        for user, actions in (("ringflow-admin", ["s3:*"]), ("ringflow-nobody", [])):
+            iam.create_user(UserName=user)
+            if actions:
+                iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=json.dumps({
+                    "Version": "2012-10-17",
+                    "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}],
+                }))
+            key = iam.create_access_key(UserName=user)["AccessKey"]
+            keys[user] = (key["AccessKeyId"], key["SecretAccessKey"])
+        moto.enforce_auth()
+        server = S3Server(endpoint=moto.endpoint, access_key=keys["ringflow-admin"][0],
+                          secret_key=keys["ringflow-admin"][1])
+        server.limited = keys["ringflow-nobody"]  # type: ignore[attr-defined]
+        yield server
+    finally:
+        moto.stop()
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
+def object_store(request, tmp_path):
+    """An empty store of each kind. The S3 one sits under a prefix of a fresh bucket, so keys are
+    always relative to a store root that is not the bucket root."""
+    if request.param == "local":
+        from ringflow.training.store import LocalFolderStore
+
+        return LocalFolderStore(tmp_path / "store")
+    from ringflow.training.store import MinioStore
+
+    server = request.getfixturevalue("s3_server")
+    return MinioStore.from_settings(server.new_bucket(), "run-1", server.settings())

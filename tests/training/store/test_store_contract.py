@@ -1,0 +1,296 @@
+"""One contract, every backend: code that works on the laptop folder must work on S3 unchanged.
+
+Tests taking `object_store` run once per implementation (see tests/conftest.py); the S3 ones are
+marked slow because they need the moto server.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ringflow.training.store import (InvalidKey, LocalFolderStore, MinioStore, ObjectInfo, ObjectNotFound,
+                                     S3Settings, StoreConfigError, open_store, split_uri)
+from ringflow.training.store.local import TMP_SUFFIX
+
+BIG = 20 * 1024 * 1024  # over the 16 MiB part size: the S3 upload goes multipart
+
+
+def test_put_get_bytes_and_overwrite(object_store):
+    object_store.put_bytes("a/b/c.bin", b"one")
+    assert object_store.get_bytes("a/b/c.bin") == b"one"
+    object_store.put_bytes("a/b/c.bin", b"")
+    assert object_store.get_bytes("a/b/c.bin") == b""
+    object_store.put_bytes("a/b/c.bin", bytes(range(256)))
+    assert object_store.get_bytes("a/b/c.bin") == bytes(range(256))
+
+
+def test_put_file_get_file(object_store, tmp_path):
+    src = tmp_path / "src.txt"
+    src.write_bytes(b"hello file")
+    object_store.put_file("files/hello.txt", str(src))
+    dst = tmp_path / "out" / "nested" / "hello.txt"  # missing folders are created
+    object_store.get_file("files/hello.txt", str(dst))
+    assert dst.read_bytes() == b"hello file"
+
+
+def test_big_file_round_trip(object_store, tmp_path):
+    src = tmp_path / "big.bin"
+    block = os.urandom(1024 * 1024)
+    with open(src, "wb") as f:
+        for i in range(BIG // len(block)):
+            f.write(bytes([i]) + block[1:])
+    object_store.put_file("big/big.bin", str(src))
+    assert object_store.stat("big/big.bin") == ObjectInfo("big/big.bin", BIG)
+    dst = tmp_path / "downloads" / "big.out"
+    object_store.get_file("big/big.bin", str(dst))
+    assert dst.read_bytes() == src.read_bytes()
+    if isinstance(object_store, MinioStore):
+        etag = object_store._client.stat_object(object_store.bucket, "run-1/big/big.bin").etag
+        assert etag.endswith("-2"), f"expected a 2-part multipart upload, etag {etag}"
+    assert os.listdir(tmp_path / "downloads") == ["big.out"]  # no download leftovers
+
+
+def test_exists_and_stat(object_store):
+    assert not object_store.exists("x/y")
+    object_store.put_bytes("x/y", b"12345")
+    assert object_store.exists("x/y")
+    assert not object_store.exists("x")  # a "folder" is not an object
+    assert object_store.stat("x/y") == ObjectInfo(key="x/y", size=5)
+
+
+def test_list_is_sorted_recursive_and_prefix_filtered(object_store):
+    keys = ["b/2", "a/1", "a/b/3", "a/b1", "c", "a/a/a/4"]
+    for i, key in enumerate(keys):
+        object_store.put_bytes(key, b"x" * i)
+    assert [i.key for i in object_store.list()] == sorted(keys)
+    assert [i.key for i in object_store.list("a/")] == ["a/1", "a/a/a/4", "a/b/3", "a/b1"]
+    assert [i.key for i in object_store.list("a/b")] == ["a/b/3", "a/b1"]  # a string prefix, not a folder
+    assert [i.key for i in object_store.list("a/b/")] == ["a/b/3"]
+    assert list(object_store.list("nothing/")) == []
+    assert {i.key: i.size for i in object_store.list("b")} == {"b/2": 0}
+
+
+def test_delete(object_store):
+    object_store.delete("never/was")  # missing is fine
+    object_store.put_bytes("d/1", b"1")
+    object_store.put_bytes("d/2", b"2")
+    object_store.delete("d/1")
+    assert not object_store.exists("d/1") and object_store.exists("d/2")
+    object_store.delete_prefix("d/")
+    assert list(object_store.list()) == []
+
+
+def test_copy(object_store):
+    object_store.put_bytes("src/model.pt", b"weights")
+    object_store.copy("src/model.pt", "dst/deep/model.pt")
+    assert object_store.get_bytes("dst/deep/model.pt") == b"weights"
+    assert object_store.get_bytes("src/model.pt") == b"weights"
+    with pytest.raises(ObjectNotFound):
+        object_store.copy("src/missing.pt", "dst/x")
+
+
+@pytest.mark.slow
+def test_s3_copy_is_server_side(s3_server, monkeypatch):
+    store = MinioStore.from_settings(s3_server.new_bucket(), "p", s3_server.settings())
+    store.put_bytes("a", b"payload")
+
+    def no_transfer(*args, **kwargs):
+        raise AssertionError("copy moved bytes through this process")
+
+    for method in ("get_object", "fget_object", "put_object", "fput_object"):
+        monkeypatch.setattr(store._client, method, no_transfer)
+    store.copy("a", "b")
+    monkeypatch.undo()
+    assert store.get_bytes("b") == b"payload"
+
+
+def test_missing_objects_raise_object_not_found(object_store, tmp_path):
+    with pytest.raises(ObjectNotFound, match="nope"):
+        object_store.get_bytes("nope")
+    with pytest.raises(ObjectNotFound):
+        object_store.get_file("nope", str(tmp_path / "f"))
+    with pytest.raises(ObjectNotFound):
+        object_store.stat("dir/nope")
+    assert issubclass(ObjectNotFound, KeyError)
+    assert not (tmp_path / "f").exists()
+
+
+@pytest.mark.parametrize("key", ["../escape", "a/../../b", "/etc/passwd", "a//b", "a/./b", "", "a\\b", "a/"])
+def test_bad_keys_are_rejected(object_store, key, tmp_path):
+    for call in (lambda: object_store.put_bytes(key, b"x"), lambda: object_store.get_bytes(key),
+                 lambda: object_store.exists(key), lambda: object_store.delete(key),
+                 lambda: object_store.copy("ok", key), lambda: object_store.list("../")):
+        with pytest.raises(InvalidKey):
+            call()
+    assert not (tmp_path / "escape").exists()
+
+
+def test_child_store(object_store):
+    child = object_store.child("runs/run-7")
+    child.put_bytes("ckpt/a", b"1")
+    assert object_store.get_bytes("runs/run-7/ckpt/a") == b"1"
+    assert [i.key for i in child.list()] == ["ckpt/a"]
+    assert child.uri == object_store.uri + "/runs/run-7"
+
+
+def test_uri_reopens_the_same_store(object_store, request):
+    object_store.put_bytes("k", b"v")
+    settings = request.getfixturevalue("s3_server").settings() if isinstance(object_store, MinioStore) else None
+    assert open_store(object_store.uri, s3=settings).get_bytes("k") == b"v"
+    parent, name = split_uri(object_store.uri + "/k")
+    assert (parent, name) == (object_store.uri, "k")
+
+
+# -- local folder specifics ------------------------------------------------------------------------
+
+def test_local_uri_and_plain_paths(tmp_path, monkeypatch):
+    store = LocalFolderStore(tmp_path / "root")
+    assert store.uri == f"file://{tmp_path}/root"
+    store.put_bytes("x/y.json", b"{}")
+    monkeypatch.chdir(tmp_path)
+    for uri in (str(tmp_path / "root"), f"file://{tmp_path}/root", "root", "./root"):
+        opened = open_store(uri)
+        assert isinstance(opened, LocalFolderStore) and opened.get_bytes("x/y.json") == b"{}"
+
+
+def test_local_writes_are_atomic_and_leave_no_temp_files(tmp_path):
+    store = LocalFolderStore(tmp_path)
+    store.put_bytes("d/obj", b"v1")
+    # A writer that crashed mid-put leaves a temp file: invisible to list, never read as the object.
+    (tmp_path / "d" / f".obj.deadbeef{TMP_SUFFIX}").write_bytes(b"half")
+    assert [i.key for i in store.list()] == ["d/obj"]
+    with pytest.raises(InvalidKey, match="reserved"):
+        store.put_bytes(f"d/x{TMP_SUFFIX}", b"")
+    store.copy("d/obj", "e/obj")
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["obj"]
+
+
+def test_local_delete_prunes_empty_folders(tmp_path):
+    store = LocalFolderStore(tmp_path / "r")
+    store.put_bytes("a/b/c", b"")
+    store.delete("a/b/c")
+    assert list((tmp_path / "r").iterdir()) == []
+
+
+# -- URIs ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("uri, expected", [
+    ("s3://b/shards/manifest.json", ("s3://b/shards", "manifest.json")),
+    ("s3://b/manifest.json", ("s3://b", "manifest.json")),
+    ("file:///data/x/m.json", ("file:///data/x", "m.json")),
+    ("file:///m.json", ("file:///", "m.json")),
+    ("/data/x/m.json", ("/data/x", "m.json")),
+    ("m.json", (".", "m.json")),
+])
+def test_split_uri(uri, expected):
+    assert split_uri(uri) == expected
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket-only", "s3://b/dir/", "", "s3:///key"])
+def test_split_uri_rejects_non_objects(uri):
+    with pytest.raises(StoreConfigError):
+        split_uri(uri)
+
+
+def test_open_store_s3_forms():
+    settings = S3Settings(endpoint="https://s3.example.com", access_key="k", secret_key="s")
+    store = open_store("s3://bucket/some/prefix/", s3=settings)
+    assert isinstance(store, MinioStore)
+    assert (store.bucket, store.prefix, store.uri) == ("bucket", "some/prefix", "s3://bucket/some/prefix")
+    assert open_store("s3://bucket", s3=settings).uri == "s3://bucket"
+
+
+@pytest.mark.parametrize("uri, message", [
+    ("gs://bucket/x", "unsupported store URI scheme"),
+    ("s3:///prefix", "names no bucket"),
+    ("s3://Bad_Bucket!/x", "bucket name"),
+    ("file://otherhost/data", "must be local"),
+    ("s3://bucket/a/../b", "prefix 'a/../b' is not usable"),
+])
+def test_open_store_rejects_bad_uris(uri, message):
+    settings = S3Settings(endpoint="http://127.0.0.1:1", access_key="k", secret_key="s")
+    with pytest.raises(StoreConfigError, match=message):
+        open_store(uri, s3=settings)
+
+
+# -- settings and configuration errors -------------------------------------------------------------
+
+def test_s3_settings_from_env(monkeypatch):
+    env = {"RINGFLOW_S3_ENDPOINT": "https://minio:9000", "AWS_ACCESS_KEY_ID": "id",
+           "AWS_SECRET_ACCESS_KEY": "very-secret"}
+    settings = S3Settings.from_env(env)
+    assert (settings.host, settings.secure, settings.region) == ("minio:9000", True, None)
+    assert "very-secret" not in repr(settings)
+    assert S3Settings.from_env(env | {"AWS_DEFAULT_REGION": "eu-1",
+                                      "RINGFLOW_S3_ENDPOINT": "http://m:9000"}).secure is False
+    with pytest.raises(StoreConfigError, match="AWS_SECRET_ACCESS_KEY") as err:
+        S3Settings.from_env({k: v for k, v in env.items() if k != "AWS_SECRET_ACCESS_KEY"})
+    assert "AWS_ACCESS_KEY_ID" not in str(err.value)
+    with pytest.raises(StoreConfigError, match="RINGFLOW_S3_ENDPOINT, AWS_ACCESS_KEY_ID"):
+        S3Settings.from_env({"AWS_SECRET_ACCESS_KEY": "x"})
+    with pytest.raises(StoreConfigError, match="RINGFLOW_S3_ENDPOINT"):
+        S3Settings.from_env(env | {"RINGFLOW_S3_ENDPOINT": "minio:9000"})  # no scheme
+    for var in ("RINGFLOW_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(StoreConfigError, match="RINGFLOW_S3_ENDPOINT"):
+        open_store("s3://bucket/x")  # settings default to the environment
+
+
+@pytest.mark.slow
+def test_open_store_reads_s3_settings_from_env(s3_server, monkeypatch):
+    for var, value in s3_server.env().items():
+        monkeypatch.setenv(var, value)
+    store = open_store(f"s3://{s3_server.new_bucket()}/run")
+    store.put_bytes("k", b"v")
+    parent, name = split_uri(store.uri + "/k")
+    assert open_store(parent).get_bytes(name) == b"v"
+
+
+@pytest.mark.slow
+def test_unknown_bucket_is_a_config_error(s3_server):
+    for region in (None, "us-east-1"):  # with no region the SDK asks the bucket's location first
+        store = MinioStore.from_settings("no-such-bucket", "p", s3_server.settings(region=region))
+        for call in (lambda: store.put_bytes("k", b""), lambda: store.get_bytes("k"),
+                     lambda: list(store.list()), lambda: store.exists("k"), store.check):
+            with pytest.raises(StoreConfigError, match="bucket 'no-such-bucket' does not exist.*create it"):
+                call()
+
+
+@pytest.mark.slow
+def test_unreachable_endpoint_is_a_config_error():
+    settings = S3Settings(endpoint=f"http://127.0.0.1:{_closed_port()}", access_key="k", secret_key="s",
+                          region="us-east-1")
+    store = MinioStore.from_settings("bucket", "", settings)
+    with pytest.raises(StoreConfigError, match="cannot reach the S3 endpoint.*RINGFLOW_S3_ENDPOINT"):
+        store.get_bytes("k")
+
+
+@pytest.mark.slow
+def test_bad_credentials_are_config_errors(s3_server_with_auth):
+    server = s3_server_with_auth
+    bucket = server.new_bucket()
+    good = MinioStore.from_settings(bucket, "p", server.settings())
+    good.put_bytes("k", b"v")
+    assert good.get_bytes("k") == b"v"
+
+    cases = [
+        (dict(access_key="AKIAUNKNOWNKEY000000"), "does not know the access key: fix AWS_ACCESS_KEY_ID"),
+        (dict(secret_key="wrong-secret"), "fix AWS_SECRET_ACCESS_KEY"),
+        (dict(access_key=server.limited[0], secret_key=server.limited[1]), "access denied.*AWS_ACCESS_KEY_ID"),
+    ]
+    for overrides, message in cases:
+        for region in (None, "us-east-1"):
+            store = MinioStore.from_settings(bucket, "p", server.settings(region=region, **overrides))
+            for call in (lambda: store.get_bytes("k"), lambda: store.put_bytes("k2", b""),
+                         lambda: list(store.list())):
+                with pytest.raises(StoreConfigError, match=message):
+                    call()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

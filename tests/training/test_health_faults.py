@@ -1,0 +1,42 @@
+"""Fault injection through the job config: each fault yields its verdict, evidence and exit code."""
+import pytest
+
+from ringflow.training import exit_codes
+
+pytestmark = pytest.mark.slow
+
+
+def run_fault(jobs, name, fault, health=None):
+    cfg = jobs.config(name, epochs=3, faults=[fault], health=health or {})
+    code, out = jobs.run(cfg)
+    return code, out, jobs.result(cfg)["verdict"]
+
+
+def test_nan_gradient_on_one_rank_is_nonfinite(jobs):
+    code, out, verdict = run_fault(jobs, "nan", {"kind": "nan_gradient", "rank": 1, "step": 12})
+    assert code == exit_codes.BY_VERDICT["NONFINITE"], out
+    assert verdict["status"] == "NONFINITE"
+    assert verdict["evidence"]["step"] == 12 and verdict["evidence"]["ranks"] == [1]
+    assert "health verdict NONFINITE" in out
+
+
+def test_slow_rank_is_degraded_and_named(jobs):
+    code, out, verdict = run_fault(jobs, "slow", {"kind": "slow_rank", "rank": 1, "step": 3, "seconds": 0.05},
+                                   health={"stop_on_degraded": True, "window_steps": 10})
+    assert code == exit_codes.BY_VERDICT["DEGRADED"], out
+    assert verdict["status"] == "DEGRADED" and verdict["evidence"]["kind"] == "straggler"
+    assert verdict["evidence"]["rank"] == 1 and "rank 1" in verdict["reason"]
+
+
+def test_perturbed_replica_is_diverged(jobs):
+    code, out, verdict = run_fault(jobs, "perturb", {"kind": "perturb_replica", "rank": 1, "step": 7})
+    assert code == exit_codes.BY_VERDICT["DIVERGED"], out
+    assert verdict["status"] == "DIVERGED" and verdict["evidence"]["rank"] == 1
+    assert verdict["evidence"]["step"] == 10  # the first checksum after the perturbation
+
+
+def test_hang_is_stalled(jobs):
+    code, out, verdict = run_fault(jobs, "hang", {"kind": "hang", "rank": 1, "step": 5},
+                                   health={"stall_seconds": 4})
+    assert code != 0, out
+    assert verdict["status"] == "STALLED" and verdict["evidence"]["last_step"] == 4

@@ -1,0 +1,53 @@
+"""2-process Horovod runs on CPU: learning, identical replicas, kill-and-resume equality."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_loss_falls_and_replicas_stay_identical(jobs, controller):
+    cfg = jobs.config(f"learn-{controller}", epochs=3)
+    code, out = jobs.run(cfg, controller=controller)
+    assert code == 0, out
+    steps = [r for r in jobs.health(cfg) if r["type"] == "step"]
+    assert len(steps) == 3 * 22
+    first, last = sum(s["loss"] for s in steps[:5]) / 5, sum(s["loss"] for s in steps[-5:]) / 5
+    assert last < first / 3, (first, last)
+    checksums = [r["checksums"] for r in jobs.health(cfg) if r["type"] == "checksum"]
+    assert checksums and all(len(c) == 2 and c[0] == c[1] for c in checksums)
+    result = jobs.result(cfg)
+    assert result["status"] == "succeeded" and result["world_size"] == 2
+    assert "step=10 epoch=1/3 loss=" in out and "samples/s=" in out
+
+
+def test_killed_worker_resumes_to_the_same_parameters(jobs):
+    reference = jobs.config("uninterrupted", epochs=3)
+    assert jobs.run(reference)[0] == 0
+
+    interrupted = jobs.config("interrupted", epochs=3, faults=[{"kind": "crash", "rank": 1, "step": 37}])
+    code, out = jobs.run(interrupted)
+    assert code != 0 and "SIGKILL at step 37" in out
+    del interrupted["faults"]
+    code, out = jobs.run(interrupted)
+    assert code == 0, out
+    assert "resuming from checkpoint ckpt-000000030" in out
+    assert jobs.result(interrupted)["resumed_from"] == "ckpt-000000030"
+
+    expected, actual = jobs.final_parameters(reference), jobs.final_parameters(interrupted)
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-6, atol=1e-7)
+
+
+def test_tampered_newest_checkpoint_is_skipped_on_resume(jobs):
+    cfg = jobs.config("tamper", epochs=1)
+    assert jobs.run(cfg)[0] == 0
+    newest = max((jobs.root / "tamper" / "checkpoints").iterdir())
+    state = newest / "state.pt"
+    state.write_bytes(state.read_bytes()[:-100])  # truncated, as by a crash mid-upload
+    cfg["epochs"] = 2
+    code, out = jobs.run(cfg)
+    assert code == 0, out
+    assert jobs.result(cfg)["resumed_from"] != newest.name
+    assert newest.name in out  # the warning names what was skipped

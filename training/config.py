@@ -1,0 +1,248 @@
+"""The training job config: one JSON document, every field checked before any process starts.
+
+Config classes are frozen dataclasses checked in __post_init__ (after Ray Train v2): a bad value fails with
+a ConfigError that names the field and says what to put there instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any, Mapping
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class ConfigError(ValueError):
+    """A job config value is missing or wrong. `field` is the dotted path of the culprit."""
+
+    def __init__(self, field: str, problem: str, fix: str):
+        self.field = field
+        super().__init__(f"config field '{field}': {problem}; {fix}")
+
+
+def _require(cond: bool, field: str, problem: str, fix: str) -> None:
+    if not cond:
+        raise ConfigError(field, problem, fix)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _positive_int(obj: Any, name: str, field: str, minimum: int = 1) -> None:
+    value = getattr(obj, name)
+    _require(_is_int(value) and value >= minimum, field, f"is {value!r}", f"use a whole number >= {minimum}")
+
+
+def _positive_number(obj: Any, name: str, field: str, allow_zero: bool = False) -> None:
+    value = getattr(obj, name)
+    ok = _is_number(value) and (value >= 0 if allow_zero else value > 0)
+    _require(ok, field, f"is {value!r}", f"use a number {'>=' if allow_zero else '>'} 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Either the built-in MLP (`kind: "mlp"`) or a user factory `package.module:function`.
+
+    A factory is called as factory(num_features, num_outputs, task, **kwargs) and returns
+    (torch.nn.Module, loss_fn) where loss_fn(outputs, targets) -> scalar tensor.
+    """
+
+    kind: str = "mlp"
+    hidden: tuple[int, ...] = (64, 64)
+    dropout: float = 0.0
+    factory: str | None = None
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _require(self.kind in ("mlp", "custom"), "model.kind", f"is {self.kind!r}", 'use "mlp" or "custom"')
+        if self.kind == "custom":
+            _require(isinstance(self.factory, str) and bool(_IMPORT_PATH.match(self.factory)), "model.factory",
+                     f"is {self.factory!r}", 'give an import path like "my_pkg.models:build"')
+        _require(isinstance(self.hidden, (list, tuple)) and all(_is_int(h) and h > 0 for h in self.hidden),
+                 "model.hidden", f"is {self.hidden!r}", "use a list of positive layer widths, e.g. [64, 64]")
+        object.__setattr__(self, "hidden", tuple(self.hidden))
+        _require(_is_number(self.dropout) and 0 <= self.dropout < 1, "model.dropout", f"is {self.dropout!r}",
+                 "use a number in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Where the run lives (checkpoints/, health.jsonl, result.json) and how often rank 0 writes."""
+
+    uri: str
+    every_steps: int = 50
+    keep_last: int = 3
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.uri, str) and bool(self.uri), "checkpoint.uri", "is missing",
+                 "give a folder path, file:// or s3://bucket/prefix URI for the run")
+        _positive_int(self, "every_steps", "checkpoint.every_steps")
+        _positive_int(self, "keep_last", "checkpoint.keep_last")
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthConfig:
+    """Gradient-sync health: what is measured how often, and where the verdict's lines are drawn."""
+
+    every_steps: int = 1
+    checksum_every_steps: int = 10
+    window_steps: int = 20
+    straggler_ratio: float = 1.5
+    # Below this lag (slowest rank's compute minus the others' median) a ratio is timer noise, not a straggler.
+    straggler_min_lag_seconds: float = 0.005
+    max_sync_share: float = 0.85
+    stall_seconds: float = 120.0
+    divergence_tolerance: float = 1e-5
+    stop_on_degraded: bool = False
+    flush_seconds: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("every_steps", "checksum_every_steps", "window_steps"):
+            _positive_int(self, name, f"health.{name}")
+        _require(_is_number(self.straggler_ratio) and self.straggler_ratio > 1, "health.straggler_ratio",
+                 f"is {self.straggler_ratio!r}", "use a ratio > 1 (slowest rank's compute time / median)")
+        _require(_is_number(self.max_sync_share) and 0 < self.max_sync_share <= 1, "health.max_sync_share",
+                 f"is {self.max_sync_share!r}", "use a fraction in (0, 1]")
+        _positive_number(self, "straggler_min_lag_seconds", "health.straggler_min_lag_seconds", allow_zero=True)
+        _positive_number(self, "stall_seconds", "health.stall_seconds")
+        _positive_number(self, "divergence_tolerance", "health.divergence_tolerance")
+        _positive_number(self, "flush_seconds", "health.flush_seconds")
+        _require(isinstance(self.stop_on_degraded, bool), "health.stop_on_degraded",
+                 f"is {self.stop_on_degraded!r}", "use true or false")
+
+
+@dataclasses.dataclass(frozen=True)
+class HorovodConfig:
+    """Horovod knobs. Defaults chosen by bench/throughput.py on a 2-core CPU machine."""
+
+    fusion_threshold_mb: float = 64.0
+    cycle_time_ms: float = 1.0
+    fp16_compression: bool = False
+    backward_passes_per_step: int = 1
+
+    def __post_init__(self) -> None:
+        _positive_number(self, "fusion_threshold_mb", "horovod.fusion_threshold_mb", allow_zero=True)
+        _positive_number(self, "cycle_time_ms", "horovod.cycle_time_ms")
+        _require(isinstance(self.fp16_compression, bool), "horovod.fp16_compression",
+                 f"is {self.fp16_compression!r}", "use true or false")
+        _positive_int(self, "backward_passes_per_step", "horovod.backward_passes_per_step")
+
+    def environment(self) -> dict[str, str]:
+        """The env vars Horovod reads at init; the launcher exports them to every rank."""
+        return {
+            "HOROVOD_FUSION_THRESHOLD": str(int(self.fusion_threshold_mb * 1024 * 1024)),
+            "HOROVOD_CYCLE_TIME": str(self.cycle_time_ms),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultConfig:
+    """Fault injection for tests only: each fault fires on `rank` once `step` is reached."""
+
+    kind: str
+    rank: int = 0
+    step: int = 1
+    seconds: float = 0.0
+
+    KINDS = ("nan_gradient", "slow_rank", "perturb_replica", "hang", "crash")
+
+    def __post_init__(self) -> None:
+        _require(self.kind in self.KINDS, "faults[].kind", f"is {self.kind!r}", f"use one of {self.KINDS}")
+        _positive_int(self, "rank", "faults[].rank", minimum=0)
+        _positive_int(self, "step", "faults[].step")
+        _positive_number(self, "seconds", "faults[].seconds", allow_zero=True)
+
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    manifest_uri: str
+    checkpoint: CheckpointConfig
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    epochs: int = 5
+    batch_size: int = 32
+    learning_rate: float = 0.01
+    optimizer: str = "adam"
+    seed: int = 0
+    log_every_steps: int = 10
+    health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
+    horovod: HorovodConfig = dataclasses.field(default_factory=HorovodConfig)
+    faults: tuple[FaultConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.manifest_uri, str) and self.manifest_uri.endswith(".json"), "manifest_uri",
+                 f"is {self.manifest_uri!r}", "point it at the shard step's manifest.json (path or URI)")
+        _positive_int(self, "epochs", "epochs")
+        _positive_int(self, "batch_size", "batch_size")
+        _positive_number(self, "learning_rate", "learning_rate")
+        _require(self.optimizer in OPTIMIZERS, "optimizer", f"is {self.optimizer!r}", f"use one of {OPTIMIZERS}")
+        _positive_int(self, "seed", "seed", minimum=0)
+        _positive_int(self, "log_every_steps", "log_every_steps")
+
+    def fault(self, kind: str, rank: int) -> FaultConfig | None:
+        return next((f for f in self.faults if f.kind == kind and f.rank == rank), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> "JobConfig":
+        _require(isinstance(doc, Mapping), "<root>", f"is a {type(doc).__name__}", "give a JSON object")
+        return _build(cls, doc, "")
+
+
+_NESTED = {"checkpoint": CheckpointConfig, "model": ModelConfig, "health": HealthConfig, "horovod": HorovodConfig}
+
+
+def _build(cls: type, doc: Mapping[str, Any], path: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(doc) - set(fields))
+    if unknown:
+        raise ConfigError(f"{path}{unknown[0]}", "is not a known field",
+                          f"remove it or use one of {sorted(fields)}")
+    missing = [n for n, f in fields.items() if n not in doc
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{path}{missing[0]}", "is missing", "add it (see README: job config)")
+    kwargs: dict[str, Any] = {}
+    for name, value in doc.items():
+        if cls is JobConfig and name in _NESTED:
+            _require(isinstance(value, Mapping), name, f"is a {type(value).__name__}", "give a JSON object")
+            value = _build(_NESTED[name], value, f"{name}.")
+        elif cls is JobConfig and name == "faults":
+            _require(isinstance(value, list), name, "is not a list", "give a list of fault objects")
+            value = tuple(_build(FaultConfig, f, "faults[].") for f in value)
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a value of a type the checks could not even compare
+        raise ConfigError(path.rstrip(".") or "<root>", str(exc), "check the value types") from exc
+
+
+def load_job_config(source: str) -> JobConfig:
+    """Read a config from a JSON file path or a file:// / s3:// URI."""
+    if source.startswith("s3://"):
+        from ringflow.training.store import open_store, split_uri
+
+        parent, name = split_uri(source)
+        text = open_store(parent).get_bytes(name).decode()
+    else:
+        path = source[len("file://"):] if source.startswith("file://") else source
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise ConfigError("<file>", f"cannot read {source!r} ({exc.strerror})", "give an existing JSON file") from exc
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("<file>", f"{source!r} is not valid JSON ({exc})", "fix the JSON syntax") from exc
+    return JobConfig.from_dict(doc)

@@ -1,0 +1,58 @@
+"""Score a run's final checkpoint on the held-out split; write `eval.json` beside the run."""
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import torch
+
+from ringflow.training.checkpoint import CheckpointStore
+from ringflow.training.config import ModelConfig
+from ringflow.training.data import to_tensors
+from ringflow.training.manifest import ManifestError
+from ringflow.training.models import build_model
+from ringflow.training.sharding import read_partition
+from ringflow.training.store import open_store
+from ringflow.training.manifest import load_manifest
+from ringflow.training import run_layout
+
+
+
+def metrics_for(task: str, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+    if task == "classification":
+        loss = torch.nn.functional.cross_entropy(outputs, targets)
+        accuracy = (outputs.argmax(dim=1) == targets).double().mean()
+        return {"accuracy": float(accuracy), "loss": float(loss)}
+    pred = outputs.squeeze(-1)
+    mse = torch.mean((pred - targets) ** 2)
+    variance = torch.var(targets, unbiased=False)
+    return {"mse": float(mse), "mae": float(torch.mean(torch.abs(pred - targets))),
+            "r2": float(1 - mse / variance) if variance > 0 else 0.0, "loss": float(mse)}
+
+
+def evaluate_run(run_uri: str, checkpoint: str | None = None) -> dict:
+    """Metrics of `checkpoint` (default: the one result.json names) on the manifest's eval split."""
+    run_store = open_store(run_uri)
+    checkpoints = CheckpointStore(run_store)
+    if checkpoint is None:
+        checkpoint = json.loads(run_store.get_bytes(run_layout.RESULT))["checkpoint"]
+    loaded = checkpoints.load(checkpoint)
+    meta = loaded.manifest.meta
+    manifest, shard_store = load_manifest(meta["manifest_uri"])
+    if manifest.eval is None:
+        raise ManifestError("the shards have no eval split: shard with eval_fraction > 0 to evaluate")
+    model_cfg = dict(meta["model"])
+    model_cfg["hidden"] = tuple(model_cfg.get("hidden", ()))
+    schema = meta["schema"]
+    model, _ = build_model(ModelConfig(**model_cfg), schema["num_features"], schema["num_outputs"], schema["task"])
+    state = torch.load(io.BytesIO(loaded.files["state.pt"]), weights_only=False)
+    model.load_state_dict(state["model"])
+    model.eval()
+    x, y = to_tensors(read_partition(shard_store, manifest.eval), manifest.schema)
+    with torch.no_grad():
+        metrics = metrics_for(schema["task"], model(x), y)
+    doc = {"metrics": metrics, "checkpoint": checkpoint, "step": loaded.manifest.step, "rows": len(x),
+           "task": schema["task"], "evaluated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    run_store.put_bytes(run_layout.EVAL, json.dumps(doc, indent=1).encode())
+    return doc

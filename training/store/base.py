@@ -1,0 +1,116 @@
+"""The object-store contract every backend honours (local folder, MinIO/S3).
+
+Keys are '/'-separated relative paths. A store is rooted at a prefix, so the same code writes
+`run-1/checkpoints/...` whether that lands in a folder or under `s3://bucket/prefix/`.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Iterator
+
+
+class ObjectNotFound(KeyError):
+    """The key does not exist in the store."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of its argument, quotes and all
+        return str(self.args[0]) if self.args else "object not found"
+
+
+class StoreConfigError(ValueError):
+    """The store cannot be opened as configured; the message says which setting to fix."""
+
+
+class InvalidKey(ValueError):
+    """The key is not a safe relative '/'-separated name."""
+
+
+def check_key(key: str) -> str:
+    """Return `key` if it is a safe relative key, else raise InvalidKey.
+
+    One rule for every backend, so a key that works on a laptop folder also works on S3 and
+    cannot escape the store's root (`..`, absolute paths) on either.
+    """
+    if not isinstance(key, str) or not key:
+        raise InvalidKey(f"object key must be a non-empty string, got {key!r}")
+    if key.startswith("/"):
+        raise InvalidKey(f"object key {key!r} is absolute; keys are relative to the store root, like 'a/b.txt'")
+    if "\\" in key:
+        raise InvalidKey(f"object key {key!r} contains a backslash; separate key segments with '/'")
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise InvalidKey(
+            f"object key {key!r} has an empty, '.' or '..' segment; use plain '/'-separated names"
+        )
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    """A listing prefix is a plain string prefix of keys ('ckpt-0' matches 'ckpt-01/x'), but it may
+    not point outside the root either."""
+    if prefix == "":
+        return prefix
+    check_key(prefix.rstrip("/") or "/")
+    return prefix
+
+
+def join_key(*parts: str) -> str:
+    """Join key fragments, ignoring empty ones and stray slashes at the joins."""
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+
+
+class ObjectStore(abc.ABC):
+    """Minimal, atomic-per-object storage. Writers rely on: a `put_*` is visible whole or not at all."""
+
+    @property
+    @abc.abstractmethod
+    def uri(self) -> str:
+        """A URI naming the store's root, e.g. file:///data/ringflow or s3://bucket/prefix."""
+
+    @abc.abstractmethod
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def get_bytes(self, key: str) -> bytes:
+        """Raises ObjectNotFound."""
+
+    @abc.abstractmethod
+    def put_file(self, key: str, path: str) -> None:
+        """Upload a local file (multipart where the backend needs it)."""
+
+    @abc.abstractmethod
+    def get_file(self, key: str, path: str) -> None:
+        """Download to a local path. Raises ObjectNotFound."""
+
+    @abc.abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abc.abstractmethod
+    def stat(self, key: str) -> ObjectInfo:
+        """Raises ObjectNotFound."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose key starts with prefix, recursively, sorted by key."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Deleting a missing key is not an error."""
+
+    @abc.abstractmethod
+    def copy(self, src_key: str, dst_key: str) -> None:
+        """Server-side copy inside the store: no bytes pass through this process on S3."""
+
+    def delete_prefix(self, prefix: str) -> None:
+        for info in list(self.list(prefix)):
+            self.delete(info.key)
+
+    def child(self, prefix: str) -> "ObjectStore":
+        """The same store rooted one level deeper."""
+        raise NotImplementedError
