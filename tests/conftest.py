@@ -161,3 +161,15 @@ def object_store(request, tmp_path):
 
     server = request.getfixturevalue("s3_server")
     return MinioStore.from_settings(server.new_bucket(), "run-1", server.settings())
+
+
+@pytest.fixture(scope="session")
+def digits_manifest(tmp_path_factory) -> str:
+    """scikit-learn's digits, sharded for 2 workers in batches of 32: the manifest's path."""
+    from ringflow.training.datasets import load_builtin
+    from ringflow.training.sharding import write_shards
+    from ringflow.training.store import LocalFolderStore
+
+    out = tmp_path_factory.mktemp("digits-shards")
+    write_shards(load_builtin("digits"), LocalFolderStore(str(out)), target="target", num_partitions=2, batch_size=32)
+    return str(out / "manifest.json")

@@ -1,14 +1,17 @@
 """Start a training job on this machine with horovodrun (Gloo or MPI) and report its exit status."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import uuid
 from typing import Callable, Sequence
 
 from ringflow.training.config import ConfigError, JobConfig, load_job_config
+from ringflow.training.worker_env import ATTEMPT_ENV
 
 CONTROLLERS = ("gloo", "mpi")
 
@@ -67,7 +70,8 @@ def run_local(config_path: str, num_workers: int, controller: str = "gloo",
               extra_env: dict[str, str] | None = None) -> int:
     """Preflight, start horovodrun in its own process group, stream its output, return its exit code."""
     cfg = preflight(config_path, num_workers)
-    env = job_environment(cfg) | (extra_env or {})
+    attempt = uuid.uuid4().hex
+    env = job_environment(cfg) | (extra_env or {}) | {ATTEMPT_ENV: attempt}
     proc = subprocess.Popen(horovodrun_command(config_path, num_workers, controller), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -79,11 +83,28 @@ def run_local(config_path: str, num_workers: int, controller: str = "gloo",
         assert proc.stdout is not None
         for line in proc.stdout:
             on_line(line.rstrip("\n"))
-        return proc.wait()
+        return _job_exit_code(proc.wait(), cfg, attempt)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         _kill_group(proc.pid, signal.SIGKILL)
+
+
+def _job_exit_code(launcher_code: int, cfg: JobConfig, attempt: str) -> int:
+    """horovodrun reports any rank's failure as 1; the job's own result.json says which failure it was."""
+    if launcher_code == 0:
+        return 0
+    from ringflow.training import exit_codes, run_layout
+    from ringflow.training.store import ObjectNotFound, open_store
+
+    try:
+        result = json.loads(open_store(cfg.checkpoint.uri).get_bytes(run_layout.RESULT))
+    except (ObjectNotFound, ValueError):
+        return launcher_code
+    verdict = result.get("verdict") or {}
+    if result.get("attempt") == attempt and result.get("status") == "failed":
+        return exit_codes.BY_VERDICT.get(verdict.get("status"), launcher_code)
+    return launcher_code
 
 
 def _kill_group(pgid: int, sig: int) -> None:

@@ -22,6 +22,7 @@ from ringflow.training.health.watchdog import StallWatchdog
 from ringflow.training.manifest import load_manifest
 from ringflow.training.models import build_model
 from ringflow.training.store import open_store
+from ringflow.training.worker_env import ATTEMPT_ENV
 
 
 
@@ -107,7 +108,8 @@ class Trainer:
             return
         doc = {"status": status, "step": self.step, "epoch": self.cursor.epoch, "loss": self.last_loss,
                "checkpoint": checkpoint, "verdict": verdict.to_dict() if verdict else None,
-               "resumed_from": self.resumed_from, "world_size": self.size}
+               "resumed_from": self.resumed_from, "world_size": self.size,
+               "attempt": os.environ.get(ATTEMPT_ENV)}
         self.health_log.append(record("end", status=status, step=self.step), force_flush=True)
         self.run_store.put_bytes(run_layout.RESULT, json.dumps(doc, indent=1, default=str).encode())
 

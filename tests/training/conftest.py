@@ -10,16 +10,7 @@ import pytest
 import torch
 
 from ringflow.training.checkpoint import CheckpointStore
-from ringflow.training.datasets import load_builtin
-from ringflow.training.sharding import write_shards
 from ringflow.training.store import LocalFolderStore
-
-
-@pytest.fixture(scope="session")
-def digits_manifest(tmp_path_factory) -> str:
-    out = tmp_path_factory.mktemp("digits-shards")
-    write_shards(load_builtin("digits"), LocalFolderStore(str(out)), target="target", num_partitions=2, batch_size=32)
-    return str(out / "manifest.json")
 
 
 class JobRunner:
