@@ -1,0 +1,33 @@
+# syntax=docker/dockerfile:1
+# The Airflow image (scheduler, triggerer, api-server, dag-processor): the official image plus ringflow
+# with its `airflow` extra, without torch or Horovod.
+#
+# Why no torch: Airflow only runs ringflow.operators (which never imports torch or horovod) and the data
+# steps; training runs in the training image, in MPIJob pods. But torch is a core dependency of ringflow,
+# so a plain `pip install ringflow[airflow]` would pull it (gigabytes). Instead:
+#   1. docker/requirements_without_torch.py lists ringflow's requirements from pyproject.toml minus torch
+#      (and minus apache-airflow, which the base image has);
+#   2. pip installs those, with apache-airflow pinned in the same command so pip can never move it;
+#   3. ringflow itself goes in with --no-deps.
+#
+# Build from the repository root:
+#   docker build -f docker/airflow.Dockerfile -t REGISTRY/ringflow-airflow:0.1.0 .
+# AIRFLOW_VERSION and PYTHON_VERSION must equal versions.env (tests/docker checks it).
+ARG AIRFLOW_VERSION=3.3.2
+ARG PYTHON_VERSION=3.11
+FROM apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION}
+ARG AIRFLOW_VERSION
+ENV PIP_NO_CACHE_DIR=1
+# The official image installs Python packages as the airflow user (never as root).
+USER airflow
+COPY --chown=airflow:0 pyproject.toml README.md versions.env /opt/ringflow/
+COPY --chown=airflow:0 docker/requirements_without_torch.py /opt/ringflow/docker/
+COPY --chown=airflow:0 training /opt/ringflow/training
+COPY --chown=airflow:0 operators /opt/ringflow/operators
+# The DAGs ship in the image: what is deployed is exactly what was built and tested.
+COPY --chown=airflow:0 dags /opt/airflow/dags
+RUN python /opt/ringflow/docker/requirements_without_torch.py /opt/ringflow/pyproject.toml > /tmp/ringflow-requirements.txt \
+ && pip install "apache-airflow==${AIRFLOW_VERSION}" -r /tmp/ringflow-requirements.txt \
+ && pip install --no-deps /opt/ringflow \
+ && python -c "import ringflow.operators.kubernetes.backend, ringflow.operators.job_spec" \
+ && ! python -c "import torch" 2>/dev/null

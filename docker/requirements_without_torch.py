@@ -1,0 +1,32 @@
+"""Print ringflow's requirements for the Airflow image: the core and `airflow` extra, minus torch.
+
+The Airflow processes (scheduler, triggerer, task runner) only use ringflow.operators and the data
+steps; `operators/` never imports torch or horovod. torch is a core dependency of ringflow because the
+training image needs it, and would add gigabytes (and CUDA libraries) to the Airflow image for nothing.
+So the Airflow image installs these requirements, then ringflow itself with `pip install --no-deps`.
+apache-airflow is left out as well: the base image has it, and the Dockerfile pins it to the same version.
+
+usage: python requirements_without_torch.py pyproject.toml > requirements.txt
+"""
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+
+EXCLUDED = {"torch", "horovod", "apache-airflow"}
+
+
+def name(requirement: str) -> str:
+    return re.split(r"[\s\[<>=!~;]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def requirements(pyproject: dict) -> list[str]:
+    project = pyproject["project"]
+    wanted = list(project["dependencies"]) + list(project["optional-dependencies"]["airflow"])
+    return [r for r in wanted if name(r) not in EXCLUDED]
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1] if len(sys.argv) > 1 else "pyproject.toml", "rb") as f:
+        print("\n".join(requirements(tomllib.load(f))))

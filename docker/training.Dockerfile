@@ -1,0 +1,86 @@
+# syntax=docker/dockerfile:1
+# The training image: what every MPIJob pod runs (the launcher runs mpirun, the workers run sshd).
+# Python, torch and Horovod as on a developer machine (scripts/setup.sh), OpenMPI and an sshd set up the
+# way the Kubeflow MPI Operator expects, and ringflow. Runs as the non-root user mpiuser (uid 1000).
+#
+# Build from the repository root (docker/training.Dockerfile.dockerignore keeps .venv and friends out):
+#   docker build -f docker/training.Dockerfile -t REGISTRY/ringflow-training:0.1.0 .
+# GPU variant (CUDA base, CUDA torch wheels, Horovod's allreduce on NCCL):
+#   docker build -f docker/training.Dockerfile -t REGISTRY/ringflow-training:0.1.0-cuda \
+#     --build-arg BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-devel-ubuntu22.04 --build-arg GPU=1 \
+#     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 .
+#
+# Versions: the defaults below must equal versions.env (tests/docker checks it); override them only
+# together with versions.env.
+ARG PYTHON_VERSION=3.11
+ARG BASE_IMAGE=python:3.11.13-slim-bookworm
+
+FROM ${BASE_IMAGE} AS build
+ARG PYTHON_VERSION
+ARG TORCH_VERSION=2.13.0
+ARG HOROVOD_VERSION=0.28.1
+ARG GPU=0
+# CPU wheels by default: the PyPI torch wheel pulls in gigabytes of CUDA libraries a CPU node never uses.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# A CUDA base has no Python of ours: take the distribution's python${PYTHON_VERSION} (Ubuntu 22.04 ships 3.11).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates g++ make libopenmpi-dev openmpi-bin \
+ && if ! command -v "python${PYTHON_VERSION}" >/dev/null; then \
+      apt-get install -y --no-install-recommends "python${PYTHON_VERSION}" "python${PYTHON_VERSION}-dev" \
+        "python${PYTHON_VERSION}-venv"; \
+    fi \
+ && rm -rf /var/lib/apt/lists/*
+# One virtual environment at a fixed path, copied whole into the runtime stage.
+RUN "python${PYTHON_VERSION}" -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+RUN pip install --upgrade pip wheel setuptools \
+ && pip install cmake packaging psutil pyyaml cloudpickle \
+ && pip install --index-url "${TORCH_INDEX_URL}" --extra-index-url https://pypi.org/simple "torch==${TORCH_VERSION}"
+# Horovod exactly as scripts/setup.sh builds it (the C++17 patch, MPI and Gloo controllers).
+COPY versions.env /src/versions.env
+COPY docker/build-horovod.sh /src/docker/build-horovod.sh
+RUN if [ "${GPU}" = "1" ]; then \
+      export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME=/usr/local/cuda HOROVOD_NCCL_LINK=SHARED; \
+    fi \
+ && PYTHON=/opt/venv/bin/python bash /src/docker/build-horovod.sh /wheels \
+ && pip install "/wheels/horovod-${HOROVOD_VERSION}-"*.whl \
+ && horovodrun --check-build
+COPY pyproject.toml README.md /src/
+COPY training /src/training
+COPY operators /src/operators
+# torch is already installed at the pinned version, so pip keeps it (the CPU or CUDA build chosen above).
+RUN pip install /src && python -c "import ringflow.training, horovod.torch"
+
+FROM ${BASE_IMAGE}
+ARG PYTHON_VERSION
+ARG SSH_PORT=2222
+ARG MPI_UID=1000
+ENV DEBIAN_FRONTEND=noninteractive
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates openmpi-bin libopenmpi3 openssh-server openssh-client \
+ && if ! command -v "python${PYTHON_VERSION}" >/dev/null; then \
+      apt-get install -y --no-install-recommends "python${PYTHON_VERSION}" "python${PYTHON_VERSION}-venv"; \
+    fi \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /opt/venv /opt/venv
+# mpirun -x forwards PATH, LD_LIBRARY_PATH and PYTHONPATH to every rank, so all three must exist.
+ENV PATH=/opt/venv/bin:$PATH LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-} PYTHONPATH=${PYTHONPATH:-} \
+    PYTHONUNBUFFERED=1
+# SSH as kubeflow/mpi-operator's base image sets it up: no host key prompts (workers are new every run),
+# no known_hosts writes (the .ssh folder is a read-only Secret mount), sshd and ssh on SSH_PORT.
+RUN mkdir -p /var/run/sshd \
+ && sed -i "s/[ #]\(.*StrictHostKeyChecking \).*/ \1no/g" /etc/ssh/ssh_config \
+ && echo "    UserKnownHostsFile /dev/null" >> /etc/ssh/ssh_config \
+ && sed -i "s/[ #]\(.*Port \).*/ \1${SSH_PORT}/g" /etc/ssh/ssh_config \
+ && sed -i "s/#\(StrictModes \).*/\1no/g" /etc/ssh/sshd_config \
+ && sed -i "s/#\(Port \).*/\1${SSH_PORT}/g" /etc/ssh/sshd_config \
+ && useradd --create-home --uid "${MPI_UID}" --user-group --shell /bin/bash mpiuser
+COPY --chown=mpiuser:mpiuser docker/sshd_config /home/mpiuser/.sshd_config
+RUN echo "Port ${SSH_PORT}" >> /home/mpiuser/.sshd_config \
+ && python -c "import ringflow.training, horovod.torch" && mpirun --version
+USER mpiuser
+WORKDIR /home/mpiuser
+EXPOSE ${SSH_PORT}

@@ -1,0 +1,186 @@
+"""The Dockerfiles, checked without a Docker engine: every base image pinned, the versions they install
+equal versions.env and pyproject.toml, and the image matches what the MPIJob manifest expects."""
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+DOCKERFILES = ["training.Dockerfile", "airflow.Dockerfile"]
+
+
+def versions_env() -> dict[str, str]:
+    out = {}
+    for line in (ROOT / "versions.env").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            out[key] = value
+    return out
+
+
+def instructions(name: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
+    lines, out, current = (DOCKER / name).read_text().splitlines(), [], ""
+    for line in lines:
+        if line.lstrip().startswith("#") and not current:
+            continue
+        if line.lstrip().startswith("#"):
+            continue  # a comment inside a continued RUN
+        current += line.rstrip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        if current.strip():
+            keyword, _, rest = current.strip().partition(" ")
+            out.append((keyword.upper(), rest.strip()))
+        current = ""
+    return out
+
+
+def arg_defaults(name: str) -> dict[str, str]:
+    out = {}
+    for keyword, rest in instructions(name):
+        if keyword == "ARG" and "=" in rest:
+            key, value = rest.split("=", 1)
+            out.setdefault(key.strip(), value.strip().strip('"'))
+    return out
+
+
+def global_args(name: str) -> dict[str, str]:
+    out = {}
+    for keyword, rest in instructions(name):
+        if keyword == "FROM":
+            break
+        if keyword == "ARG" and "=" in rest:
+            key, value = rest.split("=", 1)
+            out[key.strip()] = value.strip().strip('"')
+    return out
+
+
+def base_images(name: str) -> list[str]:
+    """Every FROM image with build args resolved to their defaults; stage names are skipped."""
+    args, stages, images = global_args(name), set(), []
+    for keyword, rest in instructions(name):
+        if keyword != "FROM":
+            continue
+        parts = [p for p in rest.split() if not p.startswith("--")]
+        image = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)], parts[0])
+        if len(parts) >= 3 and parts[1].upper() == "AS":
+            stages.add(parts[2])
+        if image not in stages:
+            images.append(image)
+    return images
+
+
+def pinned(image: str) -> bool:
+    if re.search(r"@sha256:[0-9a-f]{64}$", image):
+        return True
+    last = image.rsplit("/", 1)[-1]
+    if ":" not in last:
+        return False
+    tag = last.split(":", 1)[1]
+    # An exact release (x.y.z) in the tag: "3.11-slim" or "latest" move under you.
+    return tag != "latest" and re.search(r"\d+\.\d+\.\d+", tag) is not None
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_every_base_image_is_pinned(name):
+    images = base_images(name)
+    assert images, f"{name} has no FROM"
+    for image in images:
+        assert pinned(image), f"{name}: base image {image!r} is not pinned to an exact version or digest"
+
+
+def test_pin_check_itself():
+    assert pinned("python:3.11.13-slim-bookworm") and pinned("apache/airflow:3.3.2-python3.11")
+    assert pinned("python@sha256:" + "0" * 64)
+    assert not pinned("python:3.11-slim") and not pinned("python") and not pinned("busybox:latest")
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_version_args_equal_versions_env(name):
+    versions, defaults = versions_env(), arg_defaults(name)
+    shared = set(versions) & set(defaults)
+    assert "PYTHON_VERSION" in shared
+    for key in shared:
+        assert defaults[key] == versions[key], f"{name}: ARG {key}={defaults[key]} but versions.env says {versions[key]}"
+
+
+def test_training_image_versions():
+    versions, defaults = versions_env(), arg_defaults("training.Dockerfile")
+    assert defaults["TORCH_VERSION"] == versions["TORCH_VERSION"]
+    assert defaults["HOROVOD_VERSION"] == versions["HOROVOD_VERSION"]
+    # The base image's Python is the pinned minor version.
+    assert re.match(rf"python:{re.escape(versions['PYTHON_VERSION'])}\.\d+-", base_images("training.Dockerfile")[0])
+
+
+def test_airflow_image_versions():
+    versions = versions_env()
+    assert base_images("airflow.Dockerfile") == [f"apache/airflow:{versions['AIRFLOW_VERSION']}-python{versions['PYTHON_VERSION']}"]
+
+
+def test_pyproject_pins_match_versions_env():
+    versions = versions_env()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert f"torch=={versions['TORCH_VERSION']}" in project["dependencies"]
+    assert f"apache-airflow=={versions['AIRFLOW_VERSION']}" in project["optional-dependencies"]["airflow"]
+    assert project["requires-python"] == f">={versions['PYTHON_VERSION']}"
+
+
+def test_training_image_builds_horovod_like_setup_sh():
+    runs = " ".join(rest for keyword, rest in instructions("training.Dockerfile") if keyword == "RUN")
+    assert "docker/build-horovod.sh" in runs and "horovodrun --check-build" in runs
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in runs
+    assert '"torch==${TORCH_VERSION}"' in runs
+    copies = [rest for keyword, rest in instructions("training.Dockerfile") if keyword == "COPY"]
+    assert any("docker/build-horovod.sh" in c for c in copies) and any("versions.env" in c for c in copies)
+
+
+def test_training_image_matches_the_mpijob_manifest():
+    from ringflow.operators.kubernetes.mpijob import MPIJobSettings
+
+    settings = MPIJobSettings(image="r/ringflow-training:0.1.0")
+    defaults = arg_defaults("training.Dockerfile")
+    steps = instructions("training.Dockerfile")
+    assert int(defaults["SSH_PORT"]) == settings.ssh_port
+    assert int(defaults["MPI_UID"]) == settings.run_as_user
+    assert settings.ssh_path == "/home/mpiuser/.ssh"
+    assert any(k == "COPY" and "/home/mpiuser/.sshd_config" in rest for k, rest in steps)
+    assert "HostKey /home/mpiuser/.ssh/id_rsa" in (DOCKER / "sshd_config").read_text()
+    users = [rest for keyword, rest in steps if keyword == "USER"]
+    assert users[-1] == "mpiuser", "the training image must not run as root"
+    env = " ".join(rest for keyword, rest in steps if keyword == "ENV")
+    for var in ("LD_LIBRARY_PATH", "PYTHONPATH"):  # forwarded with mpirun -x, so they must exist
+        assert f"{var}=" in env
+
+
+def test_airflow_image_installs_ringflow_without_torch():
+    runs = " ".join(rest for keyword, rest in instructions("airflow.Dockerfile") if keyword == "RUN")
+    assert "pip install --no-deps /opt/ringflow" in runs
+    assert '"apache-airflow==${AIRFLOW_VERSION}"' in runs
+    installs = re.findall(r"pip install ([^&]*)", runs)
+    assert installs and not any("torch" in args for args in installs)
+    reqs = subprocess.run([sys.executable, str(DOCKER / "requirements_without_torch.py"), str(ROOT / "pyproject.toml")],
+                          capture_output=True, text=True, check=True).stdout.split()
+    names = {re.split(r"[<>=!~\[]", r)[0].lower().replace("_", "-") for r in reqs}
+    assert "torch" not in names and "apache-airflow" not in names
+    assert {"kubernetes", "kubernetes-asyncio", "minio"} <= names
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_build_context_is_filtered(name):
+    ignore = (DOCKER / f"{name}.dockerignore").read_text().splitlines()
+    assert "*" in ignore  # everything out (.venv, caches, runs) ...
+    copied = [rest.split()[:-1] for keyword, rest in instructions(name) if keyword == "COPY" and "--from" not in rest]
+    for sources in copied:
+        for src in (s for s in sources if not s.startswith("--")):
+            # ... except what the Dockerfile copies.
+            assert f"!{src}" in ignore or f"!{src}/" in ignore, f"{name} copies {src}, which the .dockerignore excludes"
+            assert (ROOT / src).exists(), f"{name} copies {src}, which does not exist"

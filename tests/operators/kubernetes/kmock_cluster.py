@@ -1,0 +1,178 @@
+"""A Kubernetes API emulator (kmock) on 127.0.0.1, for tests that use the real `kubernetes` clients.
+
+kmock's KubernetesEmulator stores objects as plain JSON and serves create/get/list/delete. It runs on its
+own event loop in a background thread, because the code under test makes blocking (sync) calls; tests
+change the cluster through `Cluster` methods, which run on that loop.
+
+Where the emulator is simpler than a real API server, `FaithfulEmulator` fills in what the backend relies
+on: server-set metadata (uid, creationTimestamp, resourceVersion) and label selectors on lists.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import itertools
+import pathlib
+import threading
+import uuid
+from typing import Any, Callable
+
+import kmock
+import yaml
+
+MPIJOBS = "kubeflow.org/v2beta1/mpijobs"
+PODS = "v1/pods"
+CONFIGMAPS = "v1/configmaps"
+
+
+def _matches(selector: str, labels: dict[str, str]) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+class FaithfulEmulator(kmock.KubernetesEmulator):
+    _clock = itertools.count(1)
+
+    async def _handle(self, request: kmock.Request):  # type: ignore[override]
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            meta.setdefault("namespace", request.namespace)
+            # What a real API server adds; the backend needs the uid for owner references.
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("resourceVersion", str(next(self._clock)))
+            now = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(microseconds=next(self._clock))
+            meta.setdefault("creationTimestamp", now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+        return await super()._handle(request)
+
+    async def _serve_list(self, request: kmock.Request):  # type: ignore[override]
+        result = await super()._serve_list(request)
+        selector = request.params.get("labelSelector")
+        if selector:
+            result["items"] = [i for i in result["items"]
+                               if _matches(selector, (i.get("metadata") or {}).get("labels") or {})]
+        return result
+
+
+class Cluster:
+    """The running emulator, its URL and a kubeconfig for it, and helpers to script the cluster."""
+
+    def __init__(self, tmp: pathlib.Path) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self.logs: dict[tuple[str, str], str] = {}
+        self._thread = threading.Thread(target=self._run, name="kmock", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError(f"kmock did not start: {self._error!r}")
+        if self._error:
+            raise self._error
+        self.kubeconfig = tmp / "kubeconfig.yaml"
+        self.kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+            "users": [{"name": "test", "user": {"token": "test-token"}}],
+            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test"}}],
+        }))
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._serve())
+        except BaseException as e:  # surfaced by __init__ when it happens at start
+            self._error = e
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        async with FaithfulEmulator() as k, kmock.Server(k, host="127.0.0.1") as server:
+            self.k = k
+            self.url = str(server.url).rstrip("/")
+            for resource in (MPIJOBS, PODS, CONFIGMAPS):
+                k.resources[resource] = {}
+            # The log subresource is not an object: serve the text the test scripted for that pod.
+            k["get", kmock.resource(PODS), kmock.subresource("log")] << self._serve_log
+            self._ready.set()
+            await self._stop.wait()
+
+    def _serve_log(self, request: kmock.Request) -> Any:
+        key = (request.namespace, request.name)
+        if key not in self.logs:
+            # What the API server answers while the container is not running yet.
+            raise kmock.KubernetesError(status=400, reason="BadRequest", message=(
+                f'container "launcher" in pod "{request.name}" is waiting to start: ContainerCreating'))
+        return self.logs[key].encode()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the emulator's loop (where its state lives) and return what it returns."""
+        async def run() -> Any:
+            return fn()
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
+
+    # -- scripting the cluster ------------------------------------------------------------------
+    def put(self, resource: str, namespace: str, name: str, obj: dict[str, Any]) -> None:
+        obj = dict(obj)
+        obj.setdefault("metadata", {}).update(name=name, namespace=namespace)
+        self.call(lambda: self.k.objects.__setitem__((kmock.resource(resource), namespace, name), obj))
+
+    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+        def read() -> Any:
+            key = (kmock.resource(resource), namespace, name)
+            if key not in self.k.objects or self.k.objects[key].deleted:
+                return None
+            return dict(self.k.objects[key].raw)
+        return self.call(read)
+
+    def patch(self, resource: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self.call(lambda: self.k.objects[kmock.resource(resource), namespace, name].patch(patch))
+
+    def set_conditions(self, namespace: str, name: str, *conditions: tuple[str, str, str]) -> None:
+        """What the MPI Operator writes into status: (type, reason, message) conditions, all True."""
+        conds = [{"type": t, "status": "True", "reason": r, "message": m,
+                  "lastTransitionTime": "2030-01-01T00:00:00Z"} for t, r, m in conditions]
+        self.patch(MPIJOBS, namespace, name, {"status": {"conditions": conds}})
+
+    def add_pod(self, namespace: str, job: str, role: str, index: int = 0, *, status: dict[str, Any],
+                created: str = "2030-01-01T00:00:00Z") -> str:
+        """A pod as the MPI Operator makes it (its labels), with the given status."""
+        name = f"{job}-{role}-{index}" if role == "worker" else f"{job}-launcher-{index}"
+        self.put(PODS, namespace, name, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created, "labels": {
+                "training.kubeflow.org/job-name": job, "training.kubeflow.org/job-role": role,
+                "training.kubeflow.org/operator-name": "mpi-operator"}},
+            "spec": {"containers": [{"name": role, "image": "registry.example/ringflow-training:0.1.0",
+                                     "resources": {"limits": {"memory": "2Gi"}}}]},
+            "status": status,
+        })
+        return name
+
+    def requests(self, method: str | None = None, resource: str | None = None) -> list[kmock.Request]:
+        def read() -> list[kmock.Request]:
+            view = self.k
+            if method:
+                view = view[method]
+            if resource:
+                view = view[kmock.resource(resource)]
+            return list(view)
+        return self.call(read)
+
+    def close(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+        self._loop.close()
