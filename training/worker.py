@@ -45,6 +45,9 @@ def serialize_state(model, optimizer, cursor: Cursor, step: int) -> bytes:
     return buf.getvalue()
 
 
+WARMUP_STEPS = 10
+
+
 class Trainer:
     def __init__(self, cfg: JobConfig, hvd):
         self.cfg, self.hvd = cfg, hvd
@@ -76,6 +79,7 @@ class Trainer:
         self.monitor = SyncHealthMonitor(hvd, cfg.health, self.health_log, cfg.batch_size)
         self.faults = FaultInjector(cfg, self.rank)
         self.last_loss = float("nan")
+        self.throughput: float | None = None
 
     def _resume(self) -> None:
         # Every rank reads the checkpoint itself; the broadcast that follows makes rank 0's copy the truth.
@@ -109,7 +113,7 @@ class Trainer:
         doc = {"status": status, "step": self.step, "epoch": self.cursor.epoch, "loss": self.last_loss,
                "checkpoint": checkpoint, "verdict": verdict.to_dict() if verdict else None,
                "resumed_from": self.resumed_from, "world_size": self.size,
-               "attempt": os.environ.get(ATTEMPT_ENV)}
+               "attempt": os.environ.get(ATTEMPT_ENV), "samples_per_sec_after_warmup": self.throughput}
         self.health_log.append(record("end", status=status, step=self.step), force_flush=True)
         self.run_store.put_bytes(run_layout.RESULT, json.dumps(doc, indent=1, default=str).encode())
 
@@ -143,6 +147,8 @@ class Trainer:
         watchdog = StallWatchdog(cfg.health.stall_seconds, self.on_stall)
         watchdog.start()
         samples, window_start = 0, time.perf_counter()
+        # Throughput after warm-up, for result.json (bench/throughput.py compares it with the peers').
+        warm_step, warm_started, warm_samples = self.step + WARMUP_STEPS, None, 0
         for epoch in range(self.cursor.epoch, cfg.epochs):
             start_batch = self.cursor.batch if epoch == self.cursor.epoch else 0
             step_started = time.perf_counter()
@@ -162,7 +168,7 @@ class Trainer:
                 self.step += 1
                 step_time = time.perf_counter() - step_started
                 verdict = None
-                if self.monitor.wants_step(self.step):
+                if self.monitor.wants_step(self.step, grad_norm):
                     verdict = self.monitor.on_step(self.step, epoch, step_time, sync_time, self.last_loss, grad_norm)
                 if verdict is None or not verdict.is_fatal(cfg.health.stop_on_degraded):
                     with self.optimizer.skip_synchronize():
@@ -174,6 +180,10 @@ class Trainer:
                 if verdict is not None and verdict.is_fatal(cfg.health.stop_on_degraded):
                     watchdog.stop()
                     return self.stop_on(verdict)
+                if self.step == warm_step:
+                    warm_started = time.perf_counter()
+                elif warm_started is not None:
+                    warm_samples += len(x) * k * self.size
                 self.cursor = Cursor(epoch, b + 1) if b + 1 < self.data.batches_per_epoch else Cursor(epoch + 1, 0)
                 watchdog.beat(self.step)
                 if self.step % cfg.log_every_steps == 0 and self.rank == 0:
@@ -186,6 +196,8 @@ class Trainer:
                 self.health_log.flush()
                 step_started = time.perf_counter()
         watchdog.stop()
+        if warm_started is not None and warm_samples:
+            self.throughput = warm_samples / (time.perf_counter() - warm_started)
         final = self.save_checkpoint(final=True)
         self.write_result("succeeded", self.monitor.last_verdict, final)
         if self.rank == 0:

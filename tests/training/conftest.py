@@ -20,7 +20,7 @@ class JobRunner:
     def config(self, run: str, **overrides) -> dict:
         cfg = {"manifest_uri": self.manifest, "checkpoint": {"uri": str(self.root / run), "every_steps": 10},
                "epochs": 2, "batch_size": 32, "learning_rate": 0.002, "log_every_steps": 5,
-               "health": {"checksum_every_steps": 5, "stall_seconds": 60}}
+               "health": {"every_steps": 1, "checksum_every_steps": 5, "stall_seconds": 60}}
         for key, value in overrides.items():
             cfg[key] = cfg[key] | value if isinstance(value, dict) and isinstance(cfg.get(key), dict) else value
         return cfg

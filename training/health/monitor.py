@@ -23,8 +23,9 @@ def parameter_checksum(model: torch.nn.Module) -> float:
 
 
 def gradient_norm(model: torch.nn.Module) -> float:
-    grads = [p.grad.detach().reshape(-1) for p in model.parameters() if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.cat(grads).double())) if grads else 0.0
+    """Norm of the averaged gradient: the same on every rank, so each rank can act on it alone."""
+    norms = [torch.linalg.vector_norm(p.grad.detach()) for p in model.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
 
 
 class SyncHealthMonitor:
@@ -36,8 +37,10 @@ class SyncHealthMonitor:
         self._recent: collections.deque = collections.deque(maxlen=2 * cfg.window_steps + 2)
         self.last_verdict: Verdict | None = None
 
-    def wants_step(self, step: int) -> bool:
-        return step % self._cfg.every_steps == 0
+    def wants_step(self, step: int, grad_norm: float) -> bool:
+        # A non-finite gradient is measured at once, off the schedule: every rank sees the same averaged
+        # gradient, so every rank makes the same choice and the allgather below stays matched.
+        return step % self._cfg.every_steps == 0 or not math.isfinite(grad_norm)
 
     def wants_checksum(self, step: int) -> bool:
         return step % self._cfg.checksum_every_steps == 0

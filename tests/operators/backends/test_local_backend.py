@@ -1,8 +1,8 @@
 """The local-process backend with real horovodrun jobs."""
 import json
 import os
-import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,8 +28,17 @@ def wait_for(predicate, timeout=120, every=0.3):
 
 
 def processes_mentioning(text: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if text in line and "ps -eo" not in line]
+    """Command lines (from /proc: ps truncates them) of live processes that mention `text`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in args and state != "Z":
+            found.append(args)
+    return found
 
 
 def test_job_runs_streams_logs_and_succeeds(tmp_path, digits_manifest):
@@ -62,7 +71,7 @@ def test_delete_leaves_no_process(tmp_path, digits_manifest):
     job_id = backend.launch(spec("rf-hang", digits_manifest, tmp_path / "run",
                                  faults=[{"kind": "hang", "rank": 1, "step": 2}]))
     job_dir = str(tmp_path / "jobs" / job_id)
-    assert wait_for(lambda: len(processes_mentioning(job_dir)) >= 3)  # sh, cli, horovodrun, ranks
+    assert wait_for(lambda: len(processes_mentioning(job_dir)) >= 3, timeout=30), (backend.status(job_id), (tmp_path / "jobs" / job_id / "output.log").read_text()[-1500:])  # sh, cli, horovodrun, ranks
     backend.delete(job_id)
     assert wait_for(lambda: not processes_mentioning(job_dir), timeout=20), processes_mentioning(job_dir)
     assert backend.status(job_id).state == "failed"

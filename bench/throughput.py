@@ -1,0 +1,119 @@
+"""Throughput at np=2 against np=1 on this machine: ringflow's defaults against the peers' defaults on the
+same model (Horovod+Gloo, Horovod+MPI, torch DDP+Gloo). Also ringflow with the health monitor off, which
+gives the monitoring overhead. Runs each configuration side by side in one go and reports ratios.
+
+    .venv/bin/python bench/throughput.py [--steps 300] [--repeats 2]
+
+Results: bench/results/throughput.json and bench/results/throughput.md (linked from the README).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+PY = sys.executable
+BIN = Path(PY).parent
+FEATURES, HIDDEN, BATCH = 128, [256, 256], 64
+ENV = os.environ | {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def peer(framework: str, controller: str | None, np_: int, steps: int) -> float:
+    worker = [PY, str(HERE / "peer_worker.py"), "--framework", framework, "--steps", str(steps),
+              "--batch", str(BATCH), "--features", str(FEATURES), "--hidden", *map(str, HIDDEN)]
+    if framework == "horovod":
+        cmd = [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", f"--{controller}", *worker]
+    else:
+        cmd = [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={np_}", *worker[1:]]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    for line in out.stdout.splitlines():
+        if '"samples_per_sec"' in line:
+            return json.loads(line[line.index("{"):line.index("}") + 1])["samples_per_sec"]
+    raise RuntimeError(f"{cmd} printed no rate:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+
+
+def shards(root: Path, np_: int) -> str:
+    from ringflow.training.sharding import write_shards
+    from ringflow.training.store import LocalFolderStore
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(rng.standard_normal((8192 * np_, FEATURES)).astype("float32"),
+                         columns=[f"f{i}" for i in range(FEATURES)])
+    frame["target"] = rng.integers(0, 10, len(frame))
+    write_shards(frame, LocalFolderStore(str(root / f"shards{np_}")), target="target", num_partitions=np_,
+                 batch_size=BATCH, eval_fraction=0.0)
+    return str(root / f"shards{np_}" / "manifest.json")
+
+
+def ringflow(root: Path, np_: int, steps: int, health: bool, tag: str) -> float:
+    """samples/s after warm-up, as the job itself measured it (result.json), like the peers measure theirs."""
+    run = root / f"run-{tag}-{np_}-{time.monotonic_ns()}"
+    health_cfg = {} if health else {"every_steps": 10**9, "checksum_every_steps": 10**9}
+    # One epoch is 8192 rows per rank = 128 steps; run as many epochs as reach `steps`.
+    cfg = {"manifest_uri": str(root / f"shards{np_}" / "manifest.json"),
+           "checkpoint": {"uri": str(run), "every_steps": 10**6}, "epochs": max(1, round(steps / (8192 // BATCH))),
+           "batch_size": BATCH, "model": {"hidden": HIDDEN}, "log_every_steps": 10**6, "health": health_cfg}
+    cfg_path = root / f"{run.name}.json"
+    cfg_path.write_text(json.dumps(cfg))
+    out = subprocess.run([str(BIN / "ringflow"), "train", str(cfg_path), "--np", str(np_)], capture_output=True,
+                         text=True, env=ENV, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(out.stdout[-3000:])
+    return json.loads((run / "result.json").read_text())["samples_per_sec_after_warmup"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=2)
+    args = p.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="ringflow-bench-"))
+    for np_ in (1, 2):
+        shards(root, np_)
+    configs = {
+        "ringflow (defaults)": lambda n: ringflow(root, n, args.steps, True, "rf"),
+        "ringflow, health off": lambda n: ringflow(root, n, args.steps, False, "rf-nohealth"),
+        "horovod + gloo (defaults)": lambda n: peer("horovod", "gloo", n, args.steps),
+        "horovod + mpi (defaults)": lambda n: peer("horovod", "mpi", n, args.steps),
+        "torch DDP + gloo": lambda n: peer("ddp", None, n, args.steps),
+    }
+    rates: dict[str, dict[int, list[float]]] = {name: {1: [], 2: []} for name in configs}
+    for _ in range(args.repeats):  # interleaved, so drifting machine load hits every configuration alike
+        for name, run in configs.items():
+            for np_ in (1, 2):
+                rates[name][np_].append(run(np_))
+                print(f"{name} np={np_}: {rates[name][np_][-1]:.0f} samples/s", flush=True)
+    rows = []
+    for name in configs:
+        r1, r2 = statistics.median(rates[name][1]), statistics.median(rates[name][2])
+        rows.append({"config": name, "np1_samples_per_sec": r1, "np2_samples_per_sec": r2, "speedup_np2_vs_np1": r2 / r1})
+    best_peer = max(r["np2_samples_per_sec"] for r in rows if not r["config"].startswith("ringflow"))
+    rf = next(r for r in rows if r["config"] == "ringflow (defaults)")
+    off = next(r for r in rows if r["config"] == "ringflow, health off")
+    summary = {"model": {"features": FEATURES, "hidden": HIDDEN, "batch_per_worker": BATCH},
+               "steps": args.steps, "repeats": args.repeats, "cores": os.cpu_count(), "rows": rows,
+               "ringflow_np2_vs_best_peer_np2": rf["np2_samples_per_sec"] / best_peer,
+               "health_overhead_np2": 1 - rf["np2_samples_per_sec"] / off["np2_samples_per_sec"]}
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "throughput.json").write_text(json.dumps(summary, indent=1))
+    lines = ["| configuration | np=1 samples/s | np=2 samples/s | np=2 / np=1 |", "|---|---|---|---|"]
+    lines += [f"| {r['config']} | {r['np1_samples_per_sec']:.0f} | {r['np2_samples_per_sec']:.0f} | "
+              f"{r['speedup_np2_vs_np1']:.2f}x |" for r in rows]
+    lines += ["", f"ringflow np=2 / best peer np=2: {summary['ringflow_np2_vs_best_peer_np2']:.2f}; "
+              f"health monitoring overhead at np=2: {summary['health_overhead_np2']:.1%} (target <= 3%)"]
+    (HERE / "results" / "throughput.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
