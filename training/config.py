@@ -127,8 +127,11 @@ class HorovodConfig:
     cycle_time_ms: float = 1.0
     fp16_compression: bool = False
     backward_passes_per_step: int = 1
+    # "sleep": wait for all-reduce by polling with short sleeps (sync_wait.py); "spin": Horovod's own wait.
+    wait: str = "sleep"
 
     def __post_init__(self) -> None:
+        _require(self.wait in ("sleep", "spin"), "horovod.wait", f"is {self.wait!r}", 'use "sleep" or "spin"')
         _positive_number(self, "fusion_threshold_mb", "horovod.fusion_threshold_mb", allow_zero=True)
         _positive_number(self, "cycle_time_ms", "horovod.cycle_time_ms")
         _require(isinstance(self.fp16_compression, bool), "horovod.fp16_compression",

@@ -22,6 +22,7 @@ from ringflow.training.health.watchdog import StallWatchdog
 from ringflow.training.manifest import load_manifest
 from ringflow.training.models import build_model
 from ringflow.training.store import open_store
+from ringflow.training.sync_wait import wait_for_allreduce
 from ringflow.training.worker_env import ATTEMPT_ENV
 
 
@@ -68,7 +69,7 @@ class Trainer:
         self.run_store = open_store(cfg.checkpoint.uri)
         self.checkpoints = CheckpointStore(self.run_store, keep_last=cfg.checkpoint.keep_last)
         self.health_log = HealthLog(self.run_store, cfg.health.flush_seconds, enabled=self.rank == 0)
-        self.step, self.cursor, self.resumed_from = 0, Cursor(), None
+        self.step, self.cursor, self.resumed_from, self.last_loss = 0, Cursor(), None, float("nan")
         self._resume()
         hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         # Optimizer state travels pickled, so every rank gets rank 0's exact values and types (Adam's
@@ -78,7 +79,6 @@ class Trainer:
         self.optimizer.load_state_dict(state)
         self.monitor = SyncHealthMonitor(hvd, cfg.health, self.health_log, cfg.batch_size)
         self.faults = FaultInjector(cfg, self.rank)
-        self.last_loss = float("nan")
         self.throughput: float | None = None
 
     def _resume(self) -> None:
@@ -92,6 +92,7 @@ class Trainer:
         self.cursor, self.step = Cursor(*state["cursor"]), state["step"]
         torch.set_rng_state(state["torch_rng"])
         self.resumed_from = loaded.manifest.name
+        self.last_loss = loaded.manifest.meta.get("loss", float("nan"))
         if self.rank == 0:
             say(f"resuming from checkpoint {loaded.manifest.name} (step {self.step}, epoch {self.cursor.epoch}, "
                 f"batch {self.cursor.batch})")
@@ -162,6 +163,8 @@ class Trainer:
                 if (epoch * self.data.batches_per_epoch + b + 1) % k:
                     continue  # accumulate: Horovod all-reduces after the k-th backward pass
                 sync_started = time.perf_counter()
+                if cfg.horovod.wait == "sleep":
+                    wait_for_allreduce(self.hvd, self.optimizer)
                 self.optimizer.synchronize()
                 sync_time = time.perf_counter() - sync_started
                 grad_norm = gradient_norm(self.model)

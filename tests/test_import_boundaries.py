@@ -1,0 +1,47 @@
+"""The package boundaries the layout promises: training/ never imports Airflow; operators/ never imports
+torch or horovod at import time; both install under the `ringflow` namespace only."""
+import pkgutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import ringflow.operators
+import ringflow.training
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def modules(package) -> list[str]:
+    return [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+
+
+def imported_after(names: list[str], forbidden: tuple[str, ...]) -> list[str]:
+    code = ("import importlib, sys\n"
+            f"for name in {names!r}: importlib.import_module(name)\n"
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({forbidden!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return eval(out.stdout.strip().splitlines()[-1])
+
+
+def test_training_never_imports_airflow():
+    assert imported_after(modules(ringflow.training), ("airflow",)) == []
+
+
+def test_operators_never_import_torch_or_horovod_at_import_time():
+    assert imported_after(modules(ringflow.operators), ("torch", "horovod")) == []
+
+
+@pytest.mark.slow
+def test_wheel_installs_only_under_ringflow(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(ROOT), "-w", str(tmp_path)],
+                   check=True, capture_output=True, timeout=600)
+    (wheel,) = tmp_path.glob("ringflow-*.whl")
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert tops == {"ringflow", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "ringflow/training/worker.py" in names and "ringflow/operators/train.py" in names
+    assert "ringflow/operators/kubernetes/backend.py" in names
