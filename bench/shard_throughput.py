@@ -1,0 +1,118 @@
+"""Shard step throughput against the floor: a plain pyarrow read of the same Parquet file and a write of it
+back (zstd, like the shards). The shard step does more (content hash, shuffle, per-feature mean/std, one
+file per worker plus the eval split, a manifest): the target is at least 0.5 of the plain copy's
+throughput. Also the time of a rerun, which finds the shards and rewrites nothing.
+
+    .venv/bin/python bench/shard_throughput.py [--rows 500000] [--cols 64] [--repeats 3]
+
+Results: bench/results/shard_throughput.json and bench/results/shard_throughput.md.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TARGET_RATIO = 0.5
+
+
+def make_table(path: Path, rows: int, cols: int) -> int:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    data = {f"f{i}": rng.standard_normal(rows, dtype=np.float32) for i in range(cols)}
+    data["target"] = rng.integers(0, 10, rows, dtype=np.int64)
+    pq.write_table(pa.table(data), path)
+    return path.stat().st_size
+
+
+def plain_copy(src: Path, out: Path) -> float:
+    import pyarrow.parquet as pq
+
+    started = time.perf_counter()
+    table = pq.read_table(src)
+    pq.write_table(table, out / "copy.parquet", compression="zstd")
+    return time.perf_counter() - started
+
+
+def shard(src: Path, out: Path, workers: int, batch: int) -> tuple[float, dict]:
+    from ringflow.operators.shard import shard_dataset
+
+    started = time.perf_counter()
+    result = shard_dataset(str(src), str(out), num_workers=workers, batch_size=batch)
+    return time.perf_counter() - started, result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rows", type=int, default=500_000)
+    p.add_argument("--cols", type=int, default=64)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    if "AIRFLOW_HOME" not in os.environ:  # the operators import Airflow, which wants a home; a throwaway one
+        os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="ringflow-bench-airflow-")
+        atexit.register(shutil.rmtree, os.environ["AIRFLOW_HOME"], True)
+
+    with tempfile.TemporaryDirectory(prefix="ringflow-bench-shard-") as tmp:
+        root = Path(tmp)
+        src = root / "table.parquet"
+        size = make_table(src, args.rows, args.cols)
+        print(f"input: {args.rows} rows x {args.cols + 1} columns, {size / 2**20:.0f} MiB Parquet", flush=True)
+        shard(src, root / "warmup", args.workers, args.batch)  # imports, page cache
+        plain_copy(src, root)
+        from ringflow.operators.shard import read_dataset_and_digest
+
+        copies, shards, reruns, reads = [], [], [], []
+        for i in range(args.repeats):  # side by side, alternating
+            copies.append(plain_copy(src, root))
+            out = root / f"shards-{i}"
+            seconds, result = shard(src, out, args.workers, args.batch)
+            shards.append(seconds)
+            reruns.append(shard(src, out, args.workers, args.batch)[0])
+            shutil.rmtree(out)
+            started = time.perf_counter()
+            read_dataset_and_digest(str(src))
+            reads.append(time.perf_counter() - started)
+            print(f"  repeat {i + 1}: plain read+write {copies[-1]:.2f}s, shard {shards[-1]:.2f}s, "
+                  f"rerun {reruns[-1]:.2f}s (of the shard: reading and hashing the input {reads[-1]:.2f}s)", flush=True)
+
+    copy_s, shard_s, rerun_s, read_s = (statistics.median(x) for x in (copies, shards, reruns, reads))
+    ratio = copy_s / shard_s
+    summary = {
+        "rows": args.rows, "columns": args.cols + 1, "input_mib": round(size / 2**20, 1), "workers": args.workers,
+        "batch_size": args.batch, "repeats": args.repeats,
+        "plain_read_write_s": round(copy_s, 3), "shard_s": round(shard_s, 3), "rerun_s": round(rerun_s, 3),
+        "of_which_read_and_digest_s": round(read_s, 3), "of_which_write_shards_s": round(shard_s - read_s, 3),
+        "plain_rows_per_s": round(args.rows / copy_s), "shard_rows_per_s": round(args.rows / shard_s),
+        "throughput_ratio": round(ratio, 3), "target_ratio": TARGET_RATIO, "meets_target": ratio >= TARGET_RATIO,
+        "partitions": result["partitions"], "rows_per_partition": result["rows_per_partition"],
+        "eval_rows": result["eval_rows"], "remainder_rows": result["remainder_rows"],
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},
+        "all_runs_s": {"plain": copies, "shard": shards, "rerun": reruns, "read_and_digest": reads},
+    }
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "shard_throughput.json").write_text(json.dumps(summary, indent=1) + "\n")
+    line = (f"| shard {args.rows // 1000}k x {args.cols + 1} ({size / 2**20:.0f} MiB) into {args.workers} workers "
+            f"| plain pyarrow read+write {copy_s:.2f}s ({args.rows / copy_s / 1e6:.2f}M rows/s) | shard {shard_s:.2f}s "
+            f"({args.rows / shard_s / 1e6:.2f}M rows/s) | ratio {ratio:.2f} (target >= {TARGET_RATIO}) "
+            f"| rerun {rerun_s:.2f}s, nothing rewritten |")
+    (HERE / "results" / "shard_throughput.md").write_text(line + "\n")
+    print(json.dumps({k: v for k, v in summary.items() if k != "all_runs_s"}, indent=1))
+    print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Retrain the digits classifier: validate >> shard >> train (Horovod) >> evaluate >> promote.
+
+Two DAGs, one pipeline:
+  ringflow_retrain           weekly, or triggered by hand from the form the Params below describe
+  ringflow_retrain_on_asset  whenever the dataset Asset is updated (a new file dropped in the store)
+
+The embedded default needs nothing but this machine: the built-in digits dataset, a local folder store
+($RINGFLOW_STORE, default $AIRFLOW_HOME/ringflow-data) and 2 local Horovod workers.
+"""
+from __future__ import annotations
+
+import datetime as dt
+
+from airflow.sdk import DAG, Asset, Param
+
+from ringflow.operators import layout
+from ringflow.operators.pipeline import ringflow_pipeline
+
+STORE = layout.default_store_uri()
+# What an ingestion job (or `POST /api/v2/assets/events`) updates to trigger ringflow_retrain_on_asset.
+DIGITS_DROP = layout.join(STORE if "://" in STORE else f"file://{STORE}", layout.DATASETS, "digits.parquet")
+DIGITS_ASSET = Asset(name="ringflow-dataset-digits", uri=DIGITS_DROP)
+
+
+def params(dataset_default: str) -> dict[str, Param]:
+    return {
+        "dataset_uri": Param(dataset_default, type="string", minLength=1, title="Dataset",
+                             description="builtin:<name> (digits, wine, diabetes), or a .csv/.parquet path, "
+                                         "file:// or s3:// URI"),
+        "model_name": Param("digits-mlp", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+                            title="Model name", description="registry name: models/<name>/ in the store"),
+        "num_workers": Param(2, type="integer", minimum=1, maximum=16, title="Horovod workers"),
+        "epochs": Param(5, type="integer", minimum=1, maximum=1000, title="Epochs"),
+        "batch_size": Param(32, type="integer", minimum=1, maximum=4096, title="Batch size per worker"),
+        "learning_rate": Param(0.002, type="number", exclusiveMinimum=0, maximum=10, title="Learning rate",
+                               description="per worker; scaled by the number of workers"),
+        "gate_metric": Param("accuracy", type="string", enum=["accuracy", "loss"], title="Promotion metric",
+                             section="Promotion gate"),
+        "gate_mode": Param("max", type="string", enum=["max", "min"], title="Better is",
+                           description="max: higher is better (accuracy); min: lower is better (loss)",
+                           section="Promotion gate"),
+        "gate_threshold": Param(None, type=["null", "number"], title="Threshold",
+                                description="the metric must also reach this (empty: only beat production)",
+                                section="Promotion gate"),
+        "job_overrides": Param({}, type="object", title="Training config overrides (tests only)",
+                               description="merged into the training job config, e.g. {\"faults\": [{\"kind\": "
+                                           "\"crash\", \"rank\": 1, \"step\": 60}]}; faults apply on the "
+                                           "first try only",
+                               section="Advanced (tests only)"),
+    }
+
+
+def pipeline() -> None:
+    ringflow_pipeline(
+        "digits",
+        dataset_uri="{{ params.dataset_uri }}",
+        model_name="{{ params.model_name }}",
+        store_uri=STORE,
+        num_workers="{{ params.num_workers }}",
+        epochs="{{ params.epochs }}",
+        batch_size="{{ params.batch_size }}",
+        learning_rate="{{ params.learning_rate }}",
+        suite="suites/digits.json",
+        gate={"metric": "{{ params.gate_metric }}", "mode": "{{ params.gate_mode }}",
+              "threshold": "{{ params.gate_threshold }}"},
+        job_config="{{ params.job_overrides }}",
+    )
+
+
+COMMON = dict(start_date=dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc), catchup=False, max_active_runs=1,
+              tags=["ringflow", "horovod"], default_args={"owner": "ringflow"})
+
+with DAG("ringflow_retrain", schedule="0 3 * * 1", params=params("builtin:digits"), doc_md=__doc__,
+         description="Weekly retrain of the digits classifier", **COMMON):
+    pipeline()
+
+with DAG("ringflow_retrain_on_asset", schedule=[DIGITS_ASSET], params=params(DIGITS_DROP), doc_md=__doc__,
+         description="Retrain the digits classifier when new digits data lands", **COMMON):
+    pipeline()

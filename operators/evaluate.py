@@ -1,0 +1,91 @@
+"""Score a training run's final checkpoint on the held-out split (ringflow.training.evaluate).
+
+The metrics land in `eval.json` in the run folder (evaluate_run writes it), where the promote task reads
+them. Torch is imported only when the task runs: DAG files importing this module stay light.
+
+For an s3:// run the training code reads its S3 settings from the environment (RINGFLOW_S3_ENDPOINT,
+AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); the operator takes them from the Airflow connection and sets
+them only for the duration of the call.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import urllib.parse
+from typing import Any, Iterator, Sequence
+
+from airflow.sdk import BaseOperator
+
+from ringflow.operators import layout
+from ringflow.operators.connections import DEFAULT_CONN_ID
+
+
+def _s3_environment(conn_id: str) -> dict[str, str]:
+    """The variables S3Settings.from_env reads, filled from the Airflow connection."""
+    try:  # connections.py may offer this itself
+        from ringflow.operators.connections import s3_environment  # type: ignore[attr-defined]
+    except ImportError:
+        s3_environment = None
+    if s3_environment is not None:
+        return dict(s3_environment(conn_id))
+    from ringflow.operators.connections import s3_settings_from_connection
+    from ringflow.training.store.s3 import ACCESS_KEY_VAR, ENDPOINT_VAR, REGION_VAR, SECRET_KEY_VAR
+
+    settings = s3_settings_from_connection(conn_id)
+    env = {ENDPOINT_VAR: settings.endpoint, ACCESS_KEY_VAR: settings.access_key, SECRET_KEY_VAR: settings.secret_key}
+    if settings.region:
+        env[REGION_VAR] = settings.region
+    return env
+
+
+@contextlib.contextmanager
+def s3_env_for(uri: str, conn_id: str | None) -> Iterator[None]:
+    """Within the block, the process environment carries the S3 settings of `conn_id` if `uri` is on S3;
+    the previous values come back afterwards, so no credential outlives the call."""
+    if urllib.parse.urlsplit(uri).scheme != "s3":
+        yield
+        return
+    env = _s3_environment(conn_id or DEFAULT_CONN_ID)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def evaluate(run_uri: str, checkpoint: str | None = None, conn_id: str | None = None) -> dict[str, Any]:
+    """evaluate_run with the S3 settings of `conn_id`; returns eval.json's document plus where it is."""
+    from ringflow.training.evaluate import evaluate_run  # imports torch
+    from ringflow.training.run_layout import EVAL
+
+    with s3_env_for(run_uri, conn_id):
+        doc = evaluate_run(run_uri, checkpoint)
+    return {**doc, "run_uri": run_uri, "eval_uri": layout.join(run_uri, EVAL)}
+
+
+class EvaluateModelOperator(BaseOperator):
+    """Metrics of the run's final checkpoint (the one result.json names, or `checkpoint`) on the eval split.
+
+    Returns (XCom) `{"metrics": {"accuracy": ..., "loss": ...} or {"mse", "mae", "r2", "loss"}, "checkpoint",
+    "step", "rows", "task", "evaluated_at", "run_uri", "eval_uri"}`.
+    """
+
+    template_fields: Sequence[str] = ("run_uri", "checkpoint", "conn_id")
+    ui_color = "#e6f4ea"
+
+    def __init__(self, *, run_uri: str, checkpoint: str | None = None, conn_id: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run_uri, self.checkpoint, self.conn_id = run_uri, checkpoint, conn_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        result = evaluate(self.run_uri, self.checkpoint or None, self.conn_id)
+        metrics = ", ".join(f"{k}={v:.4g}" for k, v in result["metrics"].items())
+        self.log.info("checkpoint %s (step %s) on %d held-out rows: %s; written to %s",
+                      result["checkpoint"], result["step"], result["rows"], metrics, result["eval_uri"])
+        return result

@@ -1,0 +1,68 @@
+"""A throwaway Airflow for the DAG tests: its own AIRFLOW_HOME and SQLite database, the repo's dags/ folder.
+
+Set at import, not only in a fixture: Airflow reads its configuration once, on first import, and pytest
+imports this file before any test module of this folder. The database URL is given explicitly, so it stays
+right even if another conftest later points AIRFLOW_HOME elsewhere.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DAGS = REPO / "dags"
+_HOME = pathlib.Path(tempfile.mkdtemp(prefix="ringflow-dags-airflow-"))
+ENV = {
+    "AIRFLOW_HOME": str(_HOME),
+    "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_HOME}/airflow.db",
+    # Deferred tasks resume faster than the default heartbeat check allows (an upstream race).
+    "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",
+    "RINGFLOW_STORE": str(_HOME / "ringflow-data"),
+    "RINGFLOW_LOCAL_JOBS": str(_HOME / "jobs"),
+    "GX_ANALYTICS_ENABLED": "False",
+    "MPLBACKEND": "Agg",
+}
+os.environ.update(ENV)
+
+
+@pytest.fixture(autouse=True)
+def dags_env(monkeypatch):
+    """The same settings for every test here, whatever another conftest set in between."""
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    return ENV
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """`airflow db migrate`, once per session."""
+    env = {**os.environ, **ENV}
+    proc = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return ENV["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch) -> pathlib.Path:
+    """A fresh store for one test: the DAGs read RINGFLOW_STORE when they are parsed."""
+    path = tmp_path / "store"
+    monkeypatch.setenv("RINGFLOW_STORE", str(path))
+    return path
+
+
+@pytest.fixture
+def dagbag(store):
+    """The repo's DAGs, parsed now (so they use this test's store)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(str(DAGS))
+    assert not bag.import_errors, bag.import_errors
+    return bag

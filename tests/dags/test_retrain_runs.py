@@ -1,0 +1,120 @@
+"""The whole ringflow_retrain DAG with `dag.test()`: real Great Expectations, real 2-worker Horovod jobs on
+this machine, the local folder store. Epochs are kept small so each run takes well under a minute."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import pathlib
+import re
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+DAG_ID = "ringflow_retrain"
+STEPS = ["validate", "shard", "train", "evaluate", "promote"]
+
+
+def run(dag, conf: dict):
+    dr = dag.test(run_conf=conf)
+    tis = {ti.task_id.split(".", 1)[1]: ti for ti in dr.get_task_instances()}
+    return dr, tis
+
+
+def states(tis) -> dict[str, str]:
+    return {step: str(tis[step].state) for step in STEPS}
+
+
+def run_folder(store: pathlib.Path, dr) -> pathlib.Path:
+    from ringflow.operators import layout
+
+    return pathlib.Path(layout.run_uri(str(store), DAG_ID, dr.run_id, "digits"))
+
+
+def test_success_promotes_version_1(airflow_db, dagbag, store):
+    dr, tis = run(dagbag.dags[DAG_ID], {"epochs": 2, "model_name": "digits-ok"})
+    assert dr.state == "success", states(tis)
+    assert set(states(tis).values()) == {"success"}
+
+    pointer = json.loads((store / "models" / "digits-ok" / "production.json").read_text())
+    assert pointer["version"] == 1 and pointer["previous"] is None
+    assert pointer["metrics"]["accuracy"] > 0.5
+    folder = run_folder(store, dr)
+    assert pointer["source_run"] == str(folder)
+    for name in ("result.json", "eval.json", "health.jsonl", "health.png"):
+        assert (folder / name).is_file(), name
+    assert json.loads((folder / "result.json").read_text())["verdict"]["status"] in ("HEALTHY", "DEGRADED")
+    manifests = list((store / "shards" / "digits").glob("*/manifest.json"))
+    assert len(manifests) == 1
+
+
+def test_broken_dataset_fails_at_validate_and_writes_nothing(airflow_db, dagbag, store, tmp_path):
+    from ringflow.training.datasets import load_builtin
+
+    df = load_builtin("digits")
+    df.loc[[3, 14, 15], "target"] = 12  # not a digit
+    df.loc[[7], "pixel_4_4"] = 99.0  # out of the 0..16 range
+    broken = tmp_path / "incoming" / "digits-broken.csv"
+    broken.parent.mkdir()
+    df.to_csv(broken, index=False)
+
+    dr, tis = run(dagbag.dags[DAG_ID], {"epochs": 2, "dataset_uri": str(broken), "model_name": "digits-broken"})
+    assert dr.state == "failed"
+    assert states(tis) == {"validate": "failed", "shard": "upstream_failed", "train": "upstream_failed",
+                           "evaluate": "upstream_failed", "promote": "upstream_failed"}
+    assert not (store / "shards").exists()
+    assert not (store / "runs").exists()
+    assert not (store / "models").exists()
+
+
+def test_injected_nan_fails_at_train_with_the_verdict(airflow_db, dagbag, store, capfd):
+    dag = dagbag.dags[DAG_ID]
+    dag.get_task("digits.train").retries = 0  # a retry would run without the injected fault, and succeed
+    conf = {"epochs": 2, "model_name": "digits-nan",
+            "job_overrides": {"faults": [{"kind": "nan_gradient", "rank": 1, "step": 10}]}}
+    dr, tis = run(dag, conf)
+    out = capfd.readouterr().out
+    assert dr.state == "failed"
+    assert states(tis) == {"validate": "success", "shard": "success", "train": "failed",
+                           "evaluate": "upstream_failed", "promote": "upstream_failed"}
+    # The task's failure names the verdict and its evidence (not only the job's own log lines do).
+    assert re.search(r"AirflowException: .*health verdict NONFINITE: NaN/Inf .*evidence", out), out[-3000:]
+    result = json.loads((run_folder(store, dr) / "result.json").read_text())
+    assert result["status"] == "failed" and result["verdict"]["status"] == "NONFINITE"
+    assert 1 in result["verdict"]["evidence"]["ranks"]
+    assert (run_folder(store, dr) / "health.png").is_file()
+    assert not (store / "models").exists()
+
+
+def test_worker_crash_is_retried_and_resumes_from_the_checkpoint(airflow_db, dagbag, store):
+    dag = dagbag.dags[DAG_ID]
+    train = dag.get_task("digits.train")
+    assert train.retries >= 1  # the DAG's own default: a crashed job resumes on the retry
+    train.retry_delay = dt.timedelta(seconds=1)
+    conf = {"epochs": 2, "model_name": "digits-crash",
+            "job_overrides": {"checkpoint": {"every_steps": 10},
+                              "faults": [{"kind": "crash", "rank": 1, "step": 25}]}}
+    dr, tis = run(dag, conf)
+    assert dr.state == "success", states(tis)
+    assert tis["train"].try_number == 2
+    result = json.loads((run_folder(store, dr) / "result.json").read_text())
+    assert result["status"] == "succeeded"
+    assert result["resumed_from"] == "ckpt-000000020"
+    assert result["step"] == 44  # 2 epochs x 22 steps: nothing lost, nothing repeated
+    pointer = json.loads((store / "models" / "digits-crash" / "production.json").read_text())
+    assert pointer["version"] == 1 and pointer["checkpoint"] == result["checkpoint"]
+
+
+def test_two_models_in_one_dag_each_promote_by_their_own_gate(airflow_db, dagbag, store):
+    dr = dagbag.dags["ringflow_two_models"].test(run_conf={"epochs": 1})
+    tis = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
+    assert dr.state == "success", tis
+    from ringflow.operators import layout
+
+    digits = json.loads((store / "models" / "digits-mlp" / "production.json").read_text())
+    diabetes = json.loads((store / "models" / "diabetes-mlp" / "production.json").read_text())
+    assert digits["version"] == diabetes["version"] == 1
+    assert "accuracy" in digits["metrics"] and {"mse", "r2"} <= set(diabetes["metrics"])
+    runs = [pathlib.Path(layout.run_uri(str(store), "ringflow_two_models", dr.run_id, g)) for g in ("digits", "diabetes")]
+    assert [p["source_run"] for p in (digits, diabetes)] == [str(r) for r in runs]
+    assert all((r / "eval.json").is_file() for r in runs)

@@ -1,0 +1,114 @@
+"""EvaluateModelOperator on run folders laid out the way a training job leaves them (checkpoint with its
+meta, result.json), made here in one process so the test needs no Horovod."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import pathlib
+
+import pytest
+
+from ringflow.operators.evaluate import EvaluateModelOperator, s3_env_for
+from ringflow.operators.shard import shard_dataset
+
+
+def make_run(run_store, manifest_uri: str, steps: int) -> str:
+    """Train the default MLP for `steps` full-batch steps on partition 0 and save it as the final checkpoint."""
+    import torch
+
+    from ringflow.training.checkpoint import CheckpointStore
+    from ringflow.training.config import ModelConfig
+    from ringflow.training.data import to_tensors
+    from ringflow.training.manifest import load_manifest
+    from ringflow.training.models import build_model
+    from ringflow.training.sharding import read_partition
+
+    manifest, shard_store = load_manifest(manifest_uri)
+    schema = manifest.schema
+    torch.manual_seed(0)
+    model, loss_fn = build_model(ModelConfig(), len(schema.features), schema.num_outputs, schema.task)
+    x, y = to_tensors(read_partition(shard_store, manifest.partitions[0]), schema)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict()}, buf)
+    meta = {"step": steps, "manifest_uri": manifest_uri, "model": {"kind": "mlp", "hidden": [64, 64], "dropout": 0.0,
+                                                                   "factory": None, "kwargs": {}},
+            "schema": {"num_features": len(schema.features), "num_outputs": schema.num_outputs, "task": schema.task}}
+    name = CheckpointStore(run_store).save(steps, {"state.pt": buf.getvalue()}, meta)
+    run_store.put_bytes("result.json", json.dumps({"status": "succeeded", "checkpoint": name}).encode())
+    return name
+
+
+def test_scores_the_final_checkpoint_and_writes_eval_json(tmp_path):
+    from ringflow.training.store import LocalFolderStore
+
+    shards = shard_dataset("builtin:digits", str(tmp_path / "shards"), num_workers=2, batch_size=32)
+    run = tmp_path / "runs" / "r1"
+    checkpoint = make_run(LocalFolderStore(run), shards["manifest_uri"], steps=60)
+
+    result = EvaluateModelOperator(task_id="evaluate", run_uri=str(run)).execute({})
+    assert result["checkpoint"] == checkpoint and result["step"] == 60
+    assert result["rows"] == shards["eval_rows"] == 389 and result["task"] == "classification"
+    assert 0.85 < result["metrics"]["accuracy"] <= 1.0 and result["metrics"]["loss"] > 0
+    assert result["eval_uri"] == f"{run}/eval.json"
+    assert json.loads((run / "eval.json").read_text())["metrics"] == result["metrics"]
+
+
+def test_regression_metrics_and_an_explicit_checkpoint(tmp_path):
+    from ringflow.training.store import LocalFolderStore
+
+    shards = shard_dataset("builtin:diabetes", str(tmp_path / "shards"), num_workers=2, batch_size=16)
+    run = tmp_path / "run"
+    checkpoint = make_run(LocalFolderStore(run), shards["manifest_uri"], steps=5)
+    result = EvaluateModelOperator(task_id="evaluate", run_uri=str(run), checkpoint=checkpoint).execute({})
+    assert set(result["metrics"]) == {"mse", "mae", "r2", "loss"}
+    assert result["metrics"]["mse"] == result["metrics"]["loss"] > 0
+
+
+def test_a_run_without_result_fails_clearly(tmp_path):
+    from ringflow.training.store import ObjectNotFound
+
+    with pytest.raises(ObjectNotFound, match="result.json"):
+        EvaluateModelOperator(task_id="evaluate", run_uri=str(tmp_path / "empty")).execute({})
+
+
+def test_template_fields():
+    assert set(EvaluateModelOperator.template_fields) == {"run_uri", "checkpoint", "conn_id"}
+
+
+@pytest.mark.slow
+def test_s3_run_gets_the_connection_settings_only_for_the_call(s3_server, s3_connection, tmp_path):
+    from ringflow.operators.connections import open_store_for
+
+    bucket = s3_server.new_bucket()
+    shards = shard_dataset("builtin:wine", f"s3://{bucket}/ml/shards", num_workers=2, batch_size=8,
+                           conn_id=s3_connection)
+    run_uri = f"s3://{bucket}/ml/runs/dag/run-1"
+    with s3_env_for(run_uri, s3_connection):  # the training helpers read S3 settings from the environment
+        make_run(open_store_for(run_uri, s3_connection), shards["manifest_uri"], steps=20)
+    assert "AWS_SECRET_ACCESS_KEY" not in os.environ
+
+    result = EvaluateModelOperator(task_id="evaluate", run_uri=run_uri, conn_id=s3_connection).execute({})
+    assert result["rows"] > 0 and 0 <= result["metrics"]["accuracy"] <= 1
+    assert "AWS_SECRET_ACCESS_KEY" not in os.environ and "RINGFLOW_S3_ENDPOINT" not in os.environ
+    stored = json.loads(open_store_for(run_uri, s3_connection).get_bytes("eval.json"))
+    assert stored["metrics"] == result["metrics"]
+
+
+def test_environment_is_restored_after_an_error(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "before")
+    monkeypatch.delenv("RINGFLOW_S3_ENDPOINT", raising=False)
+    monkeypatch.setattr("ringflow.operators.evaluate._s3_environment",
+                        lambda conn_id: {"AWS_ACCESS_KEY_ID": "from-connection", "RINGFLOW_S3_ENDPOINT": "http://x:1"})
+    with pytest.raises(RuntimeError):
+        with s3_env_for("s3://b/run", "ringflow_s3"):
+            assert os.environ["AWS_ACCESS_KEY_ID"] == "from-connection"
+            raise RuntimeError("boom")
+    assert os.environ["AWS_ACCESS_KEY_ID"] == "before" and "RINGFLOW_S3_ENDPOINT" not in os.environ
+    with s3_env_for(str(pathlib.Path("/local/run")), None):  # local runs touch nothing
+        assert os.environ["AWS_ACCESS_KEY_ID"] == "before"
