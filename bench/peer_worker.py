@@ -19,13 +19,15 @@ def data(rank: int, rows: int, features: int, classes: int):
 
 def loop(model, optimizer, x, y, batch, steps, warmup, sync=lambda: None, before_step=lambda: None):
     loss_fn = torch.nn.functional.cross_entropy
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
     for step in range(warmup + steps):
         if step == warmup:
             sync()
             started = time.perf_counter()
-        i = (step * batch) % (len(x) - batch)
+        # Shuffled minibatches, as ringflow (and any DataLoader with shuffle=True) takes them.
+        idx = order[(step * batch) % (len(x) - batch):][:batch]
         optimizer.zero_grad()
-        loss_fn(model(x[i:i + batch]), y[i:i + batch]).backward()
+        loss_fn(model(x[idx]), y[idx]).backward()
         before_step()
         optimizer.step()
     sync()
@@ -37,9 +39,9 @@ def main() -> None:
     p.add_argument("--framework", choices=["horovod", "ddp"], required=True)
     p.add_argument("--features", type=int, default=128)
     p.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--batch", type=int, default=256)
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--sleep-wait", action="store_true", help="ringflow's sleeping wait before step()")
     args = p.parse_args()
     torch.manual_seed(0)
@@ -48,7 +50,7 @@ def main() -> None:
         import horovod.torch as hvd
 
         hvd.init()
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+        torch.set_num_threads(int(os.environ.get("RINGFLOW_TORCH_THREADS", "1")))
         rank, size = hvd.rank(), hvd.size()
         optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3 * size),
                                              named_parameters=model.named_parameters())
@@ -65,7 +67,7 @@ def main() -> None:
 
         dist.init_process_group("gloo")
         rank, size = dist.get_rank(), dist.get_world_size()
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+        torch.set_num_threads(int(os.environ.get("RINGFLOW_TORCH_THREADS", "1")))
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3 * size)
         x, y = data(rank, 8192, args.features, 10)

@@ -1,22 +1,25 @@
 # syntax=docker/dockerfile:1
-# The Airflow image (scheduler, triggerer, api-server, dag-processor): the official image plus ringflow
-# with its `airflow` extra, without torch or Horovod.
+# The Airflow image (scheduler, triggerer, api-server, dag-processor, workers): the official image plus
+# ringflow with its `airflow` extra and the CPU build of torch, without Horovod.
 #
-# Why no torch: Airflow only runs ringflow.operators (which never imports torch or horovod) and the data
-# steps; training runs in the training image, in MPIJob pods. But torch is a core dependency of ringflow,
-# so a plain `pip install ringflow[airflow]` would pull it (gigabytes). Instead:
+# Training runs in the training image, in MPIJob pods. The Airflow workers still need torch for one step:
+# evaluate, which scores the final checkpoint on the held-out split (a CPU forward pass). From PyPI, torch
+# pulls in gigabytes of CUDA libraries; the CPU wheel index has the same version without them. So:
 #   1. docker/requirements_without_torch.py lists ringflow's requirements from pyproject.toml minus torch
 #      (and minus apache-airflow, which the base image has);
-#   2. pip installs those, with apache-airflow pinned in the same command so pip can never move it;
+#   2. pip installs those plus torch==TORCH_VERSION from the CPU index, with apache-airflow pinned in the
+#      same command so pip can never move it;
 #   3. ringflow itself goes in with --no-deps.
 #
 # Build from the repository root:
 #   docker build -f docker/airflow.Dockerfile -t REGISTRY/ringflow-airflow:0.1.0 .
-# AIRFLOW_VERSION and PYTHON_VERSION must equal versions.env (tests/docker checks it).
+# AIRFLOW_VERSION, PYTHON_VERSION and TORCH_VERSION must equal versions.env (tests/docker checks it).
 ARG AIRFLOW_VERSION=3.3.2
 ARG PYTHON_VERSION=3.11
 FROM apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION}
 ARG AIRFLOW_VERSION
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1
 # The official image installs Python packages as the airflow user (never as root).
 USER airflow
@@ -27,7 +30,8 @@ COPY --chown=airflow:0 operators /opt/ringflow/operators
 # The DAGs ship in the image: what is deployed is exactly what was built and tested.
 COPY --chown=airflow:0 dags /opt/airflow/dags
 RUN python /opt/ringflow/docker/requirements_without_torch.py /opt/ringflow/pyproject.toml > /tmp/ringflow-requirements.txt \
- && pip install "apache-airflow==${AIRFLOW_VERSION}" -r /tmp/ringflow-requirements.txt \
+ && pip install --extra-index-url "${TORCH_INDEX_URL}" "apache-airflow==${AIRFLOW_VERSION}" "torch==${TORCH_VERSION}" \
+        -r /tmp/ringflow-requirements.txt \
  && pip install --no-deps /opt/ringflow \
- && python -c "import ringflow.operators.kubernetes.backend, ringflow.operators.job_spec" \
- && ! python -c "import torch" 2>/dev/null
+ && python -c "import ringflow.operators.kubernetes.backend, ringflow.operators.job_spec, ringflow.training.evaluate" \
+ && ! python -c "import horovod" 2>/dev/null

@@ -1,9 +1,8 @@
 """Print ringflow's requirements for the Airflow image: the core and `airflow` extra, minus torch.
 
-The Airflow processes (scheduler, triggerer, task runner) only use ringflow.operators and the data
-steps; `operators/` never imports torch or horovod. torch is a core dependency of ringflow because the
-training image needs it, and would add gigabytes (and CUDA libraries) to the Airflow image for nothing.
-So the Airflow image installs these requirements, then ringflow itself with `pip install --no-deps`.
+The Airflow image installs torch itself, the CPU build from the CPU wheel index (the evaluate step runs a
+forward pass in the Airflow worker); listed here, pip would take PyPI's build with gigabytes of CUDA
+libraries. So the image installs these requirements plus CPU torch, then ringflow with `--no-deps`.
 apache-airflow is left out as well: the base image has it, and the Dockerfile pins it to the same version.
 
 usage: python requirements_without_torch.py pyproject.toml > requirements.txt

@@ -5,8 +5,9 @@ import dataclasses
 import re
 from typing import Any
 
+from ringflow.training.launcher import CONTROLLERS, DEFAULT_CONTROLLER
+
 _DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-CONTROLLERS = ("gloo", "mpi")
 
 
 class JobSpecError(ValueError):
@@ -20,7 +21,7 @@ class JobSpec:
     name: DNS-1123 label (lowercase, digits, '-', at most 63 chars): the MPIJob name, or the local run folder.
     config: the training job config (ringflow.training.config.JobConfig as a dict): what every rank runs.
     num_workers: Horovod world size (one rank per worker slot).
-    controller: "gloo" or "mpi" for local runs; MPIJobs always launch through mpirun.
+    controller: "gloo" or "mpi" for local runs (default: the faster here, see bench/); MPIJobs always launch through mpirun.
     labels: identify the job for reattach: dag, run, task, try.
     env: extra environment for every rank. Never secrets: backends bring those from their own config.
     """
@@ -29,7 +30,7 @@ class JobSpec:
     config: dict[str, Any]
     num_workers: int
     slots_per_worker: int = 1
-    controller: str = "gloo"
+    controller: str = DEFAULT_CONTROLLER
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
 

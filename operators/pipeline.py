@@ -39,9 +39,11 @@ from ringflow.operators import layout
 from ringflow.operators.connections import DEFAULT_CONN_ID
 from ringflow.operators.evaluate import EvaluateModelOperator
 from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, Gate, PromoteModelOperator
+from ringflow.operators.kubernetes.backend import backend_from_env
 from ringflow.operators.shard import ShardDatasetOperator
 from ringflow.operators.train import HorovodTrainOperator
 from ringflow.operators.validate import ValidateDatasetOperator
+from ringflow.training.launcher import DEFAULT_CONTROLLER
 
 _ONE_EXPRESSION = re.compile(r"^\s*\{\{(.*)\}\}\s*$", re.S)
 DEFAULT_GATE: Mapping[str, Any] = {"metric": "accuracy", "mode": "max", "threshold": None,
@@ -112,7 +114,7 @@ def pipeline_tasks(*, dataset_uri: Any, model_name: Any, store_uri: str | None =
                    epochs: Any, batch_size: Any, learning_rate: Any,
                    suite: Sequence[Mapping] | Mapping | str | None = None, gate: Mapping[str, Any] | None = None,
                    job_config: Any = None, conn_id: str | None = None, backend: Any = None,
-                   target: str = "target", seed: Any = 0, eval_fraction: Any = 0.2, controller: str = "gloo",
+                   target: str = "target", seed: Any = 0, eval_fraction: Any = 0.2, controller: str = DEFAULT_CONTROLLER,
                    train_retries: int = 1, train_retry_delay: dt.timedelta = dt.timedelta(seconds=30),
                    job_timeout: dt.timedelta | None = None, pipeline_id: str | None = None) -> dict[str, Any]:
     """The five operators, wired (validate >> shard >> train >> evaluate >> promote), in the current DAG or
@@ -134,8 +136,9 @@ def pipeline_tasks(*, dataset_uri: Any, model_name: Any, store_uri: str | None =
         num_workers=num_workers,
         job_config=job_config_template(epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
                                        overrides=job_config),
-        backend=backend, controller=controller, conn_id=conn, job_timeout=job_timeout,
-        retries=train_retries, retry_delay=train_retry_delay,
+        # No backend given: what the deployment configured (MPIJobs via $RINGFLOW_MPIJOB_SETTINGS), else local.
+        backend=backend if backend is not None else backend_from_env(), controller=controller, conn_id=conn,
+        job_timeout=job_timeout, retries=train_retries, retry_delay=train_retry_delay,
     )
     run_uri = f"{{{{ ti.xcom_pull(task_ids='{train.task_id}')['run_uri'] }}}}"
     evaluate = EvaluateModelOperator(task_id="evaluate", run_uri=run_uri, conn_id=conn)
@@ -166,7 +169,8 @@ def ringflow_pipeline(group_id: str, *, dataset_uri: Any, model_name: Any, store
     gate: {"metric", "mode" ("max"|"min"), "threshold", "compare_to_production", "allowed_verdicts",
         "fail_on_gate"}; metric, mode and threshold may be templates.
     job_config: overrides of the training config (dict or one template expression rendering to a dict).
-    backend: where training runs (default: local horovodrun processes).
+    backend: where training runs (default: MPIJobs when $RINGFLOW_MPIJOB_SETTINGS is set, as the Helm
+        values in deploy/ do; else local horovodrun processes).
     options: target, seed, eval_fraction, controller, train_retries (default 1: a crashed job resumes from
         its last checkpoint), train_retry_delay, job_timeout.
     """

@@ -10,10 +10,14 @@ import time
 from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ringflow.operators.backends.base import Backend
 from ringflow.operators.job_spec import JobSpec
+from ringflow.training.launcher import DEFAULT_CONTROLLER
+
+
+NOT_RETRYABLE = ("NONFINITE", "DIVERGED")
 
 
 def job_name(dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
@@ -49,7 +53,7 @@ class HorovodTrainOperator(BaseOperator):
     ui_color = "#f4a261"
 
     def __init__(self, *, manifest_uri: str, run_uri: str, num_workers: int | str = 2,
-                 job_config: dict[str, Any] | None = None, backend: Backend | None = None, controller: str = "gloo",
+                 job_config: dict[str, Any] | None = None, backend: Backend | None = None, controller: str = DEFAULT_CONTROLLER,
                  conn_id: str | None = None, poll_interval: float = 2.0, job_timeout: dt.timedelta | None = None,
                  **kwargs):
         super().__init__(**kwargs)
@@ -120,7 +124,12 @@ class HorovodTrainOperator(BaseOperator):
         if event.get("status") != "success":
             verdict = event.get("verdict") or {}
             evidence = f"; evidence: {json.dumps(verdict.get('evidence'), default=str)}" if verdict.get("evidence") else ""
-            raise AirflowException(f"{event.get('message')}{evidence}")
+            message = f"{event.get('message')}{evidence}"
+            if verdict.get("status") in NOT_RETRYABLE:
+                # A retry resumes from a checkpoint of the same run and meets the same NaN or divergence:
+                # fail for good and let a person change the config.
+                raise AirflowFailException(message)
+            raise AirflowException(message)
         result = self._read_result()
         self.log.info("training succeeded: checkpoint %s, step %s, health %s", result.get("checkpoint"),
                       result.get("step"), (result.get("verdict") or {}).get("status"))

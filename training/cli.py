@@ -15,6 +15,7 @@ import tempfile
 
 from ringflow.training import exit_codes
 from ringflow.training.config import ConfigError
+from ringflow.training.launcher import DEFAULT_CONTROLLER
 
 
 def cmd_shard(args) -> int:
@@ -69,7 +70,7 @@ def cmd_demo(args) -> int:
     path = os.path.join(workdir, "job.json")
     with open(path, "w") as fh:
         json.dump(config, fh, indent=1)
-    code = run_local(path, 2, "gloo")
+    code = run_local(path, 2)
     print(f"[ringflow] demo finished with exit {code}; run folder: {os.path.join(workdir, 'run')}")
     return code
 
@@ -89,7 +90,8 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="run a job config with horovodrun on this machine")
     t.add_argument("config", help="job config JSON (path, file:// or s3://)")
     t.add_argument("--np", type=int, default=2, help="number of worker processes")
-    t.add_argument("--controller", choices=("gloo", "mpi"), default="gloo")
+    t.add_argument("--controller", choices=("gloo", "mpi"), default=DEFAULT_CONTROLLER,
+                   help=f"Horovod controller (default {DEFAULT_CONTROLLER}: fastest in bench/throughput.py)")
     t.set_defaults(func=cmd_train)
     h = sub.add_parser("health", help="print the health verdict of a run")
     h.add_argument("run", help="the run's folder or URI (checkpoint.uri)")

@@ -128,7 +128,7 @@ class HorovodConfig:
     fp16_compression: bool = False
     backward_passes_per_step: int = 1
     # "sleep": wait for all-reduce by polling with short sleeps (sync_wait.py); "spin": Horovod's own wait.
-    wait: str = "sleep"
+    wait: str = "spin"
 
     def __post_init__(self) -> None:
         _require(self.wait in ("sleep", "spin"), "horovod.wait", f"is {self.wait!r}", 'use "sleep" or "spin"')

@@ -14,6 +14,8 @@ from ringflow.training.config import ConfigError, JobConfig, load_job_config
 from ringflow.training.worker_env import ATTEMPT_ENV
 
 CONTROLLERS = ("gloo", "mpi")
+# Chosen by bench/throughput.py (bench/results/throughput.md).
+DEFAULT_CONTROLLER = "mpi"
 
 
 def preflight(config_path: str, num_workers: int) -> JobConfig:
@@ -44,7 +46,7 @@ def preflight(config_path: str, num_workers: int) -> JobConfig:
     return cfg
 
 
-def horovodrun_command(config_path: str, num_workers: int, controller: str = "gloo",
+def horovodrun_command(config_path: str, num_workers: int, controller: str = DEFAULT_CONTROLLER,
                        python: str = sys.executable) -> list[str]:
     if controller not in CONTROLLERS:
         raise ValueError(f"controller {controller!r}: use one of {CONTROLLERS}")
@@ -65,7 +67,7 @@ def job_environment(cfg: JobConfig, base: dict[str, str] | None = None) -> dict[
     return env
 
 
-def run_local(config_path: str, num_workers: int, controller: str = "gloo",
+def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONTROLLER,
               on_line: Callable[[str], None] = lambda line: print(line, flush=True),
               extra_env: dict[str, str] | None = None) -> int:
     """Preflight, start horovodrun in its own process group, stream its output, return its exit code."""

@@ -198,7 +198,10 @@ class Trainer:
                     self.save_checkpoint()
                 self.health_log.flush()
                 step_started = time.perf_counter()
+        verdict = self.monitor.collect()  # the last measurements, still in flight
         watchdog.stop()
+        if verdict is not None and verdict.is_fatal(cfg.health.stop_on_degraded):
+            return self.stop_on(verdict)
         if warm_started is not None and warm_samples:
             self.throughput = warm_samples / (time.perf_counter() - warm_started)
         final = self.save_checkpoint(final=True)
@@ -212,6 +215,8 @@ def main(cfg: JobConfig) -> int:
     import horovod.torch as hvd
 
     hvd.init()
-    # One intra-op thread per rank when ranks share a host: oversubscribed cores make every step slower.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    # Share the host's cores among the ranks on it: oversubscribed cores make every step slower.
+    # RINGFLOW_TORCH_THREADS overrides (bench/throughput.py pins one core per rank to measure scaling).
+    threads = os.environ.get("RINGFLOW_TORCH_THREADS")
+    torch.set_num_threads(int(threads) if threads else max(1, (os.cpu_count() or 1) // hvd.local_size()))
     return Trainer(cfg, hvd).train()

@@ -69,7 +69,7 @@ def test_broken_dataset_fails_at_validate_and_writes_nothing(airflow_db, dagbag,
 
 def test_injected_nan_fails_at_train_with_the_verdict(airflow_db, dagbag, store, capfd):
     dag = dagbag.dags[DAG_ID]
-    dag.get_task("digits.train").retries = 0  # a retry would run without the injected fault, and succeed
+    assert dag.get_task("digits.train").retries >= 1  # NONFINITE is not retried all the same
     conf = {"epochs": 2, "model_name": "digits-nan",
             "job_overrides": {"faults": [{"kind": "nan_gradient", "rank": 1, "step": 10}]}}
     dr, tis = run(dag, conf)
@@ -78,7 +78,8 @@ def test_injected_nan_fails_at_train_with_the_verdict(airflow_db, dagbag, store,
     assert states(tis) == {"validate": "success", "shard": "success", "train": "failed",
                            "evaluate": "upstream_failed", "promote": "upstream_failed"}
     # The task's failure names the verdict and its evidence (not only the job's own log lines do).
-    assert re.search(r"AirflowException: .*health verdict NONFINITE: NaN/Inf .*evidence", out), out[-3000:]
+    assert re.search(r"AirflowFailException: .*health verdict NONFINITE: NaN/Inf .*evidence", out), out[-3000:]
+    assert tis["train"].try_number == 1
     result = json.loads((run_folder(store, dr) / "result.json").read_text())
     assert result["status"] == "failed" and result["verdict"]["status"] == "NONFINITE"
     assert 1 in result["verdict"]["evidence"]["ranks"]

@@ -161,12 +161,16 @@ def test_training_image_matches_the_mpijob_manifest():
         assert f"{var}=" in env
 
 
-def test_airflow_image_installs_ringflow_without_torch():
+def test_airflow_image_installs_ringflow_with_cpu_torch_only():
     runs = " ".join(rest for keyword, rest in instructions("airflow.Dockerfile") if keyword == "RUN")
     assert "pip install --no-deps /opt/ringflow" in runs
     assert '"apache-airflow==${AIRFLOW_VERSION}"' in runs
-    installs = re.findall(r"pip install ([^&]*)", runs)
-    assert installs and not any("torch" in args for args in installs)
+    # torch for the evaluate step, pinned and from the CPU index; never Horovod
+    assert '"torch==${TORCH_VERSION}"' in runs and '--extra-index-url "${TORCH_INDEX_URL}"' in runs
+    assert "horovod" not in " ".join(re.findall(r"pip install ([^&]*)", runs))
+    args = dict(rest.split("=", 1) for keyword, rest in instructions("airflow.Dockerfile")
+                if keyword == "ARG" and "=" in rest)
+    assert args["TORCH_INDEX_URL"].endswith("/whl/cpu")
     reqs = subprocess.run([sys.executable, str(DOCKER / "requirements_without_torch.py"), str(ROOT / "pyproject.toml")],
                           capture_output=True, text=True, check=True).stdout.split()
     names = {re.split(r"[<>=!~\[]", r)[0].lower().replace("_", "-") for r in reqs}

@@ -2,7 +2,7 @@
 import types
 
 import pytest
-from airflow.sdk.exceptions import AirflowException, TaskDeferred
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
 from ringflow.operators.backends.local import LocalProcessBackend
 from ringflow.operators.train import HorovodTrainOperator, job_name, merge
@@ -68,5 +68,10 @@ def test_execute_complete_turns_errors_into_failures(tmp_path, digits_manifest):
     op = operator(tmp_path, digits_manifest)
     event = {"status": "error", "message": "stopped job rf-1: health verdict NONFINITE: NaN/Inf in rank(s) [1]",
              "verdict": {"status": "NONFINITE", "evidence": {"step": 4, "ranks": [1]}}}
-    with pytest.raises(AirflowException, match=r"NONFINITE.*evidence.*\"ranks\": \[1\]"):
-        op.execute_complete(context(), event)
+    with pytest.raises(AirflowFailException, match=r"NONFINITE.*evidence.*\"ranks\": \[1\]"):
+        op.execute_complete(context(), event)  # not retried: a retry would meet the same NaN
+    stalled = {"status": "error", "message": "stopped job rf-1: health verdict STALLED",
+               "verdict": {"status": "STALLED", "evidence": {"rank": 1}}}
+    with pytest.raises(AirflowException) as err:
+        op.execute_complete(context(), stalled)
+    assert not isinstance(err.value, AirflowFailException)  # a hang may pass: retry from the checkpoint

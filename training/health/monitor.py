@@ -36,6 +36,8 @@ class SyncHealthMonitor:
         self._batch_size = batch_size
         self._recent: collections.deque = collections.deque(maxlen=2 * cfg.window_steps + 2)
         self.last_verdict: Verdict | None = None
+        self._pending_step = None
+        self._pending_checksum = None
 
     def wants_step(self, step: int, grad_norm: float) -> bool:
         # A non-finite gradient is measured at once, off the schedule: every rank sees the same averaged
@@ -46,28 +48,56 @@ class SyncHealthMonitor:
         return step % self._cfg.checksum_every_steps == 0
 
     def on_step(self, step: int, epoch: int, step_time: float, sync_time: float, loss: float,
-                grad_norm: float) -> Verdict:
+                grad_norm: float) -> Verdict | None:
+        """Start gathering this step's measurements; return the verdict on the previous ones.
+
+        Gathers run in the background and are collected one measurement later, so the training loop
+        never waits on them: that keeps the monitor's cost to a few percent (bench/throughput.py).
+        A non-finite gradient is gathered and judged at once, before the optimizer step.
+        """
         local = torch.tensor([[step_time, sync_time, loss, float(math.isfinite(loss))]], dtype=torch.float64)
-        rows = self._hvd.allgather(local, name="ringflow.health.step").tolist()
+        meta = {"step": step, "epoch": epoch, "grad_norm": grad_norm}
+        verdict = self.collect()
+        if not math.isfinite(grad_norm):
+            rows = self._hvd.allgather(local, name="ringflow.health.step.now").tolist()
+            return self._add(self._step_record(rows, meta), force=True)
+        self._pending_step = (self._hvd.allgather_async(local, name="ringflow.health.step"), meta)
+        return verdict
+
+    def on_checksum(self, step: int, model: torch.nn.Module) -> Verdict | None:
+        verdict = self.collect()
+        local = torch.tensor([[parameter_checksum(model)]], dtype=torch.float64)
+        self._pending_checksum = (self._hvd.allgather_async(local, name="ringflow.health.checksum"), step)
+        return verdict
+
+    def collect(self) -> Verdict | None:
+        """Finish the gathers in flight and judge; None when there was nothing to collect."""
+        verdict = None
+        if self._pending_step is not None:
+            handle, meta = self._pending_step
+            self._pending_step = None
+            verdict = self._add(self._step_record(self._hvd.synchronize(handle).tolist(), meta))
+        if self._pending_checksum is not None:
+            handle, step = self._pending_checksum
+            self._pending_checksum = None
+            sums = [r[0] for r in self._hvd.synchronize(handle).tolist()]
+            verdict = self._add(record("checksum", step=step, checksums=sums))
+        return verdict
+
+    def _step_record(self, rows: list[list[float]], meta: dict) -> dict:
         step_times = [r[0] for r in rows]
         sync_times = [r[1] for r in rows]
         losses = [r[2] for r in rows]
-        nonfinite = [rank for rank, r in enumerate(rows) if r[3] < 0.5]
-        rec = record(
-            "step", step=step, epoch=epoch,
-            step_time=step_times, sync_time=sync_times,
+        return record(
+            "step", step=meta["step"], epoch=meta["epoch"], step_time=step_times, sync_time=sync_times,
             compute_time=[max(t - s, 0.0) for t, s in zip(step_times, sync_times)],
-            loss=sum(losses) / len(losses), grad_norm=grad_norm, nonfinite_ranks=nonfinite,
+            loss=sum(losses) / len(losses), grad_norm=meta["grad_norm"],
+            nonfinite_ranks=[rank for rank, r in enumerate(rows) if r[3] < 0.5],
             samples_per_sec=len(rows) * self._batch_size / max(max(step_times), 1e-9),
         )
-        return self._add(rec, force=bool(nonfinite) or not math.isfinite(grad_norm))
-
-    def on_checksum(self, step: int, model: torch.nn.Module) -> Verdict:
-        local = torch.tensor([[parameter_checksum(model)]], dtype=torch.float64)
-        sums = [r[0] for r in self._hvd.allgather(local, name="ringflow.health.checksum").tolist()]
-        return self._add(record("checksum", step=step, checksums=sums))
 
     def _add(self, rec: dict, force: bool = False) -> Verdict:
+        force = force or bool(rec.get("nonfinite_ranks"))
         self._log.append(rec, force_flush=force)
         self._recent.append(rec)
         self.last_verdict = judge(self._recent, self._cfg)
