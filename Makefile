@@ -20,4 +20,7 @@ test-fast: setup
 	$(PY) -m pytest -m "not slow"
 
 bench: setup
-	$(PY) bench/run_all.py
+	$(PY) bench/throughput.py
+	$(PY) bench/shard_throughput.py
+	$(PY) bench/promotion.py
+	$(PY) bench/orchestration_overhead.py

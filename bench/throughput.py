@@ -81,6 +81,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=800)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--only", nargs="+", help="run these configurations alone (names as in the table)")
+    p.add_argument("--out", default="throughput", help="results file name under bench/results/")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ringflow-bench-"))
     for np_ in (1, 2):
@@ -98,6 +100,11 @@ def main() -> None:
         "horovod + mpi (defaults)": lambda n: peer("horovod", "mpi", n, args.steps),
         "torch DDP + gloo": lambda n: peer("ddp", None, n, args.steps),
     }
+    if args.only:
+        unknown = set(args.only) - set(configs)
+        if unknown:
+            raise SystemExit(f"unknown configurations {sorted(unknown)}; choose from {list(configs)}")
+        configs = {name: run for name, run in configs.items() if name in args.only}
     rates: dict[str, dict[int, list[float]]] = {name: {1: [], 2: []} for name in configs}
     for _ in range(args.repeats):  # interleaved, so drifting machine load hits every configuration alike
         for name, run in configs.items():
@@ -113,7 +120,8 @@ def main() -> None:
     # Ratios within each repeat, then their median: this machine's speed drifts between repeats, and runs
     # side by side in one repeat see the same machine.
     vs_best_peer = [rates["ringflow (defaults)"][2][i] / max(rates[p][2][i] for p in peers) for i in range(args.repeats)]
-    overhead = [1 - rates["ringflow (defaults)"][2][i] / rates["ringflow, health off"][2][i] for i in range(args.repeats)]
+    overhead = ([1 - rates["ringflow (defaults)"][2][i] / rates["ringflow, health off"][2][i]
+                 for i in range(args.repeats)] if "ringflow, health off" in configs else [float("nan")])
     defaults = HorovodConfig()
     summary = {"model": {"features": FEATURES, "hidden": HIDDEN, "batch_per_worker": BATCH},
                "ringflow_defaults": {"controller": DEFAULT_CONTROLLER, "cycle_time_ms": defaults.cycle_time_ms,
@@ -124,7 +132,7 @@ def main() -> None:
                "ringflow_np2_vs_best_peer_np2_per_repeat": vs_best_peer,
                "health_overhead_np2": statistics.median(overhead), "health_overhead_np2_per_repeat": overhead}
     (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "throughput.json").write_text(json.dumps(summary, indent=1))
+    (HERE / "results" / f"{args.out}.json").write_text(json.dumps(summary, indent=1))
     lines = [f"Model: MLP {FEATURES}->{HIDDEN}->10, {BATCH} rows per worker per step, one core per rank, "
              f"{args.steps} steps after warm-up, median of {args.repeats} interleaved repeats; ringflow defaults: "
              f"{summary['ringflow_defaults']}.", "",
@@ -137,7 +145,7 @@ def main() -> None:
               f"health monitoring overhead at np=2 (median of per-repeat ratios): "
               f"{summary['health_overhead_np2']:.1%} (per repeat: {', '.join(f'{o:.1%}' for o in overhead)}; "
               f"target <= 3%)"]
-    (HERE / "results" / "throughput.md").write_text("\n".join(lines) + "\n")
+    (HERE / "results" / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
