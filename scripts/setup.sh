@@ -16,10 +16,12 @@ if [ -f "$stamp" ]; then
   exit 0
 fi
 
-if ! command -v mpirun >/dev/null || [ ! -e /usr/include/x86_64-linux-gnu/openmpi ] && [ ! -d /usr/lib/x86_64-linux-gnu/openmpi/include ]; then
-  echo "[setup] installing OpenMPI from Debian"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev cmake g++ >/dev/null
+# mpicxx (libopenmpi-dev) is what Horovod's MPI controller compiles against; mpirun runs the jobs.
+if ! command -v mpirun >/dev/null || ! command -v mpicxx >/dev/null || ! command -v cmake >/dev/null; then
+  echo "[setup] installing OpenMPI, cmake and g++ from Debian"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openmpi-bin libopenmpi-dev cmake g++ >/dev/null
 fi
 
 if [ ! -x "$venv/bin/python" ]; then
