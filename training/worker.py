@@ -105,8 +105,11 @@ class Trainer:
                 "manifest_uri": self.cfg.manifest_uri, "model": json.loads(json.dumps(self.cfg.to_dict()["model"])),
                 "schema": {"num_features": len(self.manifest.schema.features),
                            "num_outputs": self.manifest.schema.num_outputs, "task": self.manifest.schema.task}}
-        return self.checkpoints.save(self.step, {"state.pt": serialize_state(
+        name = self.checkpoints.save(self.step, {"state.pt": serialize_state(
             self.model, self.optimizer, self.cursor, self.step)}, meta)
+        # The records up to a checkpoint go out with it: a crash after it loses neither.
+        self.health_log.flush(force=True)
+        return name
 
     def write_result(self, status: str, verdict: Verdict | None, checkpoint: str | None) -> None:
         if self.rank != 0:
