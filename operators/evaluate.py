@@ -17,25 +17,7 @@ from typing import Any, Iterator, Sequence
 from airflow.sdk import BaseOperator
 
 from ringflow.operators import layout
-from ringflow.operators.connections import DEFAULT_CONN_ID
-
-
-def _s3_environment(conn_id: str) -> dict[str, str]:
-    """The variables S3Settings.from_env reads, filled from the Airflow connection."""
-    try:  # connections.py may offer this itself
-        from ringflow.operators.connections import s3_environment  # type: ignore[attr-defined]
-    except ImportError:
-        s3_environment = None
-    if s3_environment is not None:
-        return dict(s3_environment(conn_id))
-    from ringflow.operators.connections import s3_settings_from_connection
-    from ringflow.training.store.s3 import ACCESS_KEY_VAR, ENDPOINT_VAR, REGION_VAR, SECRET_KEY_VAR
-
-    settings = s3_settings_from_connection(conn_id)
-    env = {ENDPOINT_VAR: settings.endpoint, ACCESS_KEY_VAR: settings.access_key, SECRET_KEY_VAR: settings.secret_key}
-    if settings.region:
-        env[REGION_VAR] = settings.region
-    return env
+from ringflow.operators.connections import DEFAULT_CONN_ID, s3_settings_from_connection
 
 
 @contextlib.contextmanager
@@ -45,7 +27,7 @@ def s3_env_for(uri: str, conn_id: str | None) -> Iterator[None]:
     if urllib.parse.urlsplit(uri).scheme != "s3":
         yield
         return
-    env = _s3_environment(conn_id or DEFAULT_CONN_ID)
+    env = s3_settings_from_connection(conn_id or DEFAULT_CONN_ID).to_env()
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

@@ -55,7 +55,3 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
-        return cls(**data)

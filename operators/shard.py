@@ -10,7 +10,6 @@ so training never reads shards that do not match its data.
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 from typing import Any, Sequence
 
@@ -30,22 +29,17 @@ def _store_for(uri: str, conn_id: str | None):
 def read_dataset_and_digest(dataset_uri: str, conn_id: str | None = None):
     """(DataFrame, sha256 of its content). For files the digest is of the bytes as stored (cheap, and
     read anyway); for `builtin:<name>` it is of the table."""
-    import pandas as pd
-
-    from ringflow.training.datasets import load_builtin
+    from ringflow.training.datasets import check_table_name, load_builtin, parse_table
     from ringflow.training.sharding import dataframe_sha256
     from ringflow.training.store import split_uri
 
     if dataset_uri.startswith("builtin:"):
         df = load_builtin(dataset_uri.split(":", 1)[1])
         return df, dataframe_sha256(df)
+    check_table_name(dataset_uri)
     parent, name = split_uri(dataset_uri)
-    if not name.endswith((".parquet", ".csv")):
-        raise ValueError(f"dataset {dataset_uri!r}: use a .parquet or .csv file, or builtin:<name>")
     data = _store_for(parent, conn_id).get_bytes(name)
-    digest = hashlib.sha256(data).hexdigest()
-    df = pd.read_parquet(io.BytesIO(data)) if name.endswith(".parquet") else pd.read_csv(io.BytesIO(data))
-    return df, digest
+    return parse_table(name, data), hashlib.sha256(data).hexdigest()
 
 
 def _summary(manifest, manifest_uri: str, shard_uri: str, reused: bool) -> dict[str, Any]:

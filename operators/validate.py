@@ -13,7 +13,6 @@ importing this module are parsed over and over by the scheduler.
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import logging
 import math
@@ -237,19 +236,15 @@ def summarize(result: Any, suite_name: str, df: pd.DataFrame) -> ValidationSumma
 
 def read_dataset(uri: str, conn_id: str | None = DEFAULT_CONN_ID) -> pd.DataFrame:
     """`builtin:<name>`, or a .parquet/.csv file by path, file:// or s3:// URI (S3 through `conn_id`)."""
-    from ringflow.training.datasets import read_table
+    from ringflow.training.datasets import check_table_name, parse_table, read_table
     from ringflow.training.store import split_uri
 
-    if not uri.startswith("s3://"):
+    if uri.startswith("builtin:"):
         return read_table(uri)
-    # read_table takes S3 settings from the environment; in a task they come from the connection.
+    # Through the connection, not read_table's environment: in a task S3 settings come from Airflow.
+    check_table_name(uri)
     parent, name = split_uri(uri)
-    data = open_store_for(parent, conn_id).get_bytes(name)
-    if name.endswith(".parquet"):
-        return pd.read_parquet(io.BytesIO(data))
-    if name.endswith(".csv"):
-        return pd.read_csv(io.BytesIO(data))
-    raise ValueError(f"dataset {uri!r}: use a .parquet or .csv file, or builtin:<name>")
+    return parse_table(name, open_store_for(parent, conn_id).get_bytes(name))
 
 
 class ValidateDatasetOperator(BaseOperator):

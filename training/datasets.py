@@ -18,18 +18,27 @@ def load_builtin(name: str) -> pd.DataFrame:
     return frame
 
 
-def read_table(uri: str) -> pd.DataFrame:
-    """A dataset by URI: `builtin:digits`, or a Parquet/CSV file as a path, file:// or s3:// URI."""
-    if uri.startswith("builtin:"):
-        return load_builtin(uri.split(":", 1)[1])
+def check_table_name(uri: str) -> None:
+    """Fail before any read when a dataset file is neither Parquet nor CSV."""
+    if not uri.endswith((".parquet", ".csv")):
+        raise ValueError(f"dataset {uri!r}: use a .parquet or .csv file, or builtin:<name>")
+
+
+def parse_table(name: str, data: bytes) -> pd.DataFrame:
+    """A Parquet or CSV file's bytes as a table, by the file's name."""
     import io
 
+    check_table_name(name)
+    return pd.read_parquet(io.BytesIO(data)) if name.endswith(".parquet") else pd.read_csv(io.BytesIO(data))
+
+
+def read_table(uri: str, s3=None) -> pd.DataFrame:
+    """A dataset by URI: `builtin:digits`, or a Parquet/CSV file as a path, file:// or s3:// URI
+    (S3 settings from `s3`, else from the environment)."""
+    if uri.startswith("builtin:"):
+        return load_builtin(uri.split(":", 1)[1])
     from ringflow.training.store import open_store, split_uri
 
+    check_table_name(uri)
     parent, name = split_uri(uri)
-    data = open_store(parent).get_bytes(name)
-    if name.endswith(".parquet"):
-        return pd.read_parquet(io.BytesIO(data))
-    if name.endswith(".csv"):
-        return pd.read_csv(io.BytesIO(data))
-    raise ValueError(f"dataset {uri!r}: use a .parquet or .csv file, or builtin:<name>")
+    return parse_table(name, open_store(parent, s3=s3).get_bytes(name))

@@ -57,10 +57,7 @@ class LocalProcessBackend(Backend):
             return {}
         from ringflow.operators.connections import s3_settings_from_connection
 
-        s3 = s3_settings_from_connection(self.conn_id)
-        env = {"RINGFLOW_S3_ENDPOINT": s3.endpoint, "AWS_ACCESS_KEY_ID": s3.access_key,
-               "AWS_SECRET_ACCESS_KEY": s3.secret_key}
-        return env | ({"AWS_DEFAULT_REGION": s3.region} if s3.region else {})
+        return s3_settings_from_connection(self.conn_id).to_env()
 
     def _dir(self, job_id: str) -> Path:
         path = Path(self.work_dir) / job_id

@@ -103,8 +103,10 @@ def test_s3_run_gets_the_connection_settings_only_for_the_call(s3_server, s3_con
 def test_environment_is_restored_after_an_error(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "before")
     monkeypatch.delenv("RINGFLOW_S3_ENDPOINT", raising=False)
-    monkeypatch.setattr("ringflow.operators.evaluate._s3_environment",
-                        lambda conn_id: {"AWS_ACCESS_KEY_ID": "from-connection", "RINGFLOW_S3_ENDPOINT": "http://x:1"})
+    from ringflow.training.store import S3Settings
+
+    monkeypatch.setattr("ringflow.operators.evaluate.s3_settings_from_connection",
+                        lambda conn_id: S3Settings(endpoint="http://x:1", access_key="from-connection", secret_key="s"))
     with pytest.raises(RuntimeError):
         with s3_env_for("s3://b/run", "ringflow_s3"):
             assert os.environ["AWS_ACCESS_KEY_ID"] == "from-connection"

@@ -86,7 +86,3 @@ class HealthLog:
                 return
             self._store.put_bytes(HEALTH_KEY, ("\n".join(self._lines) + "\n").encode())
             self._last_flush, self._dirty = now, False
-
-    def records(self) -> Iterable[dict[str, Any]]:
-        with self._lock:
-            return [json.loads(line) for line in self._lines]

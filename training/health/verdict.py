@@ -37,10 +37,6 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "reason": self.reason, "evidence": dict(self.evidence)}
 
-    @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> "Verdict":
-        return cls(doc["status"], doc.get("reason", ""), doc.get("evidence", {}))
-
 
 def judge(records: Iterable[Mapping[str, Any]], cfg: HealthConfig, now: float | None = None) -> Verdict:
     """The verdict on a run's health records. `now` (unix seconds) lets a watcher outside the job call a

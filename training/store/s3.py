@@ -71,6 +71,11 @@ class S3Settings:
         return cls(endpoint=env[ENDPOINT_VAR], access_key=env[ACCESS_KEY_VAR],
                    secret_key=env[SECRET_KEY_VAR], region=env.get(REGION_VAR) or None)
 
+    def to_env(self) -> dict[str, str]:
+        """The variables from_env reads: how a process started for a job gets these settings."""
+        env = {ENDPOINT_VAR: self.endpoint, ACCESS_KEY_VAR: self.access_key, SECRET_KEY_VAR: self.secret_key}
+        return env | ({REGION_VAR: self.region} if self.region else {})
+
 
 def _http_client() -> urllib3.PoolManager:
     # The SDK's default waits 5 minutes to connect and retries 5 times: a wrong endpoint would hang
