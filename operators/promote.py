@@ -59,6 +59,9 @@ class Gate:
 
     def check(self, verdict: str | None, metrics: dict[str, Any], production: Pointer | None) -> str | None:
         """None if the candidate passes, else the reason it does not, in words."""
+        if self.allowed_verdicts is not None and verdict is None:
+            return ("the training run has no health verdict (trained with health.enabled false?); turn health "
+                    "monitoring on, or set allowed_verdicts=None to promote without a health gate")
         if self.allowed_verdicts is not None and verdict not in self.allowed_verdicts:
             return (f"the training run's health verdict is {verdict!r}, not one of {list(self.allowed_verdicts)}; "
                     f"look at the run's health report before promoting it by hand")

@@ -103,6 +103,9 @@ class HealthConfig:
     divergence_tolerance: float = 1e-5
     stop_on_degraded: bool = False
     flush_seconds: float = 1.0
+    # False turns off the per-step measurements (gradient norm, NaN/Inf, allgathers, checksums); the
+    # stall watchdog stays, since it costs nothing while steps complete.
+    enabled: bool = True
 
     def __post_init__(self) -> None:
         for name in ("every_steps", "checksum_every_steps", "window_steps"):
@@ -117,6 +120,7 @@ class HealthConfig:
         _positive_number(self, "flush_seconds", "health.flush_seconds")
         _require(isinstance(self.stop_on_degraded, bool), "health.stop_on_degraded",
                  f"is {self.stop_on_degraded!r}", "use true or false")
+        _require(isinstance(self.enabled, bool), "health.enabled", f"is {self.enabled!r}", "use true or false")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +133,11 @@ class HorovodConfig:
     backward_passes_per_step: int = 1
     # "sleep": wait for all-reduce by polling with short sleeps (sync_wait.py); "spin": Horovod's own wait.
     wait: str = "spin"
+    # Open MPI busy-polls while a rank waits in a collective. Each rank also runs Horovod's background
+    # thread beside its training thread, so on a host whose cores the ranks fill, that polling takes CPU
+    # from the other rank's backward pass; yielding gives it back (bench/results/throughput.md).
+    # False leaves Open MPI's own choice (it yields only when it sees more ranks than slots).
+    mpi_yield_when_idle: bool = True
 
     def __post_init__(self) -> None:
         _require(self.wait in ("sleep", "spin"), "horovod.wait", f"is {self.wait!r}", 'use "sleep" or "spin"')
@@ -137,13 +146,18 @@ class HorovodConfig:
         _require(isinstance(self.fp16_compression, bool), "horovod.fp16_compression",
                  f"is {self.fp16_compression!r}", "use true or false")
         _positive_int(self, "backward_passes_per_step", "horovod.backward_passes_per_step")
+        _require(isinstance(self.mpi_yield_when_idle, bool), "horovod.mpi_yield_when_idle",
+                 f"is {self.mpi_yield_when_idle!r}", "use true or false")
 
     def environment(self) -> dict[str, str]:
-        """The env vars Horovod reads at init; the launcher exports them to every rank."""
-        return {
+        """The env vars Horovod and Open MPI read at init (hvd.init); each rank sets them before it."""
+        env = {
             "HOROVOD_FUSION_THRESHOLD": str(int(self.fusion_threshold_mb * 1024 * 1024)),
             "HOROVOD_CYCLE_TIME": str(self.cycle_time_ms),
         }
+        if self.mpi_yield_when_idle:
+            env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+        return env
 
 
 @dataclasses.dataclass(frozen=True)

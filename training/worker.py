@@ -80,6 +80,7 @@ class Trainer:
         self.monitor = SyncHealthMonitor(hvd, cfg.health, self.health_log, cfg.batch_size)
         self.faults = FaultInjector(cfg, self.rank)
         self.throughput: float | None = None
+        self.monitor_share: float | None = None
 
     def _resume(self) -> None:
         # Every rank reads the checkpoint itself; the broadcast that follows makes rank 0's copy the truth.
@@ -117,7 +118,8 @@ class Trainer:
         doc = {"status": status, "step": self.step, "epoch": self.cursor.epoch, "loss": self.last_loss,
                "checkpoint": checkpoint, "verdict": verdict.to_dict() if verdict else None,
                "resumed_from": self.resumed_from, "world_size": self.size,
-               "attempt": os.environ.get(ATTEMPT_ENV), "samples_per_sec_after_warmup": self.throughput}
+               "attempt": os.environ.get(ATTEMPT_ENV), "samples_per_sec_after_warmup": self.throughput,
+               "health_monitor_share_after_warmup": self.monitor_share}
         self.health_log.append(record("end", status=status, step=self.step), force_flush=True)
         self.run_store.put_bytes(run_layout.RESULT, json.dumps(doc, indent=1, default=str).encode())
 
@@ -151,8 +153,10 @@ class Trainer:
         watchdog = StallWatchdog(cfg.health.stall_seconds, self.on_stall)
         watchdog.start()
         samples, window_start = 0, time.perf_counter()
-        # Throughput after warm-up, for result.json (bench/throughput.py compares it with the peers').
+        # Throughput after warm-up, and the share of that time the training thread spent in the health
+        # monitor, for result.json (bench/throughput.py compares them with the peers' and with health off).
         warm_step, warm_started, warm_samples = self.step + WARMUP_STEPS, None, 0
+        monitoring, monitor_time, params = cfg.health.enabled, 0.0, list(self.model.parameters())
         for epoch in range(self.cursor.epoch, cfg.epochs):
             start_batch = self.cursor.batch if epoch == self.cursor.epoch else 0
             step_started = time.perf_counter()
@@ -170,24 +174,30 @@ class Trainer:
                     wait_for_allreduce(self.hvd, self.optimizer)
                 self.optimizer.synchronize()
                 sync_time = time.perf_counter() - sync_started
-                grad_norm = gradient_norm(self.model)
                 self.step += 1
                 step_time = time.perf_counter() - step_started
                 verdict = None
-                if self.monitor.wants_step(self.step, grad_norm):
-                    verdict = self.monitor.on_step(self.step, epoch, step_time, sync_time, self.last_loss, grad_norm)
+                if monitoring:
+                    monitor_started = time.perf_counter()
+                    grad_norm = gradient_norm(params)
+                    if self.monitor.wants_step(self.step, grad_norm):
+                        verdict = self.monitor.on_step(self.step, epoch, step_time, sync_time, self.last_loss,
+                                                       grad_norm)
+                    monitor_time += time.perf_counter() - monitor_started
                 if verdict is None or not verdict.is_fatal(cfg.health.stop_on_degraded):
                     with self.optimizer.skip_synchronize():
                         self.optimizer.step()
                     self.optimizer.zero_grad()
                     self.faults.after_step(self.step, self.model)
-                    if self.monitor.wants_checksum(self.step):
+                    if monitoring and self.monitor.wants_checksum(self.step):
+                        monitor_started = time.perf_counter()
                         verdict = self.monitor.on_checksum(self.step, self.model)
+                        monitor_time += time.perf_counter() - monitor_started
                 if verdict is not None and verdict.is_fatal(cfg.health.stop_on_degraded):
                     watchdog.stop()
                     return self.stop_on(verdict)
                 if self.step == warm_step:
-                    warm_started = time.perf_counter()
+                    warm_started, monitor_time = time.perf_counter(), 0.0
                 elif warm_started is not None:
                     warm_samples += len(x) * k * self.size
                 self.cursor = Cursor(epoch, b + 1) if b + 1 < self.data.batches_per_epoch else Cursor(epoch + 1, 0)
@@ -201,12 +211,13 @@ class Trainer:
                     self.save_checkpoint()
                 self.health_log.flush()
                 step_started = time.perf_counter()
+        if warm_started is not None and warm_samples:
+            elapsed = time.perf_counter() - warm_started
+            self.throughput, self.monitor_share = warm_samples / elapsed, monitor_time / elapsed
         verdict = self.monitor.collect()  # the last measurements, still in flight
         watchdog.stop()
         if verdict is not None and verdict.is_fatal(cfg.health.stop_on_degraded):
             return self.stop_on(verdict)
-        if warm_started is not None and warm_samples:
-            self.throughput = warm_samples / (time.perf_counter() - warm_started)
         final = self.save_checkpoint(final=True)
         self.write_result("succeeded", self.monitor.last_verdict, final)
         if self.rank == 0:
@@ -215,6 +226,9 @@ class Trainer:
 
 
 def main(cfg: JobConfig) -> int:
+    # Set here, not only by the launcher: mpirun under an MPIJob starts ranks with just the variables it
+    # forwards, and Horovod and Open MPI read these once, in hvd.init().
+    os.environ.update(cfg.horovod.environment())
     import horovod.torch as hvd
 
     hvd.init()

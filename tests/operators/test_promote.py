@@ -65,6 +65,8 @@ def test_fail_on_gate_fails_the_task_instead(local):
     ({}, 0.9, "DEGRADED", True, ""),
     ({}, 0.9, "UNHEALTHY", False, "health verdict is 'UNHEALTHY'"),
     ({"allowed_verdicts": None}, 0.9, "UNHEALTHY", True, ""),
+    ({}, 0.9, None, False, "no health verdict"),  # trained with health monitoring off
+    ({"allowed_verdicts": None}, 0.9, None, True, ""),
     ({"threshold": 0.95}, 0.9, "HEALTHY", False, "does not reach the threshold (>= 0.95)"),
     ({"metric": "loss", "mode": "min", "threshold": 0.2}, 0.9, "HEALTHY", True, ""),
     ({"metric": "loss", "mode": "min", "threshold": 0.05}, 0.9, "HEALTHY", False, "(<= 0.05)"),

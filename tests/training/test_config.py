@@ -30,6 +30,8 @@ def test_minimal_config_gets_defaults():
     (lambda d: d.update(health={"max_sync_share": 1.5}), "health.max_sync_share", "(0, 1]"),
     (lambda d: d.update(horovod={"backward_passes_per_step": 0}), "horovod.backward_passes_per_step", ">= 1"),
     (lambda d: d.update(horovod={"fp16_compression": "yes"}), "horovod.fp16_compression", "true or false"),
+    (lambda d: d.update(horovod={"mpi_yield_when_idle": 1}), "horovod.mpi_yield_when_idle", "true or false"),
+    (lambda d: d.update(health={"enabled": "no"}), "health.enabled", "true or false"),
     (lambda d: d["checkpoint"].update(every_steps=0), "checkpoint.every_steps", ">= 1"),
     (lambda d: d.update(faults=[{"kind": "meteor"}]), "faults[].kind", "one of"),
     (lambda d: d.update(manifest_uri="/data/shards"), "manifest_uri", "manifest.json"),
@@ -57,4 +59,8 @@ def test_load_from_file_and_bad_json(tmp_path):
 
 def test_horovod_knobs_become_environment():
     cfg = JobConfig.from_dict(valid() | {"horovod": {"fusion_threshold_mb": 1, "cycle_time_ms": 2.5}})
-    assert cfg.horovod.environment() == {"HOROVOD_FUSION_THRESHOLD": str(1024 * 1024), "HOROVOD_CYCLE_TIME": "2.5"}
+    assert cfg.horovod.environment() == {"HOROVOD_FUSION_THRESHOLD": str(1024 * 1024), "HOROVOD_CYCLE_TIME": "2.5",
+                                         "OMPI_MCA_mpi_yield_when_idle": "1"}
+    # Off leaves Open MPI's own choice (yield only when oversubscribed) rather than forcing busy polling.
+    off = JobConfig.from_dict(valid() | {"horovod": {"mpi_yield_when_idle": False}})
+    assert "OMPI_MCA_mpi_yield_when_idle" not in off.horovod.environment()

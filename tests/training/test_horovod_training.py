@@ -1,4 +1,10 @@
 """2-process Horovod runs on CPU: learning, identical replicas, kill-and-resume equality."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -51,3 +57,28 @@ def test_tampered_newest_checkpoint_is_skipped_on_resume(jobs):
     assert code == 0, out
     assert jobs.result(cfg)["resumed_from"] != newest.name
     assert newest.name in out  # the warning names what was skipped
+
+
+def test_plain_mpirun_ranks_take_the_horovod_knobs_from_the_config(jobs, tmp_path):
+    """An MPIJob's launcher runs mpirun with only a few forwarded variables, not `ringflow train`'s
+    environment: the rank itself must apply the config's Horovod/Open MPI settings. Health monitoring off."""
+    seen = tmp_path / "rank-env"
+    cfg = jobs.config("plain-mpirun", epochs=1, horovod={"cycle_time_ms": 3.0},
+                      health={"enabled": False},
+                      model={"kind": "custom", "factory": "env_recording_model:build", "kwargs": {"out": str(seen)}})
+    path = tmp_path / "plain-mpirun.json"
+    path.write_text(json.dumps(cfg))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_MCA_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
+    command = ["mpirun", "-np", "2", "--allow-run-as-root", "-H", "localhost:2", "-bind-to", "none",
+               "-map-by", "slot", "-x", "PATH", "-x", "PYTHONPATH", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
+               sys.executable, "-m", "ringflow.training", str(path)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in (0, 1):
+        knobs = json.loads((tmp_path / f"rank-env.{rank}").read_text())
+        assert knobs["HOROVOD_CYCLE_TIME"] == "3.0" and knobs["OMPI_MCA_mpi_yield_when_idle"] == "1", knobs
+    result = jobs.result(cfg)
+    assert result["status"] == "succeeded" and result["verdict"] is None
+    assert result["health_monitor_share_after_warmup"] == 0.0
+    assert not [r for r in jobs.health(cfg) if r["type"] in ("step", "checksum")]

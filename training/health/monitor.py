@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import math
+from typing import Sequence
 
 import torch
 
@@ -22,10 +23,14 @@ def parameter_checksum(model: torch.nn.Module) -> float:
     return float((flat * weights).sum())
 
 
-def gradient_norm(model: torch.nn.Module) -> float:
-    """Norm of the averaged gradient: the same on every rank, so each rank can act on it alone."""
-    norms = [torch.linalg.vector_norm(p.grad.detach()) for p in model.parameters() if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+def gradient_norm(params: Sequence[torch.Tensor]) -> float:
+    """Norm of the averaged gradient: the same on every rank, so each rank can act on it alone.
+
+    It runs every step, so it is one fused kernel over a parameter list the caller makes once:
+    torch.nn.utils.get_total_norm spends twice as long grouping tensors by device in Python.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) if grads else 0.0
 
 
 class SyncHealthMonitor:
