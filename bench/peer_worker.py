@@ -17,7 +17,7 @@ def data(rank: int, rows: int, features: int, classes: int):
     return torch.randn(rows, features, generator=g), torch.randint(0, classes, (rows,), generator=g)
 
 
-def loop(model, optimizer, x, y, batch, steps, warmup, sync=lambda: None, before_step=lambda: None):
+def loop(model, optimizer, x, y, batch, steps, warmup, sync=lambda: None):
     loss_fn = torch.nn.functional.cross_entropy
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
     for step in range(warmup + steps):
@@ -28,7 +28,6 @@ def loop(model, optimizer, x, y, batch, steps, warmup, sync=lambda: None, before
         idx = order[(step * batch) % (len(x) - batch):][:batch]
         optimizer.zero_grad()
         loss_fn(model(x[idx]), y[idx]).backward()
-        before_step()
         optimizer.step()
     sync()
     return steps * batch / (time.perf_counter() - started)
@@ -42,7 +41,6 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--sleep-wait", action="store_true", help="ringflow's sleeping wait before step()")
     args = p.parse_args()
     torch.manual_seed(0)
     model = TabularMLP(args.features, 10, tuple(args.hidden))
@@ -56,11 +54,8 @@ def main() -> None:
                                              named_parameters=model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         x, y = data(rank, 8192, args.features, 10)
-        from ringflow.training.sync_wait import wait_for_allreduce
-
         rate = loop(model, optimizer, x, y, args.batch, args.steps, args.warmup,
-                    sync=lambda: hvd.allreduce(torch.zeros(1), name="bench.barrier"),
-                    before_step=(lambda: wait_for_allreduce(hvd, optimizer)) if args.sleep_wait else (lambda: None))
+                    sync=lambda: hvd.allreduce(torch.zeros(1), name="bench.barrier"))
         rates = hvd.allgather_object(rate)
     else:
         import torch.distributed as dist

@@ -90,8 +90,7 @@ class CheckpointConfig:
 class HealthConfig:
     """Gradient-sync health: what is measured how often, and where the verdict's lines are drawn."""
 
-    # Every 10th step keeps the monitor under 3% of step time (bench/throughput.py); a NaN/Inf gradient
-    # is caught on every step regardless.
+    # Every 10th step keeps the monitor under 3% of step time (bench/health_overhead.py).
     every_steps: int = 10
     checksum_every_steps: int = 50
     window_steps: int = 20
@@ -103,6 +102,11 @@ class HealthConfig:
     divergence_tolerance: float = 1e-5
     stop_on_degraded: bool = False
     flush_seconds: float = 1.0
+    # The gradient norm is also taken before every checkpoint and at the last step, so a NaN/Inf that
+    # slipped in between measurements stops the job before any checkpoint holds it. True checks every
+    # step instead, so a NaN/Inf gradient is never applied and the verdict names the exact step and rank,
+    # for about 2% of step time (bench/results/health_overhead-every-step.md).
+    nonfinite_every_step: bool = False
     # False turns off the per-step measurements (gradient norm, NaN/Inf, allgathers, checksums); the
     # stall watchdog stays, since it costs nothing while steps complete.
     enabled: bool = True
@@ -120,6 +124,8 @@ class HealthConfig:
         _positive_number(self, "flush_seconds", "health.flush_seconds")
         _require(isinstance(self.stop_on_degraded, bool), "health.stop_on_degraded",
                  f"is {self.stop_on_degraded!r}", "use true or false")
+        _require(isinstance(self.nonfinite_every_step, bool), "health.nonfinite_every_step",
+                 f"is {self.nonfinite_every_step!r}", "use true or false")
         _require(isinstance(self.enabled, bool), "health.enabled", f"is {self.enabled!r}", "use true or false")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import sys
 import time
@@ -78,6 +79,8 @@ class Trainer:
                                      name="ringflow.optimizer_state")
         self.optimizer.load_state_dict(state)
         self.monitor = SyncHealthMonitor(hvd, cfg.health, self.health_log, cfg.batch_size)
+        # Read every step: bench/health_overhead.py turns it off and on in alternate blocks of one job.
+        self.monitoring = cfg.health.enabled
         self.faults = FaultInjector(cfg, self.rank)
         self.throughput: float | None = None
         self.monitor_share: float | None = None
@@ -156,7 +159,9 @@ class Trainer:
         # Throughput after warm-up, and the share of that time the training thread spent in the health
         # monitor, for result.json (bench/throughput.py compares them with the peers' and with health off).
         warm_step, warm_started, warm_samples = self.step + WARMUP_STEPS, None, 0
-        monitoring, monitor_time, params = cfg.health.enabled, 0.0, list(self.model.parameters())
+        monitor_time, params = 0.0, list(self.model.parameters())
+        last_step = cfg.epochs * self.data.batches_per_epoch // k
+        first_nonfinite_step = None
         for epoch in range(self.cursor.epoch, cfg.epochs):
             start_batch = self.cursor.batch if epoch == self.cursor.epoch else 0
             step_started = time.perf_counter()
@@ -166,6 +171,10 @@ class Trainer:
                 loss = self.faults.before_backward(self.step + 1, loss)
                 (loss / k).backward()
                 self.last_loss = float(loss.detach())
+                if first_nonfinite_step is None and not math.isfinite(self.last_loss):
+                    # Local and free; the next measurement gathers it, so the verdict names the rank and
+                    # step where it began, not the later step where every replica had caught it.
+                    first_nonfinite_step = self.step + 1
                 samples += len(x)
                 if (epoch * self.data.batches_per_epoch + b + 1) % k:
                     continue  # accumulate: Horovod all-reduces after the k-th backward pass
@@ -177,19 +186,22 @@ class Trainer:
                 self.step += 1
                 step_time = time.perf_counter() - step_started
                 verdict = None
-                if monitoring:
+                if self.monitoring and (cfg.health.nonfinite_every_step or self.monitor.wants_step(self.step)
+                                        or self.step % cfg.checkpoint.every_steps == 0 or self.step == last_step):
                     monitor_started = time.perf_counter()
                     grad_norm = gradient_norm(params)
-                    if self.monitor.wants_step(self.step, grad_norm):
+                    # The averaged gradient is the same on every rank, so every rank makes the same choice
+                    # here and the allgather in on_step stays matched.
+                    if self.monitor.wants_step(self.step) or not math.isfinite(grad_norm):
                         verdict = self.monitor.on_step(self.step, epoch, step_time, sync_time, self.last_loss,
-                                                       grad_norm)
+                                                       grad_norm, first_nonfinite_step)
                     monitor_time += time.perf_counter() - monitor_started
                 if verdict is None or not verdict.is_fatal(cfg.health.stop_on_degraded):
                     with self.optimizer.skip_synchronize():
                         self.optimizer.step()
                     self.optimizer.zero_grad()
                     self.faults.after_step(self.step, self.model)
-                    if monitoring and self.monitor.wants_checksum(self.step):
+                    if self.monitoring and self.monitor.wants_checksum(self.step):
                         monitor_started = time.perf_counter()
                         verdict = self.monitor.on_checksum(self.step, self.model)
                         monitor_time += time.perf_counter() - monitor_started

@@ -1,5 +1,8 @@
 """Fault injection through the job config: each fault yields its verdict, evidence and exit code."""
+from pathlib import Path
+
 import pytest
+import torch
 
 from ringflow.training import exit_codes
 
@@ -9,6 +12,7 @@ pytestmark = pytest.mark.slow
 def run_fault(jobs, name, fault, health=None):
     cfg = jobs.config(name, epochs=3, faults=[fault], health=health or {})
     code, out = jobs.run(cfg)
+    assert (Path(cfg["checkpoint"]["uri"]) / "result.json").exists(), out
     return code, out, jobs.result(cfg)["verdict"]
 
 
@@ -18,6 +22,24 @@ def test_nan_gradient_on_one_rank_is_nonfinite(jobs):
     assert verdict["status"] == "NONFINITE"
     assert verdict["evidence"]["step"] == 12 and verdict["evidence"]["ranks"] == [1]
     assert "health verdict NONFINITE" in out
+
+
+@pytest.mark.parametrize("every_step, detected_at", [(True, 12), (False, 20)])
+def test_nan_between_measurements_never_reaches_a_checkpoint(jobs, every_step, detected_at):
+    """Measured every 10th step: the NaN from step 12 is found at step 20 (a measurement and checkpoint
+    step), before that checkpoint is written. Checked every step: found at step 12, never applied."""
+    code, out, verdict = run_fault(jobs, f"nan-{every_step}", {"kind": "nan_gradient", "rank": 1, "step": 12},
+                                   health={"every_steps": 10, "checksum_every_steps": 50,
+                                           "nonfinite_every_step": every_step})
+    assert code == exit_codes.BY_VERDICT["NONFINITE"], out
+    # Either way the verdict names where it began: rank 1's loss at step 12.
+    assert verdict["status"] == "NONFINITE" and verdict["evidence"]["step"] == 12, verdict
+    assert verdict["evidence"]["ranks"] == [1] and verdict["evidence"]["detected_at_step"] == detected_at
+    cfg = jobs.config(f"nan-{every_step}")
+    parameters = jobs.final_parameters(cfg)  # the newest valid checkpoint
+    assert jobs.result(cfg)["checkpoint"] is None
+    assert all(torch.isfinite(t).all() for t in parameters.values())
+    assert sorted(p.name for p in (Path(cfg["checkpoint"]["uri"]) / "checkpoints").iterdir()) == ["ckpt-000000010"]
 
 
 def test_slow_rank_is_degraded_and_named(jobs):

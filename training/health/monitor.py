@@ -6,6 +6,7 @@ same verdict: all ranks stop together without an extra round of messages. Rank 0
 from __future__ import annotations
 
 import collections
+import functools
 import math
 from typing import Sequence
 
@@ -16,11 +17,15 @@ from ringflow.training.health.records import HealthLog, record
 from ringflow.training.health.verdict import Verdict, judge
 
 
+@functools.lru_cache(maxsize=4)
+def _position_weights(numel: int) -> torch.Tensor:
+    return torch.linspace(1.0, 2.0, numel, dtype=torch.float64)
+
+
 def parameter_checksum(model: torch.nn.Module) -> float:
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double()
     # Position weights catch swapped values, which a plain sum would not.
-    weights = torch.linspace(1.0, 2.0, flat.numel(), dtype=torch.float64)
-    return float((flat * weights).sum())
+    return float(torch.dot(flat, _position_weights(flat.numel())))
 
 
 def gradient_norm(params: Sequence[torch.Tensor]) -> float:
@@ -44,23 +49,22 @@ class SyncHealthMonitor:
         self._pending_step = None
         self._pending_checksum = None
 
-    def wants_step(self, step: int, grad_norm: float) -> bool:
-        # A non-finite gradient is measured at once, off the schedule: every rank sees the same averaged
-        # gradient, so every rank makes the same choice and the allgather below stays matched.
-        return step % self._cfg.every_steps == 0 or not math.isfinite(grad_norm)
+    def wants_step(self, step: int) -> bool:
+        return step % self._cfg.every_steps == 0
 
     def wants_checksum(self, step: int) -> bool:
         return step % self._cfg.checksum_every_steps == 0
 
     def on_step(self, step: int, epoch: int, step_time: float, sync_time: float, loss: float,
-                grad_norm: float) -> Verdict | None:
+                grad_norm: float, first_nonfinite_step: int | None = None) -> Verdict | None:
         """Start gathering this step's measurements; return the verdict on the previous ones.
 
         Gathers run in the background and are collected one measurement later, so the training loop
         never waits on them: that keeps the monitor's cost to a few percent (bench/throughput.py).
         A non-finite gradient is gathered and judged at once, before the optimizer step.
         """
-        local = torch.tensor([[step_time, sync_time, loss, float(math.isfinite(loss))]], dtype=torch.float64)
+        first = -1.0 if first_nonfinite_step is None else float(first_nonfinite_step)
+        local = torch.tensor([[step_time, sync_time, loss, float(math.isfinite(loss)), first]], dtype=torch.float64)
         meta = {"step": step, "epoch": epoch, "grad_norm": grad_norm}
         verdict = self.collect()
         if not math.isfinite(grad_norm):
@@ -97,7 +101,8 @@ class SyncHealthMonitor:
             "step", step=meta["step"], epoch=meta["epoch"], step_time=step_times, sync_time=sync_times,
             compute_time=[max(t - s, 0.0) for t, s in zip(step_times, sync_times)],
             loss=sum(losses) / len(losses), grad_norm=meta["grad_norm"],
-            nonfinite_ranks=[rank for rank, r in enumerate(rows) if r[3] < 0.5],
+            nonfinite_ranks=[rank for rank, r in enumerate(rows) if r[3] < 0.5 or r[4] >= 0],
+            first_nonfinite_step=[int(r[4]) if r[4] >= 0 else None for r in rows],
             samples_per_sec=len(rows) * self._batch_size / max(max(step_times), 1e-9),
         )
 

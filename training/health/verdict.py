@@ -66,14 +66,27 @@ def judge(records: Iterable[Mapping[str, Any]], cfg: HealthConfig, now: float | 
 
 def _nonfinite(records, cfg) -> Verdict | None:
     for r in records:
+        if r.get("type") == "checksum" and not all(_finite(s) for s in r["checksums"]):
+            # A NaN/Inf gradient applied between two measurements (health.nonfinite_every_step off).
+            ranks = [rank for rank, s in enumerate(r["checksums"]) if not _finite(s)]
+            return Verdict(NONFINITE,
+                           f"NaN/Inf in the parameters of rank(s) {ranks} at step {r['step']}: lower the learning "
+                           "rate, check the input data for NaN/Inf, or clip gradients; resume from the last "
+                           "checkpoint (it was written before)", {"step": r["step"], "ranks": ranks})
         if r.get("type") == "step" and (r.get("nonfinite_ranks") or not _finite(r.get("grad_norm"))):
-            ranks = r.get("nonfinite_ranks") or []
+            ranks, step = r.get("nonfinite_ranks") or [], r["step"]
+            # Where it began: the earliest step at which a rank's own loss went NaN/Inf (between measurements
+            # the others catch it a step later, from the shared parameters).
+            firsts = {rank: s for rank, s in enumerate(r.get("first_nonfinite_step") or []) if s is not None}
+            if firsts:
+                step = min(firsts.values())
+                ranks = sorted(rank for rank, s in firsts.items() if s == step)
             where = f"rank(s) {ranks}" if ranks else "the averaged gradient"
             return Verdict(NONFINITE,
-                           f"NaN/Inf in {where} at step {r['step']}: lower the learning rate, check the input "
+                           f"NaN/Inf in {where} at step {step}: lower the learning rate, check the input "
                            "data for NaN/Inf, or clip gradients",
-                           {"step": r["step"], "ranks": ranks, "grad_norm": r.get("grad_norm"),
-                            "loss": r.get("loss")})
+                           {"step": step, "ranks": ranks, "grad_norm": r.get("grad_norm"), "loss": r.get("loss"),
+                            "detected_at_step": r["step"]})
     return None
 
 
