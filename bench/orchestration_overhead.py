@@ -52,9 +52,10 @@ def job_seconds(jobs: Path) -> dict[str, float]:
 
 def in_job_training_seconds(run_folder: Path) -> float | None:
     """From the job's first health record to its last: the training loop itself, without process start."""
-    from ringflow.training.health.records import parse
+    from ringflow.training.health.records import read_health
+    from ringflow.training.store import LocalFolderStore
 
-    records = parse((run_folder / "health.jsonl").read_text())
+    records = read_health(LocalFolderStore(str(run_folder)))
     times = [r["time"] for r in records if isinstance(r.get("time"), (int, float))]
     return max(times) - min(times) if times else None
 

@@ -1,6 +1,8 @@
 """Throughput at np=2 against np=1 on this machine: ringflow's defaults against the peers' defaults on the
-same model (Horovod+Gloo, Horovod+MPI, torch DDP+Gloo). Also ringflow with the health monitor off, which
-gives the monitoring overhead. Runs each configuration side by side in one go and reports ratios.
+same model (Horovod+Gloo, Horovod+MPI, torch DDP+Gloo), and the alternatives ringflow's defaults were chosen
+from. Also ringflow with the health monitor off: a coarse reading of the monitor's cost, as separate jobs
+differ by ±10 % here (bench/health_overhead.py measures it inside one job). Runs each configuration side
+by side in one go and reports ratios.
 
     .venv/bin/python bench/throughput.py [--steps 1600] [--repeats 3] [--only NAME ...] [--out NAME]
 

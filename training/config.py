@@ -104,8 +104,8 @@ class HealthConfig:
     flush_seconds: float = 1.0
     # The gradient norm is also taken before every checkpoint and at the last step, so a NaN/Inf that
     # slipped in between measurements stops the job before any checkpoint holds it. True checks every
-    # step instead, so a NaN/Inf gradient is never applied and the verdict names the exact step and rank,
-    # for about 2% of step time (bench/results/health_overhead-every-step.md).
+    # step instead, so a NaN/Inf gradient is never applied, for more step time
+    # (bench/results/health_overhead-every-step.md).
     nonfinite_every_step: bool = False
     # False turns off the per-step measurements (gradient norm, NaN/Inf, allgathers, checksums); the
     # stall watchdog stays, since it costs nothing while steps complete.

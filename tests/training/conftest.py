@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ringflow.training.checkpoint import CheckpointStore
+from ringflow.training.health.records import read_health
 from ringflow.training.store import LocalFolderStore
 
 
@@ -39,8 +40,7 @@ class JobRunner:
 
     @staticmethod
     def health(cfg: dict) -> list[dict]:
-        text = (Path(cfg["checkpoint"]["uri"]) / "health.jsonl").read_text()
-        return [json.loads(line) for line in text.splitlines()]
+        return read_health(LocalFolderStore(cfg["checkpoint"]["uri"]))
 
     @staticmethod
     def final_parameters(cfg: dict) -> dict[str, torch.Tensor]:

@@ -31,8 +31,8 @@ def parameter_checksum(model: torch.nn.Module) -> float:
 def gradient_norm(params: Sequence[torch.Tensor]) -> float:
     """Norm of the averaged gradient: the same on every rank, so each rank can act on it alone.
 
-    It runs every step, so it is one fused kernel over a parameter list the caller makes once:
-    torch.nn.utils.get_total_norm spends twice as long grouping tensors by device in Python.
+    It can run every step (health.nonfinite_every_step), so it is one fused kernel over a parameter list
+    the caller makes once; torch.nn.utils.get_total_norm spends twice as long grouping tensors in Python.
     """
     grads = [p.grad for p in params if p.grad is not None]
     return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) if grads else 0.0

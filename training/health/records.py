@@ -1,4 +1,10 @@
-"""health.jsonl: the records rank 0 writes beside the checkpoints, and reading them back."""
+"""health.jsonl: the records rank 0 writes beside the checkpoints, and reading them back.
+
+A store has no append, so the log rewrites health.jsonl whole on each flush. To keep that write (and the
+memory behind it) bounded on a long run, every `segment_lines` records the current lines are sealed into
+health/<n>.jsonl and health.jsonl starts over. Each record carries `seq`, its place in the run, so a reader
+that catches the switch half done drops the lines it sees twice.
+"""
 from __future__ import annotations
 
 import json
@@ -10,6 +16,7 @@ from typing import Any, Iterable
 from ringflow.training.store.base import ObjectNotFound, ObjectStore
 
 from ringflow.training.run_layout import HEALTH as HEALTH_KEY
+from ringflow.training.run_layout import HEALTH_SEGMENTS
 
 
 def _strict(value: Any) -> Any:
@@ -40,40 +47,75 @@ def parse(text: str | bytes) -> list[dict[str, Any]]:
     return out
 
 
+def _segment_key(index: int) -> str:
+    return f"{HEALTH_SEGMENTS}{index:06d}.jsonl"
+
+
+def _segment_keys(store: ObjectStore) -> list[str]:
+    return sorted(info.key for info in store.list(HEALTH_SEGMENTS) if info.key.endswith(".jsonl"))
+
+
 def read_health(store: ObjectStore) -> list[dict[str, Any]]:
+    """All of a run's records in order: the sealed segments, then health.jsonl."""
+    # health.jsonl before the segment listing: a segment is sealed before health.jsonl starts over, so
+    # whatever moment this read falls on, no record is missed (some may be seen twice, dropped by seq).
     try:
-        return parse(store.get_bytes(HEALTH_KEY))
+        current = parse(store.get_bytes(HEALTH_KEY))
     except ObjectNotFound:
-        return []
+        current = []
+    records: list[dict[str, Any]] = []
+    for key in _segment_keys(store):
+        records += parse(store.get_bytes(key))
+    sealed_up_to = _last_seq(records)
+    return records + [r for r in current if not (isinstance(r.get("seq"), int) and r["seq"] <= sealed_up_to)]
+
+
+def _last_seq(records: list[dict[str, Any]]) -> int:
+    for rec in reversed(records):
+        if isinstance(rec.get("seq"), int):
+            return rec["seq"]
+    return -1
 
 
 class HealthLog:
-    """Accumulates records and rewrites the whole object on flush.
+    """Accumulates records and rewrites health.jsonl whole on flush, sealing a segment every
+    `segment_lines` records.
 
     Whole-object writes because S3 has no append; they are atomic, so a reader sees a consistent prefix.
     Flushes are rate-limited to every `flush_seconds` except when forced (end of run, fatal verdict).
     """
 
-    def __init__(self, store: ObjectStore, flush_seconds: float = 1.0, enabled: bool = True):
+    def __init__(self, store: ObjectStore, flush_seconds: float = 1.0, enabled: bool = True,
+                 segment_lines: int = 2_000):
         self._store = store
         self._flush_seconds = flush_seconds
         self._enabled = enabled
+        self._segment_lines = segment_lines
         self._lines: list[str] = []
         self._lock = threading.Lock()
         self._last_flush = 0.0
         self._dirty = False
+        self._segments = 0
+        self._next_seq = 0
         if enabled:  # a resumed run keeps the history of the attempts before it
             try:
                 existing = store.get_bytes(HEALTH_KEY).decode("utf-8", errors="replace")
                 self._lines = [line for line in existing.splitlines() if line.strip()]
             except ObjectNotFound:
                 pass
+            sealed = _segment_keys(store)
+            self._segments = len(sealed)
+            last = _last_seq(parse("\n".join(self._lines)))
+            if last < 0 and sealed:
+                last = _last_seq(parse(store.get_bytes(sealed[-1])))
+            self._next_seq = last + 1
 
     def append(self, rec: dict[str, Any], force_flush: bool = False) -> None:
         if not self._enabled:
             return
         with self._lock:
-            self._lines.append(json.dumps(rec, sort_keys=True))
+            self._lines.append(json.dumps(rec | {"seq": self._next_seq}, sort_keys=True))
+            self._next_seq += 1
             self._dirty = True
         self.flush(force=force_flush)
 
@@ -84,5 +126,10 @@ class HealthLog:
             now = time.monotonic()
             if not self._dirty or (not force and now - self._last_flush < self._flush_seconds):
                 return
-            self._store.put_bytes(HEALTH_KEY, ("\n".join(self._lines) + "\n").encode())
+            if len(self._lines) >= self._segment_lines:
+                # Sealed first, then health.jsonl starts over: see read_health for why in this order.
+                self._store.put_bytes(_segment_key(self._segments), ("\n".join(self._lines) + "\n").encode())
+                self._segments += 1
+                self._lines = []
+            self._store.put_bytes(HEALTH_KEY, ("\n".join(self._lines) + "\n").encode() if self._lines else b"")
             self._last_flush, self._dirty = now, False
