@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -49,17 +48,11 @@ class AlternatingMonitor:
 
 
 def worker(config_path: str, block: int, out: str) -> None:
-    import torch
-
     from ringflow.training import worker as ringflow_worker
     from ringflow.training.config import load_job_config
 
     cfg = load_job_config(config_path)
-    os.environ.update(cfg.horovod.environment())
-    import horovod.torch as hvd
-
-    hvd.init()
-    torch.set_num_threads(1)  # one core per rank, as bench/throughput.py
+    hvd = ringflow_worker.start_horovod(cfg)
     trainer = ringflow_worker.Trainer(cfg, hvd)
     trainer.faults = alternating = AlternatingMonitor(trainer, block)  # on through warm-up, then flipped
     if trainer.train() != 0:
@@ -75,8 +68,9 @@ def run_job(root: Path, index: int, steps: int, block: int, health: dict) -> lis
            "batch_size": BATCH, "model": {"hidden": [256, 256]}, "log_every_steps": 10**6, "health": health}
     cfg_path, out = root / f"run-{index}.json", root / f"blocks-{index}.json"
     cfg_path.write_text(json.dumps(cfg))
-    env = os.environ | {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    from ringflow.training.launcher import horovodrun_command
+    from ringflow.training.launcher import horovodrun_command, job_environment
+
+    env = job_environment() | {"RINGFLOW_TORCH_THREADS": "1"}  # one core per rank, as bench/throughput.py
 
     command = horovodrun_command(str(cfg_path), 2)
     command = command[:command.index("-m")] + [str(Path(__file__).resolve()), "--worker", str(cfg_path),
@@ -120,6 +114,8 @@ def main() -> None:
         off_total += sum(off for off, _ in pairs)
         print(f"job {index}: {len(pairs)} block pairs, median overhead "
               f"{statistics.median(on / off for off, on in pairs) - 1:.1%}", flush=True)
+    if len(ratios) < 2:
+        raise SystemExit(f"{len(ratios)} block pair(s) measured: raise --steps or --jobs, or lower --block")
     quartiles = statistics.quantiles(ratios, n=4)
     summary = {"health": args.health, "jobs": args.jobs, "steps": args.steps, "block_steps": args.block, "pairs": len(ratios),
                "overhead_median": statistics.median(ratios) - 1, "overhead_total": on_total / off_total - 1,

@@ -11,12 +11,10 @@ Results: bench/results/promotion.json and bench/results/promotion.md.
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import json
 import os
 import platform
-import shutil
 import socket
 import statistics
 import subprocess
@@ -25,6 +23,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from airflow_home import use_throwaway_airflow_home
 
 HERE = Path(__file__).resolve().parent
 ACCESS, SECRET = "ringflow-bench-key", "ringflow-bench-secret"
@@ -146,9 +146,7 @@ def main() -> None:
     p.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 64])
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
-    if "AIRFLOW_HOME" not in os.environ:  # the operators import Airflow, which wants a home; a throwaway one
-        os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="ringflow-bench-airflow-")
-        atexit.register(shutil.rmtree, os.environ["AIRFLOW_HOME"], True)
+    use_throwaway_airflow_home()
     with tempfile.TemporaryDirectory(prefix="ringflow-bench-promote-") as tmp:
         moto, endpoint = start_moto(Path(tmp) / "moto.log")
         try:

@@ -10,7 +10,6 @@ Results: bench/results/shard_throughput.json and bench/results/shard_throughput.
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
 import platform
@@ -20,6 +19,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from airflow_home import use_throwaway_airflow_home
 
 HERE = Path(__file__).resolve().parent
 TARGET_RATIO = 0.5
@@ -62,9 +63,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
-    if "AIRFLOW_HOME" not in os.environ:  # the operators import Airflow, which wants a home; a throwaway one
-        os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="ringflow-bench-airflow-")
-        atexit.register(shutil.rmtree, os.environ["AIRFLOW_HOME"], True)
+    use_throwaway_airflow_home()
 
     with tempfile.TemporaryDirectory(prefix="ringflow-bench-shard-") as tmp:
         root = Path(tmp)

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from typing import Callable, Sequence
+from typing import Callable
 
 from ringflow.training.config import ConfigError, JobConfig, load_job_config
 from ringflow.training.worker_env import ATTEMPT_ENV
@@ -57,9 +57,9 @@ def horovodrun_command(config_path: str, num_workers: int, controller: str = DEF
             python, "-m", "ringflow.training", config_path]
 
 
-def job_environment(cfg: JobConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+def job_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    # The Horovod/Open MPI knobs are not here: each rank sets them from the config (worker.start_horovod).
     env = dict(os.environ if base is None else base)
-    env.update(cfg.horovod.environment())
     # OpenMPI refuses root unless told; containers and CI run as root.
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -73,7 +73,7 @@ def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONT
     """Preflight, start horovodrun in its own process group, stream its output, return its exit code."""
     cfg = preflight(config_path, num_workers)
     attempt = uuid.uuid4().hex
-    env = job_environment(cfg) | (extra_env or {}) | {ATTEMPT_ENV: attempt}
+    env = job_environment() | (extra_env or {}) | {ATTEMPT_ENV: attempt}
     proc = subprocess.Popen(horovodrun_command(config_path, num_workers, controller), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 

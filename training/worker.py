@@ -237,9 +237,10 @@ class Trainer:
         return exit_codes.OK
 
 
-def main(cfg: JobConfig) -> int:
-    # Set here, not only by the launcher: mpirun under an MPIJob starts ranks with just the variables it
-    # forwards, and Horovod and Open MPI read these once, in hvd.init().
+def start_horovod(cfg: JobConfig):
+    """Initialize Horovod for this rank with the config's knobs; returns horovod.torch."""
+    # Set by the rank itself: mpirun under an MPIJob starts ranks with just the variables it forwards, and
+    # Horovod and Open MPI read these once, in hvd.init().
     os.environ.update(cfg.horovod.environment())
     import horovod.torch as hvd
 
@@ -248,4 +249,8 @@ def main(cfg: JobConfig) -> int:
     # RINGFLOW_TORCH_THREADS overrides (bench/throughput.py pins one core per rank to measure scaling).
     threads = os.environ.get("RINGFLOW_TORCH_THREADS")
     torch.set_num_threads(int(threads) if threads else max(1, (os.cpu_count() or 1) // hvd.local_size()))
-    return Trainer(cfg, hvd).train()
+    return hvd
+
+
+def main(cfg: JobConfig) -> int:
+    return Trainer(cfg, start_horovod(cfg)).train()

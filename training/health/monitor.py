@@ -63,8 +63,10 @@ class SyncHealthMonitor:
         never waits on them: that keeps the monitor's cost to a few percent (bench/throughput.py).
         A non-finite gradient is gathered and judged at once, before the optimizer step.
         """
+        if first_nonfinite_step is None and not math.isfinite(loss):
+            first_nonfinite_step = step
         first = -1.0 if first_nonfinite_step is None else float(first_nonfinite_step)
-        local = torch.tensor([[step_time, sync_time, loss, float(math.isfinite(loss)), first]], dtype=torch.float64)
+        local = torch.tensor([[step_time, sync_time, loss, first]], dtype=torch.float64)
         meta = {"step": step, "epoch": epoch, "grad_norm": grad_norm}
         verdict = self.collect()
         if not math.isfinite(grad_norm):
@@ -101,8 +103,8 @@ class SyncHealthMonitor:
             "step", step=meta["step"], epoch=meta["epoch"], step_time=step_times, sync_time=sync_times,
             compute_time=[max(t - s, 0.0) for t, s in zip(step_times, sync_times)],
             loss=sum(losses) / len(losses), grad_norm=meta["grad_norm"],
-            nonfinite_ranks=[rank for rank, r in enumerate(rows) if r[3] < 0.5 or r[4] >= 0],
-            first_nonfinite_step=[int(r[4]) if r[4] >= 0 else None for r in rows],
+            nonfinite_ranks=[rank for rank, r in enumerate(rows) if r[3] >= 0],
+            first_nonfinite_step=[int(r[3]) if r[3] >= 0 else None for r in rows],
             samples_per_sec=len(rows) * self._batch_size / max(max(step_times), 1e-9),
         )
 

@@ -11,12 +11,11 @@ import json
 import math
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any
 
 from ringflow.training.store.base import ObjectNotFound, ObjectStore
 
-from ringflow.training.run_layout import HEALTH as HEALTH_KEY
-from ringflow.training.run_layout import HEALTH_SEGMENTS
+from ringflow.training.run_layout import HEALTH as HEALTH_KEY, HEALTH_SEGMENTS
 
 
 def _strict(value: Any) -> Any:
