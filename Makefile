@@ -25,3 +25,5 @@ bench: setup
 	$(PY) bench/shard_throughput.py
 	$(PY) bench/promotion.py
 	$(PY) bench/orchestration_overhead.py
+	$(PY) bench/data_scaling.py
+	$(PY) bench/watcher_cost.py

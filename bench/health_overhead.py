@@ -1,8 +1,9 @@
 """Health monitoring overhead: step time with the monitor against without it, inside the same np=2 jobs.
 
 Separate jobs with and without the monitor differ by ±10 % from run to run on this VM, more than the
-3 % to resolve. So each job runs ringflow's own Trainer and turns the monitor off and on in alternate
-blocks of steps; a block with it on is compared with the blocks on either side (off), under the same load.
+3 % to resolve. So each job runs ringflow's own Trainer with one more callback on its loop, which switches
+the health callback off and on in alternate blocks of steps; a block with it on is compared with the
+blocks on either side (off), under the same load.
 
     .venv/bin/python bench/health_overhead.py [--jobs 8] [--steps 1600] [--block 100] [--health JSON] [--out NAME]
 
@@ -24,47 +25,50 @@ BATCH = 256
 WARMUP_STEPS = 20
 
 
-class AlternatingMonitor:
-    """Takes the place of the Trainer's fault injector (the per-step seam the worker already has): times
-    each block of steps and flips the monitor between blocks. Every rank flips at the same step, so the
-    monitor's gathers stay matched."""
+def alternating_health(block: int):
+    """A callback on the Trainer's loop that times each block of steps and switches the health callback
+    off or on between blocks (on through warm-up). Every rank switches at the same step, so the monitor's
+    gathers stay matched."""
+    from ringflow.training.callbacks.base import Callback
 
-    def __init__(self, trainer, block: int):
-        self.trainer, self.block = trainer, block
-        self.blocks: list[tuple[bool, float]] = []
-        self.started = None
+    class AlternatingHealth(Callback):
+        def __init__(self):
+            self.health = None  # the Trainer's HealthMonitoring callback, set once the Trainer is built
+            self.blocks: list[tuple[bool, float]] = []
+            self.started = None
 
-    def before_backward(self, step, loss):
-        return loss
+        def on_step_end(self, loop, timing) -> None:
+            if timing.step < WARMUP_STEPS or (timing.step - WARMUP_STEPS) % block:
+                return
+            now = time.perf_counter()
+            if self.started is not None:
+                self.blocks.append((self.health.enabled, now - self.started))
+            self.health.enabled = not self.health.enabled
+            self.started = now
 
-    def after_step(self, step, model) -> None:
-        if step < WARMUP_STEPS or (step - WARMUP_STEPS) % self.block:
-            return
-        now = time.perf_counter()
-        if self.started is not None:
-            self.blocks.append((self.trainer.monitoring, now - self.started))
-        self.trainer.monitoring = not self.trainer.monitoring
-        self.started = now
+    return AlternatingHealth()
 
 
 def worker(config_path: str, block: int, out: str) -> None:
-    from ringflow.training import worker as ringflow_worker
     from ringflow.training.config import load_job_config
+    from ringflow.training.engines.horovod import HorovodEngine
+    from ringflow.training.worker import Trainer
 
     cfg = load_job_config(config_path)
-    hvd = ringflow_worker.start_horovod(cfg)
-    trainer = ringflow_worker.Trainer(cfg, hvd)
-    trainer.faults = alternating = AlternatingMonitor(trainer, block)  # on through warm-up, then flipped
+    engine = HorovodEngine.start(cfg)
+    alternating = alternating_health(block)
+    trainer = Trainer(cfg, engine, callbacks=[alternating])
+    alternating.health = trainer.health
     if trainer.train() != 0:
         raise SystemExit("the training job failed")
-    if hvd.rank() == 0:
+    if engine.rank == 0:
         Path(out).write_text(json.dumps(alternating.blocks))
 
 
 def run_job(root: Path, index: int, steps: int, block: int, health: dict) -> list[tuple[bool, float]]:
     run = root / f"run-{index}"
     cfg = {"manifest_uri": str(root / "shards2" / "manifest.json"),
-           "checkpoint": {"uri": str(run), "every_steps": 10**6}, "epochs": max(1, round(steps / (8192 // BATCH))),
+           "run_uri": str(run), "checkpoint": {"every_steps": 10**6}, "epochs": max(1, round(steps / (8192 // BATCH))),
            "batch_size": BATCH, "model": {"hidden": [256, 256]}, "log_every_steps": 10**6, "health": health}
     cfg_path, out = root / f"run-{index}.json", root / f"blocks-{index}.json"
     cfg_path.write_text(json.dumps(cfg))

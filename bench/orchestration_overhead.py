@@ -61,7 +61,7 @@ def in_job_training_seconds(run_folder: Path) -> float | None:
 
 
 def one_run(dag, conf: dict, jobs: Path, store: Path) -> dict:
-    from ringflow.operators import layout
+    from ringflow.training.runs import store_layout
 
     before = set(job_seconds(jobs)) if jobs.exists() else set()
     started = time.perf_counter()
@@ -74,7 +74,7 @@ def one_run(dag, conf: dict, jobs: Path, store: Path) -> dict:
     gaps = [round((b.start_date - a.end_date).total_seconds(), 2) for a, b in zip(tis, tis[1:])]
     new_jobs = {k: v for k, v in job_seconds(jobs).items() if k not in before}
     (job_id, job_s), = new_jobs.items()
-    run_folder = Path(layout.run_uri(str(store), DAG_ID, dr.run_id, "digits"))
+    run_folder = Path(store_layout.run_uri(str(store), DAG_ID, dr.run_id, "digits"))
     first_task_at = (tis[0].start_date - dr.start_date).total_seconds() if dr.start_date else None
     return {"dag_wall_s": round(wall, 2), "job_wall_s": round(job_s, 2),
             "overhead_s": round(wall - job_s, 2), "overhead_share": round((wall - job_s) / wall, 3),

@@ -91,10 +91,10 @@ def start_moto(log: Path):
     raise SystemExit(f"moto server did not start: {log.read_text()[-2000:]}")
 
 
-def make_run(store, run_prefix: str, size: int) -> str:
+def make_run(store, run_key: str, size: int) -> str:
     from ringflow.training.checkpoint import CheckpointStore
 
-    run = store.child(run_prefix)
+    run = store.child(run_key)
     name = CheckpointStore(run).save(100, {"state.pt": os.urandom(size)}, {"step": 100})
     run.put_bytes("result.json", json.dumps({"status": "succeeded", "checkpoint": name,
                                              "verdict": {"status": "HEALTHY"}}).encode())
@@ -102,33 +102,33 @@ def make_run(store, run_prefix: str, size: int) -> str:
     return name
 
 
-def promote_task(bucket: str, run_prefix: str, model: str) -> dict:
+def promote_task(bucket: str, run_key: str, model: str) -> dict:
     from ringflow.operators.promote import PromoteModelOperator
 
     op = PromoteModelOperator(task_id="promote", name=model, store_uri=f"s3://{bucket}/ml",
-                              run_uri=f"s3://{bucket}/ml/{run_prefix}", compare_to_production=False)
+                              run_uri=f"s3://{bucket}/ml/{run_key}", compare_to_production=False)
     result = op.execute(context={})
     assert result["promoted"], result
     return result
 
 
-def promote_through_worker(store, run_prefix: str, checkpoint: str, model: str) -> None:
+def promote_through_worker(store, run_key: str, checkpoint: str, model: str) -> None:
     """The registry's own copy-through path (what it does for runs in another store): the same checks and
     bookkeeping as the promote task, but every file downloaded and uploaded by the worker."""
-    from ringflow.operators.model_registry import ModelRegistry
+    from ringflow.training.registry.model_registry import ModelRegistry
 
-    ModelRegistry(store).promote(model, run_prefix=run_prefix, checkpoint=checkpoint, metrics={"accuracy": 0.9},
-                                 source_store=store)
+    ModelRegistry(store).promote(model, run_uri=f"{store.uri.rstrip('/')}/{run_key}", checkpoint=checkpoint,
+                                 metrics={"accuracy": 0.9}, source_store=store)
 
 
-def download_upload(store, run_prefix: str, checkpoint: str, model: str) -> None:
+def download_upload(store, run_key: str, checkpoint: str, model: str) -> None:
     from ringflow.training.checkpoint import CheckpointStore
 
-    manifest = CheckpointStore(store.child(run_prefix)).read_manifest(checkpoint)
+    manifest = CheckpointStore(store.child(run_key)).read_manifest(checkpoint)
     with tempfile.TemporaryDirectory() as tmp:
         for file in manifest.files:
             local = os.path.join(tmp, file)
-            store.get_file(f"{run_prefix}/{manifest.key(file)}", local)
+            store.get_file(f"{run_key}/{manifest.key(file)}", local)
             store.put_file(f"models/{model}/v1/{file}", local)
 
 
@@ -176,7 +176,7 @@ def main() -> None:
 def run_all(endpoint: str, sizes_mib: list[float], repeats: int) -> list[dict]:
     import boto3
 
-    from ringflow.training.store import MinioStore, S3Settings
+    from ringflow.training.store import S3Store, S3Settings
 
     settings = S3Settings(endpoint=endpoint, access_key=ACCESS, secret_key=SECRET)
     client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS, aws_secret_access_key=SECRET,
@@ -188,7 +188,7 @@ def run_all(endpoint: str, sizes_mib: list[float], repeats: int) -> list[dict]:
         for i in range(repeats + 1):  # the first pair warms up connections and imports
             bucket = f"bench-{int(size_mib * 1000)}-{i}-{os.getpid()}"
             client.create_bucket(Bucket=bucket)
-            store = MinioStore.from_settings(bucket, "ml", settings)
+            store = S3Store.from_settings(bucket, "ml", settings)
             a = make_run(store, "runs/a", size)
             make_run(store, "runs/b", size)
             c = make_run(store, "runs/c", size)

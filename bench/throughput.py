@@ -69,7 +69,7 @@ def ringflow(root: Path, np_: int, steps: int, health: bool, tag: str, controlle
     health_cfg = {} if health else {"enabled": False}
     # One epoch is 8192 rows per rank; run as many epochs as reach `steps`.
     cfg = {"manifest_uri": str(root / f"shards{np_}" / "manifest.json"),
-           "checkpoint": {"uri": str(run), "every_steps": 10**6}, "epochs": max(1, round(steps / (8192 // BATCH))),
+           "run_uri": str(run), "checkpoint": {"every_steps": 10**6}, "epochs": max(1, round(steps / (8192 // BATCH))),
            "batch_size": BATCH, "model": {"hidden": HIDDEN}, "log_every_steps": 10**6, "health": health_cfg,
            "horovod": horovod or {}}
     cfg_path = root / f"{run.name}.json"
@@ -79,10 +79,13 @@ def ringflow(root: Path, np_: int, steps: int, health: bool, tag: str, controlle
                          text=True, env=ENV, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(out.stdout[-3000:])
-    result = json.loads((run / "result.json").read_text())
+    from ringflow.training.run_result import read_result
+    from ringflow.training.store import LocalFolderStore
+
+    result = read_result(LocalFolderStore(str(run)))
     if np_ == 2:
-        MONITOR_SHARE.setdefault(tag, []).append(result["health_monitor_share_after_warmup"])
-    return result["samples_per_sec_after_warmup"]
+        MONITOR_SHARE.setdefault(tag, []).append(result.health_monitor_share_after_warmup)
+    return result.samples_per_sec_after_warmup
 
 
 def main() -> None:

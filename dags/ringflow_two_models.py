@@ -11,10 +11,10 @@ import datetime as dt
 
 from airflow.sdk import DAG, Param
 
-from ringflow.operators import layout
 from ringflow.operators.pipeline import ringflow_pipeline
+from ringflow.training.runs import store_layout
 
-STORE = layout.default_store_uri()
+STORE = store_layout.default_store_uri()
 
 with DAG(
     "ringflow_two_models",

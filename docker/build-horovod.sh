@@ -32,6 +32,10 @@ grep -q 'CMAKE_CXX_STANDARD 17' "$src/horovod/torch/CMakeLists.txt" || { echo "C
 
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=${HOROVOD_WITH_MPI:-1}
 export HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+# CMake 4 (what `pip install cmake` gives today) refuses projects declaring cmake_minimum_required < 3.5, as
+# Horovod's bundled gloo does ("Compatibility with CMake < 3.5 has been removed"); this lets it configure.
+# Older CMake ignores the variable.
+export CMAKE_POLICY_VERSION_MINIMUM=${CMAKE_POLICY_VERSION_MINIMUM:-3.5}
 export MAKEFLAGS="-j$(nproc)"
 # --no-build-isolation: the extension must compile against the torch already installed, not a fresh one.
 "$python" -m pip wheel --no-build-isolation --no-deps "$src" -w "$out_dir"

@@ -5,6 +5,18 @@
 #
 # Build from the repository root (docker/training.Dockerfile.dockerignore keeps .venv and friends out):
 #   docker build -f docker/training.Dockerfile -t REGISTRY/ringflow-training:0.1.0 .
+# Without Docker or a registry (what scripts/build-training-image.sh does, with buildah): a debootstrapped
+# Debian base as BASE_IMAGE, wheels from docker/wheelhouse/ and a CA bundle as a build secret:
+#   buildah bud --isolation chroot -f docker/training.Dockerfile --ignorefile docker/training.Dockerfile.dockerignore \
+#     --build-arg BASE_IMAGE=localhost/ringflow-base:debian-12.15-minbase \
+#     --format docker --secret id=ca_bundle,src=/etc/ssl/certs/ca-certificates.crt -t localhost/ringflow-training:dev .
+# docker/wheelhouse/ (empty in git): a torch-${TORCH_VERSION} wheel there, with its dependencies, is
+# installed with --no-index instead of from TORCH_INDEX_URL (air-gapped builds; for GPU=1 put the CUDA
+# wheel there). On CPU builds a horovod-${HOROVOD_VERSION} wheel there is used instead of compiling Horovod;
+# it must come from docker/build-horovod.sh against the same torch, Python minor and OpenMPI (e.g. a
+# Debian bookworm host's ~/.cache/ringflow/wheels, which scripts/build-training-image.sh links in).
+# ca_bundle secret: a CA bundle pip uses instead of its own (behind a TLS-intercepting proxy). A secret is
+# mounted for one RUN only, so it is in no layer and never in the image.
 # GPU variant (CUDA base, CUDA torch wheels, Horovod's allreduce on NCCL):
 #   docker build -f docker/training.Dockerfile -t REGISTRY/ringflow-training:0.1.0-cuda \
 #     --build-arg BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-devel-ubuntu22.04 --build-arg GPU=1 \
@@ -35,14 +47,29 @@ RUN apt-get update \
 # One virtual environment at a fixed path, copied whole into the runtime stage.
 RUN "python${PYTHON_VERSION}" -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-RUN pip install --upgrade pip wheel setuptools \
+COPY docker/wheelhouse/ /wheelhouse/
+# Each RUN that reaches PyPI trusts the ca_bundle secret when one is given (see the header).
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+ && pip install --upgrade pip wheel setuptools \
  && pip install cmake packaging psutil pyyaml cloudpickle \
- && pip install --index-url "${TORCH_INDEX_URL}" --extra-index-url https://pypi.org/simple "torch==${TORCH_VERSION}"
-# Horovod exactly as scripts/setup.sh builds it (the C++17 patch, MPI and Gloo controllers).
+ && if ls /wheelhouse/torch-"${TORCH_VERSION}"[-+]*.whl >/dev/null 2>&1; then \
+      pip install --no-index --find-links /wheelhouse "torch==${TORCH_VERSION}"; \
+    else \
+      pip install --index-url "${TORCH_INDEX_URL}" --extra-index-url https://pypi.org/simple "torch==${TORCH_VERSION}"; \
+    fi
+# Horovod exactly as scripts/setup.sh builds it (the C++17 patch, MPI and Gloo controllers); on CPU builds a
+# wheel from the wheelhouse is taken as already built (build-horovod.sh skips the build when OUT_DIR has
+# one); GPU builds always compile, with NCCL.
 COPY versions.env /src/versions.env
 COPY docker/build-horovod.sh /src/docker/build-horovod.sh
-RUN if [ "${GPU}" = "1" ]; then \
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+ && mkdir -p /wheels \
+ && if [ "${GPU}" = "1" ]; then \
       export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME=/usr/local/cuda HOROVOD_NCCL_LINK=SHARED; \
+    else \
+      cp /wheelhouse/horovod-"${HOROVOD_VERSION}"-*.whl /wheels/ 2>/dev/null || true; \
     fi \
  && PYTHON=/opt/venv/bin/python bash /src/docker/build-horovod.sh /wheels \
  && pip install "/wheels/horovod-${HOROVOD_VERSION}-"*.whl \
@@ -51,7 +78,9 @@ COPY pyproject.toml README.md /src/
 COPY training /src/training
 COPY operators /src/operators
 # torch is already installed at the pinned version, so pip keeps it (the CPU or CUDA build chosen above).
-RUN pip install /src && python -c "import ringflow.training, horovod.torch"
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+ && pip install --find-links /wheelhouse /src && python -c "import ringflow.training, horovod.torch"
 
 FROM ${BASE_IMAGE}
 ARG PYTHON_VERSION

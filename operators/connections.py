@@ -1,14 +1,32 @@
-"""Object stores for tasks, with S3/MinIO credentials taken from an Airflow connection.
+"""Airflow connections -> the core's settings: S3/MinIO credentials for object stores, cluster access for the
+Kubernetes client (`AirflowConnections`, the core's backends/connections.Connections).
 
 The connection (type `aws`) holds everything about the server: login = access key, password = secret
 key, extra `{"endpoint_url": "http://minio.data.svc:9000", "region_name": "us-east-1"}`. DAG code
 passes only URIs and a connection id, so no key is ever written in code, rendered in the UI or
 stored in XCom.
+
+Retries and timeouts may be tuned in the extra the way the Amazon provider reads them (botocore's
+client config): `"config_kwargs": {"connect_timeout": 10, "read_timeout": 60, "retries":
+{"total_max_attempts": 6}}` (`max_attempts` there counts retries after the first try, as in
+botocore). Training processes get them with the credentials (S3Settings.to_env).
+
+A Kubernetes connection (type `kubernetes`) is read the way the cncf.kubernetes provider reads it: extras
+in_cluster / kube_config_path / kube_config (inline YAML or JSON) / namespace / cluster_context, also with
+the "extra__kubernetes__" prefix (`cluster_from_extras`).
+
+`conn_id` means the same in every operator, the trigger, the backends and the pipeline factory: the id
+of such a connection, by default DEFAULT_CONN_ID. `conn_id=None` means no connection: s3:// URIs use the
+S3 settings of the process's environment (RINGFLOW_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY;
+training/store/s3.py), as training processes do, and a local job inherits them. Local paths never need
+one.
 """
 from __future__ import annotations
 
 import urllib.parse
+from typing import Any
 
+from ringflow.training.backends.kubernetes.client import ClusterConfig
 from ringflow.training.store import ObjectStore, S3Settings, StoreConfigError, open_store
 
 DEFAULT_CONN_ID = "ringflow_s3"
@@ -53,25 +71,98 @@ def s3_settings_from_connection(conn_id: str = DEFAULT_CONN_ID) -> S3Settings:
             f"Airflow connection {conn_id!r} lacks {', '.join(missing)}: set it on the connection "
             f"(the endpoint is the MinIO/S3 URL, like http://minio.data.svc:9000)"
         )
-    try:
-        return S3Settings(endpoint=endpoint, access_key=access_key, secret_key=secret_key,
-                          region=extra.get("region_name") or None)
+    region = extra.get("region_name") or None
+    try:  # the endpoint alone first, so that its error names the connection's field
+        S3Settings(endpoint=endpoint, access_key=access_key, secret_key=secret_key, region=region)
     except StoreConfigError as exc:
         # S3Settings names the environment variable; here the fix is on the connection.
         raise S3ConnectionError(
             f'Airflow connection {conn_id!r}: extra "endpoint_url" is {endpoint!r}, not a URL like '
             f"http://minio.data.svc:9000 or https://s3.example.com; fix the connection"
         ) from exc
+    return S3Settings(endpoint=endpoint, access_key=access_key, secret_key=secret_key, region=region,
+                      **_tuning(conn_id, extra.get("config_kwargs")))
+
+
+def _tuning(conn_id: str, config_kwargs: Any) -> dict[str, Any]:
+    """S3Settings' retry and timeout fields from the extra's `config_kwargs` (botocore Config arguments, as
+    the Amazon provider reads them); the settings' defaults for what it does not say."""
+    if config_kwargs is None:
+        return {}
+    example = '{"connect_timeout": 10, "read_timeout": 60, "retries": {"total_max_attempts": 6}}'
+    retries = config_kwargs.get("retries", {}) if isinstance(config_kwargs, dict) else None
+    if not isinstance(retries, dict):
+        raise S3ConnectionError(f'Airflow connection {conn_id!r}: extra "config_kwargs" must be an object like '
+                                f"{example}; fix the connection")
+
+    def bad(field: str, value: Any, want: str) -> S3ConnectionError:
+        return S3ConnectionError(f'Airflow connection {conn_id!r}: extra "config_kwargs" {field} is {value!r}; '
+                                 f"use {want}, as in {example}")
+
+    tuning: dict[str, Any] = {}
+    for name in ("connect_timeout", "read_timeout"):
+        if name in config_kwargs:
+            value = config_kwargs[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise bad(name, value, "a number of seconds above 0")
+            tuning[name] = value
+    # botocore counts `max_attempts` as retries after the first try, `total_max_attempts` with it.
+    for name, first_try in (("total_max_attempts", 0), ("max_attempts", 1)):
+        if name in retries:
+            value = retries[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value + first_try < 1:
+                raise bad(f"retries.{name}", value, "a whole number of at least " + str(1 - first_try))
+            tuning["max_attempts"] = value + first_try
+            break
+    return tuning
 
 
 def open_store_for(uri: str, conn_id: str | None = DEFAULT_CONN_ID) -> ObjectStore:
     """Open the store at `uri`: a local path or file:// URI as is, an s3:// URI with the credentials
-    of connection `conn_id`."""
-    if isinstance(uri, str) and urllib.parse.urlsplit(uri).scheme == "s3":
-        if not conn_id:
-            raise S3ConnectionError(
-                f"{uri!r} is an S3 location but no conn_id was given: pass the id of an Airflow "
-                f"connection of type aws (default {DEFAULT_CONN_ID!r})"
-            )
+    of connection `conn_id`, or of the environment when conn_id is None (no connection)."""
+    if conn_id and isinstance(uri, str) and urllib.parse.urlsplit(uri).scheme == "s3":
         return open_store(uri, s3=s3_settings_from_connection(conn_id))
     return open_store(uri)
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def cluster_from_extras(extras: dict[str, Any]) -> ClusterConfig:
+    """The cluster access that an Airflow "kubernetes" connection's extras describe."""
+    def get(key: str) -> Any:
+        value = extras.get(key)
+        return extras.get(f"extra__kubernetes__{key}") if value in (None, "") else value
+
+    inline = get("kube_config")
+    if isinstance(inline, str) and inline.strip():
+        import yaml  # a dependency of the kubernetes client
+
+        inline = yaml.safe_load(inline)  # YAML is a superset of JSON: both forms work
+    if inline is not None and not isinstance(inline, dict):
+        raise ValueError("the connection's kube_config extra must be a kubeconfig document (YAML or JSON)")
+    return ClusterConfig(
+        in_cluster=_truthy(get("in_cluster")),
+        kubeconfig_path=get("kube_config_path") or None,
+        kubeconfig=inline or None,
+        context=get("cluster_context") or None,
+        namespace=get("namespace") or None,
+    )
+
+
+class AirflowConnections:
+    """The core's connection lookup (training/backends/connections.py), through Airflow's secrets backends."""
+
+    def s3_settings(self, conn_id: str) -> S3Settings:
+        return s3_settings_from_connection(conn_id)
+
+    def cluster(self, conn_id: str) -> ClusterConfig:
+        from airflow.sdk import BaseHook  # here, not at import: only cluster tasks need the lookup
+
+        return cluster_from_extras(BaseHook.get_connection(conn_id).extra_dejson)
+
+    async def acluster(self, conn_id: str) -> ClusterConfig:
+        from airflow.sdk import BaseHook
+
+        return cluster_from_extras((await BaseHook.aget_connection(conn_id)).extra_dejson)

@@ -16,18 +16,19 @@ from typing import Any, Iterator, Sequence
 
 from airflow.sdk import BaseOperator
 
-from ringflow.operators import layout
 from ringflow.operators.connections import DEFAULT_CONN_ID, s3_settings_from_connection
+from ringflow.training.runs import store_layout
 
 
 @contextlib.contextmanager
 def s3_env_for(uri: str, conn_id: str | None) -> Iterator[None]:
     """Within the block, the process environment carries the S3 settings of `conn_id` if `uri` is on S3;
-    the previous values come back afterwards, so no credential outlives the call."""
-    if urllib.parse.urlsplit(uri).scheme != "s3":
+    the previous values come back afterwards, so no credential outlives the call. conn_id None: no
+    connection, the environment's own S3 settings stay (connections.py)."""
+    if urllib.parse.urlsplit(uri).scheme != "s3" or conn_id is None:
         yield
         return
-    env = s3_settings_from_connection(conn_id or DEFAULT_CONN_ID).to_env()
+    env = s3_settings_from_connection(conn_id).to_env()
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -40,14 +41,15 @@ def s3_env_for(uri: str, conn_id: str | None) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def evaluate(run_uri: str, checkpoint: str | None = None, conn_id: str | None = None) -> dict[str, Any]:
+def evaluate(run_uri: str, checkpoint: str | None = None,
+             conn_id: str | None = DEFAULT_CONN_ID) -> dict[str, Any]:
     """evaluate_run with the S3 settings of `conn_id`; returns eval.json's document plus where it is."""
     from ringflow.training.evaluate import evaluate_run  # imports torch
     from ringflow.training.run_layout import EVAL
 
     with s3_env_for(run_uri, conn_id):
         doc = evaluate_run(run_uri, checkpoint)
-    return {**doc, "run_uri": run_uri, "eval_uri": layout.join(run_uri, EVAL)}
+    return {**doc, "run_uri": run_uri, "eval_uri": store_layout.join(run_uri, EVAL)}
 
 
 class EvaluateModelOperator(BaseOperator):
@@ -60,7 +62,7 @@ class EvaluateModelOperator(BaseOperator):
     template_fields: Sequence[str] = ("run_uri", "checkpoint", "conn_id")
     ui_color = "#e6f4ea"
 
-    def __init__(self, *, run_uri: str, checkpoint: str | None = None, conn_id: str | None = None,
+    def __init__(self, *, run_uri: str, checkpoint: str | None = None, conn_id: str | None = DEFAULT_CONN_ID,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.run_uri, self.checkpoint, self.conn_id = run_uri, checkpoint, conn_id

@@ -2,13 +2,18 @@
 
 The run folder (inside the registry's store) holds what the earlier tasks wrote:
 
-    result.json   {"status": "succeeded", "checkpoint": "ckpt-...", "verdict": {"status": "HEALTHY", ...}}
+    result.json   the train task's RunResult (ringflow.training.run_result): status, final checkpoint, verdict
     eval.json     {"metrics": {"accuracy": 0.95, "loss": 0.2}, ...}
     checkpoints/  the checkpoints (ringflow.training.checkpoint layout)
 
 A gate that says "no" is a normal outcome, not an error: the task succeeds and returns
 `{"promoted": False, "reason": ...}` (set `fail_on_gate=True` to fail it instead). A run that did not
 succeed, or files that are missing, are errors: there is nothing sound to decide on.
+
+Other promotions of the same model may run at the same time (two DAGs sharing a model). The gate is
+checked once before copying anything (a clearly worse run costs no copy), and again by the registry
+against the production pointer it is about to replace, after every lost race for it: a run is never
+compared with a pointer that has since changed.
 """
 from __future__ import annotations
 
@@ -18,14 +23,14 @@ import math
 from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
-from ringflow.operators.model_registry import ModelRegistry, Pointer, run_prefix_in
+from ringflow.training import run_layout
+from ringflow.training.registry.model_registry import ModelRegistry, Pointer, ProductionMoved, run_key_in
+from ringflow.training.run_result import ResultError, RunResult
 from ringflow.training.store.base import ObjectNotFound, ObjectStore, join_key
 
-RESULT_FILE = "result.json"
-EVAL_FILE = "eval.json"
 DEFAULT_ALLOWED_VERDICTS = ("HEALTHY", "DEGRADED")
 MODES = ("max", "min")
 
@@ -51,8 +56,14 @@ class Gate:
     allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS
 
     def __post_init__(self) -> None:
+        if not isinstance(self.metric, str) or not self.metric:
+            raise ValueError(f"gate metric is {self.metric!r}; name a metric of eval.json, e.g. 'accuracy' or 'mse'")
         if self.mode not in MODES:
             raise ValueError(f"gate mode is {self.mode!r}; use 'max' (higher is better) or 'min' (lower is better)")
+        threshold = self.threshold
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                      or math.isnan(threshold)):
+            raise ValueError(f"gate threshold is {threshold!r}; use a number, or None for no absolute bar")
 
     def _no_worse(self, value: float, bar: float) -> bool:
         return value >= bar if self.mode == "max" else value <= bar
@@ -82,6 +93,28 @@ class Gate:
         return None
 
 
+def build_gate(*, metric: Any = "accuracy", mode: Any = "max", threshold: Any = None,
+               compare_to_production: bool = True,
+               allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS) -> Gate:
+    """The Gate from the operator's arguments as they rendered: a threshold from a template is text
+    ("0.9"; "", "None" or "null" for none)."""
+    if isinstance(threshold, str):
+        text = threshold.strip()
+        try:
+            threshold = None if text in ("", "None", "null") else float(text)
+        except ValueError:
+            raise ValueError(f"gate threshold rendered to {threshold!r}; use a number, or leave it empty for "
+                             f"no absolute bar") from None
+    return Gate(metric=str(metric).strip() if isinstance(metric, str) else metric,
+                mode=str(mode).strip() if isinstance(mode, str) else mode, threshold=threshold,
+                compare_to_production=compare_to_production,
+                allowed_verdicts=tuple(allowed_verdicts) if allowed_verdicts is not None else None)
+
+
+def _is_template(value: Any) -> bool:
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
 def _read_json(store: ObjectStore, key: str, what: str) -> dict[str, Any]:
     try:
         doc = json.loads(store.get_bytes(key))
@@ -94,78 +127,120 @@ def _read_json(store: ObjectStore, key: str, what: str) -> dict[str, Any]:
     return doc
 
 
+def _read_result(store: ObjectStore, run_key: str) -> RunResult:
+    key = join_key(run_key, run_layout.RESULT)
+    try:
+        return RunResult.from_json(store.get_bytes(key), f"{store.uri}/{key}")
+    except ObjectNotFound as exc:
+        raise AirflowException(f"{store.uri}/{key} does not exist: the train task did not finish this run") from exc
+    except ResultError as exc:
+        raise AirflowException(str(exc)) from exc
+
+
 class PromoteModelOperator(BaseOperator):
     """Copy the run's checkpoint into the registry and point production at it, if the gate allows.
 
     store_uri: the registry's store (models under `models/<name>/`); run_uri: the run's folder,
     which must be inside that store so the copy happens server-side.
     Returns (XCom) `{"promoted": bool, "reason": str, "version": N | None, "new_version": bool,
-    "previous": M | None, "metric": name, "value": x}`.
+    "previous": M | None, "metric": name, "value": x}`. `version` is the registry version holding the
+    run's checkpoint: None when the gate refused before copying; set but not promoted when another
+    promotion landed first and the gate then refused against it. `previous` is the version in
+    production when the gate last decided.
     """
 
-    template_fields: Sequence[str] = ("name", "store_uri", "run_uri", "conn_id")
+    template_fields: Sequence[str] = ("name", "store_uri", "run_uri", "conn_id", "metric", "mode", "threshold")
 
     def __init__(self, *, name: str, store_uri: str, run_uri: str, conn_id: str | None = DEFAULT_CONN_ID,
-                 metric: str = "accuracy", mode: str = "max", threshold: float | None = None,
+                 metric: str = "accuracy", mode: str = "max", threshold: float | str | None = None,
                  compare_to_production: bool = True,
                  allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS,
                  fail_on_gate: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.name, self.store_uri, self.run_uri, self.conn_id = name, store_uri, run_uri, conn_id
-        # Built now so a bad mode fails when the DAG is parsed, not at the end of a long run.
-        self.gate = Gate(metric=metric, mode=mode, threshold=threshold, compare_to_production=compare_to_production,
-                         allowed_verdicts=tuple(allowed_verdicts) if allowed_verdicts is not None else None)
+        self.metric, self.mode, self.threshold = metric, mode, threshold
+        self.compare_to_production = compare_to_production
+        self.allowed_verdicts = tuple(allowed_verdicts) if allowed_verdicts is not None else None
         self.fail_on_gate = fail_on_gate
+        if not any(_is_template(v) for v in (metric, mode, threshold)):
+            self.gate  # noqa: B018 - plain values are checked when the DAG is parsed, not after a long run
+
+    @property
+    def gate(self) -> Gate:
+        """The gate from the arguments as they are now: rendered, once the task runs."""
+        return build_gate(metric=self.metric, mode=self.mode, threshold=self.threshold,
+                          compare_to_production=self.compare_to_production, allowed_verdicts=self.allowed_verdicts)
 
     def execute(self, context: Any) -> dict[str, Any]:
+        gate = self.gate
         store = open_store_for(self.store_uri, self.conn_id)
-        run_prefix = run_prefix_in(self.store_uri, self.run_uri)
-        result = _read_json(store, join_key(run_prefix, RESULT_FILE), "the train task did not finish this run")
-        if result.get("status") != "succeeded" or not result.get("checkpoint"):
+        run_key = run_key_in(self.store_uri, self.run_uri)
+        result = _read_result(store, run_key)
+        if not result.succeeded:
             raise AirflowException(
-                f"run {self.run_uri} has status {result.get('status')!r} and checkpoint "
-                f"{result.get('checkpoint')!r}: only a succeeded run with a checkpoint can be promoted"
+                f"run {self.run_uri} has status {result.status!r} (attempt {result.attempt}, verdict "
+                f"{result.verdict.status if result.verdict else None}): only a succeeded run with a checkpoint "
+                "can be promoted"
             )
-        metrics = _read_json(store, join_key(run_prefix, EVAL_FILE), "the evaluate task did not run").get("metrics")
-        if not isinstance(metrics, dict) or self.gate.metric not in metrics:
+        metrics = _read_json(store, join_key(run_key, run_layout.EVAL), "the evaluate task did not run").get("metrics")
+        if not isinstance(metrics, dict) or gate.metric not in metrics:
             raise AirflowException(
-                f"{self.run_uri}/{EVAL_FILE} has no metric {self.gate.metric!r} (metrics: "
+                f"{self.run_uri}/{run_layout.EVAL} has no metric {gate.metric!r} (metrics: "
                 f"{sorted(metrics) if isinstance(metrics, dict) else metrics!r}); set metric= to one it has"
             )
         registry = ModelRegistry(store)
         production = registry.production(self.name)
-        verdict = (result.get("verdict") or {}).get("status")
-        outcome = {"metric": self.gate.metric, "value": metrics[self.gate.metric], "verdict": verdict,
-                   "checkpoint": result["checkpoint"], "previous": production.version if production else None}
+        verdict = result.verdict.status if result.verdict else None
+        outcome = {"metric": gate.metric, "value": metrics[gate.metric], "verdict": verdict,
+                   "checkpoint": result.checkpoint, "previous": production.version if production else None}
 
-        reason = self.gate.check(verdict, metrics, production)
+        # A first look, so a run that is clearly worse costs no copy. Not the decision: production
+        # may change before this promotion lands, so the registry asks the gate again (below).
+        reason = gate.check(verdict, metrics, production)
         if reason is not None:
-            message = f"not promoting {result['checkpoint']} of {self.run_uri} as model {self.name!r}: {reason}"
-            self.log.warning("%s", message)
-            if self.fail_on_gate:
-                raise PromotionGateFailed(message)
-            return {**outcome, "promoted": False, "reason": reason, "version": None, "new_version": False}
+            return self._refused(result, reason, {**outcome, "version": None, "new_version": False})
 
-        promotion = registry.promote(self.name, run_prefix=run_prefix, checkpoint=result["checkpoint"],
-                                     metrics=metrics, source_run=self.run_uri)
-        self.log.info("model %r version %d is in production (previous: %s, new version: %s)",
-                      self.name, promotion.version, promotion.previous, promotion.new_version)
-        return {**outcome, "promoted": True, "reason": "passed the gate", "version": promotion.version,
-                "new_version": promotion.new_version}
+        promotion = registry.promote(self.name, run_uri=self.run_uri, checkpoint=result.checkpoint, metrics=metrics,
+                                     decide=lambda current: gate.check(verdict, metrics, current))
+        outcome.update(previous=promotion.previous, version=promotion.version, new_version=promotion.new_version)
+        if not promotion.promoted:
+            return self._refused(result, promotion.reason or "", outcome)
+        self.log.info("model %r version %d is in production (revision %s, previous: %s, new version: %s)",
+                      self.name, promotion.version, promotion.pointer.revision if promotion.pointer else None,
+                      promotion.previous, promotion.new_version)
+        return {**outcome, "promoted": True, "reason": "passed the gate"}
+
+    def _refused(self, result: RunResult, reason: str, outcome: dict[str, Any]) -> dict[str, Any]:
+        message = f"not promoting {result.checkpoint} of {self.run_uri} as model {self.name!r}: {reason}"
+        if outcome.get("version") is not None:
+            message += f" (its files stay in the registry as version {outcome['version']}, not in production)"
+        self.log.warning("%s", message)
+        if self.fail_on_gate:
+            raise PromotionGateFailed(message)
+        return {**outcome, "promoted": False, "reason": reason}
 
 
 class RollbackModelOperator(BaseOperator):
-    """Point production back at the previous version (or `to_version`). Returns the new pointer."""
+    """Point production back at the previous version (or `to_version`). Returns the new pointer.
+
+    from_version: roll back only if production is still this version (default: whichever version is
+    in production when the task starts). If a promotion lands first, the task fails without retry
+    and changes nothing: a retry would roll back the version that just landed, which nobody looked at.
+    """
 
     template_fields: Sequence[str] = ("name", "store_uri", "conn_id")
 
     def __init__(self, *, name: str, store_uri: str, conn_id: str | None = DEFAULT_CONN_ID,
-                 to_version: int | None = None, **kwargs: Any) -> None:
+                 to_version: int | None = None, from_version: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.name, self.store_uri, self.conn_id, self.to_version = name, store_uri, conn_id, to_version
+        self.from_version = from_version
 
     def execute(self, context: Any) -> dict[str, Any]:
         registry = ModelRegistry(open_store_for(self.store_uri, self.conn_id))
-        pointer = registry.rollback(self.name, to_version=self.to_version)
+        try:
+            pointer = registry.rollback(self.name, to_version=self.to_version, from_version=self.from_version)
+        except ProductionMoved as exc:
+            raise AirflowFailException(str(exc)) from exc
         self.log.info("model %r: production is now version %d", self.name, pointer.version)
         return dataclasses.asdict(pointer)

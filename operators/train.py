@@ -2,22 +2,29 @@
 trigger, and turn the trigger's one event into success or a failure a person can act on."""
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import hashlib
 import json
 import re
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from ringflow.operators.backends.base import Backend
-from ringflow.operators.job_spec import JobSpec
+from ringflow.operators.connections import DEFAULT_CONN_ID, AirflowConnections
+from ringflow.training.backends.base import Backend, backend_from_dict
+from ringflow.training.backends.job_spec import JobSpec
+from ringflow.training.health.verdict import DIVERGED, NONFINITE
 from ringflow.training.launcher import DEFAULT_CONTROLLER
+from ringflow.training.run_result import RunResult
+from ringflow.training.runs import store_layout
+from ringflow.training.worker_env import ATTEMPT_ENV
 
 
-NOT_RETRYABLE = ("NONFINITE", "DIVERGED")
+# A retry resumes from a checkpoint of the same run and meets the same NaN or divergence.
+NOT_RETRYABLE = (NONFINITE, DIVERGED)
 
 
 def job_name(dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
@@ -27,6 +34,29 @@ def job_name(dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
     return f"rf-{slug}-{digest}-t{try_number}"
 
 
+# Where a run reads and writes belongs to the operator: manifest_uri is the shard step's, run_uri the task's
+# run folder. An override of either could point a run at another team's data or run folder.
+OWNED_FIELDS = ("manifest_uri", "run_uri")
+
+
+def owned_fields_in(overrides: dict[str, Any]) -> list[str]:
+    """The operator-owned fields (OWNED_FIELDS) that `overrides` would set."""
+    return [name for name in OWNED_FIELDS if name in overrides]
+
+
+def check_overrides(overrides: dict[str, Any]) -> None:
+    """Refuse overrides that would change where the run reads or writes, naming the field."""
+    from ringflow.training.config import ConfigError
+
+    found = owned_fields_in(overrides) if isinstance(overrides, dict) else []
+    if found:
+        field = found[0]
+        raise ConfigError(field, "cannot be overridden in job_config: the operator sets it (manifest_uri from "
+                                 "its manifest_uri argument, the shard step's output; run_uri, this task's "
+                                 "run folder)",
+                          f"remove '{field}' from job_config, and pass manifest_uri/run_uri to the operator instead")
+
+
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in (overrides or {}).items():
@@ -34,64 +64,166 @@ def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def job_overrides(value: Any) -> dict[str, Any]:
+    """`job_config` as the task got it: a dict, nothing, or the text a template rendered to: JSON, or the
+    Python literal that `{{ params.job_overrides }}` gives for a dict when the DAG does not render native
+    objects."""
+    from ringflow.training.config import ConfigError
+
+    if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            try:
+                value = ast.literal_eval(value.strip())
+            except (ValueError, SyntaxError):
+                raise ConfigError("job_config", f"rendered to {value[:200]!r}, which is neither JSON nor a "
+                                                "Python dict", "give a dict, or a template rendering to one "
+                                                "(e.g. '{{ params.job_overrides | tojson }}')") from None
+    if not isinstance(value, Mapping):
+        raise ConfigError("job_config", f"is {type(value).__name__} {value!r}, not an object",
+                          "give a dict of config fields, e.g. {\"checkpoint\": {\"every_steps\": 20}}")
+    return dict(value)
+
+
+def rendered_number(name: str, value: Any, kind: type) -> Any:
+    """An operator argument that may have come from a template as text ("5", "0.002"), as `kind` (int or
+    float); None stays None (the config's default)."""
+    from ringflow.training.config import ConfigError
+
+    if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(name, f"is {value!r}", f"give a {'whole number' if kind is int else 'number'}")
+    try:
+        number = kind(value.strip()) if isinstance(value, str) else value
+    except ValueError:
+        number = None
+    if kind is int and isinstance(number, float) and number.is_integer():
+        number = int(number)
+    if not isinstance(number, (int, float)) or (kind is int and not isinstance(number, int)):
+        raise ConfigError(name, f"rendered to {value!r}",
+                          f"give a {'whole number' if kind is int else 'number'}, or a template rendering to one")
+    return number
+
+
+def worker_count(value: Any) -> int:
+    """num_workers as the task got it (text, from a template such as '{{ params.num_workers }}')."""
+    try:
+        count = int(str(value).strip()) if not isinstance(value, bool) else 0
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(f"num_workers is {value!r}; give a whole number >= 1, or a template rendering to one")
+    return count
+
+
+def build_job_config(*, manifest_uri: str, run_uri: str, overrides: Any = None, epochs: Any = None,
+                     batch_size: Any = None, learning_rate: Any = None, try_number: int = 1) -> dict[str, Any]:
+    """The checked job config of one try: where it reads and writes (the operator's), epochs, batch size
+    and learning rate, then `overrides` on top. Injected faults (tests only) stay on the first try: a retry
+    resumes from the last checkpoint and shows the recovery instead of failing at the same step again."""
+    from ringflow.training.config import JobConfig
+
+    overrides = job_overrides(overrides)
+    check_overrides(overrides)  # after rendering too: a template may have produced them
+    base: dict[str, Any] = {"manifest_uri": manifest_uri, "run_uri": run_uri}
+    for name, value, kind in (("epochs", epochs, int), ("batch_size", batch_size, int),
+                              ("learning_rate", learning_rate, float)):
+        value = rendered_number(name, value, kind)
+        if value is not None:
+            base[name] = value
+    config = merge(base, overrides)
+    if try_number > 1:
+        config.pop("faults", None)
+    return JobConfig.from_dict(config).to_dict()  # checked here: a bad value fails before any launch
+
+
 class HorovodTrainOperator(BaseOperator):
     """Train with Horovod (synchronous ring all-reduce) on `num_workers` workers, without holding a worker slot.
 
     :param manifest_uri: the shard step's manifest.json (templated).
-    :param run_uri: the run folder: checkpoints, health.jsonl, result.json (templated). The same folder for
-        every try of the task, so a retry resumes from the last checkpoint.
-    :param job_config: overrides of the training config (epochs, batch_size, learning_rate, model, health,
-        horovod, ...; see ringflow.training.config.JobConfig) (templated).
+    :param run_uri: the run folder: checkpoints, health.jsonl, result.json (templated). Default: derived
+        when the task runs, `runs/<dag_id>/<run_id>/<task group>/` under `store_uri` (store_layout.run_uri). The
+        same folder for every try of the task, so a retry resumes from the last checkpoint.
+    :param store_uri: the store the run folder is derived in, when run_uri is not given (templated).
+    :param epochs, batch_size, learning_rate: the config's fields (templated; text from a template is read
+        as a number); None leaves the config's default, or what job_config says.
+    :param job_config: overrides of the training config (model, health, horovod, ...; see
+        ringflow.training.config.JobConfig), applied last (templated: a dict, or JSON / a dict literal).
+        Injected `faults` (tests only) apply on the first try only.
     :param backend: where the job runs; local `horovodrun` processes by default, or
-        ringflow.operators.kubernetes.backend.MPIJobBackend for Kubeflow MPIJobs.
-    :param conn_id: Airflow connection (type aws) for s3:// URIs.
+        ringflow.training.backends.kubernetes.backend.MPIJobBackend for Kubeflow MPIJobs.
+    :param conn_id: Airflow connection (type aws) for s3:// URIs; None: no connection (connections.py).
     :param job_timeout: stop the job and fail the task when it runs longer.
     """
 
-    template_fields: Sequence[str] = ("manifest_uri", "run_uri", "job_config", "num_workers")
+    template_fields: Sequence[str] = ("manifest_uri", "run_uri", "store_uri", "job_config", "num_workers",
+                                      "epochs", "batch_size", "learning_rate")
     template_fields_renderers = {"job_config": "json"}
     ui_color = "#f4a261"
 
-    def __init__(self, *, manifest_uri: str, run_uri: str, num_workers: int | str = 2,
-                 job_config: dict[str, Any] | None = None, backend: Backend | None = None, controller: str = DEFAULT_CONTROLLER,
-                 conn_id: str | None = None, poll_interval: float = 2.0, job_timeout: dt.timedelta | None = None,
-                 **kwargs):
+    def __init__(self, *, manifest_uri: str, run_uri: str | None = None, store_uri: str | None = None,
+                 num_workers: int | str = 2, epochs: int | str | None = None, batch_size: int | str | None = None,
+                 learning_rate: float | str | None = None, job_config: dict[str, Any] | str | None = None,
+                 backend: Backend | None = None, controller: str = DEFAULT_CONTROLLER,
+                 conn_id: str | None = DEFAULT_CONN_ID, poll_interval: float = 2.0,
+                 job_timeout: dt.timedelta | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.manifest_uri, self.run_uri, self.num_workers = manifest_uri, run_uri, num_workers
+        if not run_uri and not store_uri:
+            raise ValueError(f"task {self.task_id!r}: give run_uri (the run folder) or store_uri (the run folder "
+                             f"is then runs/<dag_id>/<run_id>/<task group>/ under it)")
+        self.manifest_uri, self.run_uri, self.store_uri = manifest_uri, run_uri, store_uri
+        self.num_workers, self.epochs, self.batch_size, self.learning_rate = num_workers, epochs, batch_size, learning_rate
         self.job_config = job_config or {}
+        if isinstance(self.job_config, dict):  # a plain dict is checked now, when the DAG is parsed
+            check_overrides(self.job_config)
         self.backend = backend
         self.controller, self.conn_id, self.poll_interval = controller, conn_id, poll_interval
         self.job_timeout = job_timeout
         self._job_id: str | None = None
 
     def _get_backend(self) -> Backend:
+        """The backend, with Airflow's connections to resolve its conn_id (a DAG builds it without)."""
         if self.backend is None:
-            from ringflow.operators.backends.local import LocalProcessBackend
+            from ringflow.training.backends.local import LocalProcessBackend
 
-            self.backend = LocalProcessBackend(conn_id=self.conn_id)
+            self.backend = LocalProcessBackend(conn_id=self.conn_id, connections=AirflowConnections())
+        elif self.backend.connections is None:
+            self.backend = backend_from_dict(self.backend.kind, self.backend.to_dict(), AirflowConnections())
         return self.backend
 
-    def build_config(self) -> dict[str, Any]:
-        from ringflow.training.config import JobConfig
+    def run_folder(self, context) -> str:
+        """run_uri, or the one store_layout.run_uri derives from the store, the DAG run and this task's group."""
+        if self.run_uri:
+            return str(self.run_uri)
+        ti = context["ti"]
+        return store_layout.run_uri(str(self.store_uri), ti.dag_id, ti.run_id, getattr(self.task_group, "group_id", None))
 
-        base = {"manifest_uri": self.manifest_uri, "checkpoint": {"uri": self.run_uri}}
-        config = merge(base, self.job_config if isinstance(self.job_config, dict) else json.loads(self.job_config))
-        return JobConfig.from_dict(config).to_dict()  # checked here: a bad value fails before any launch
+    def build_config(self, run_uri: str, try_number: int = 1) -> dict[str, Any]:
+        return build_job_config(manifest_uri=self.manifest_uri, run_uri=run_uri, overrides=self.job_config,
+                                epochs=self.epochs, batch_size=self.batch_size, learning_rate=self.learning_rate,
+                                try_number=try_number)
 
     def execute(self, context) -> None:
         ti = context["ti"]
-        config = self.build_config()
-        num_workers = int(self.num_workers)
-        self._check_shards(config, num_workers)
-        labels = {"dag": ti.dag_id, "run": ti.run_id, "task": ti.task_id}
+        self.run_uri = self.run_folder(context)
+        config = self.build_config(self.run_uri, ti.try_number)
+        num_workers = worker_count(self.num_workers)
         backend = self._get_backend()
+        self._preflight(config, num_workers, backend)
+        labels = {"dag": ti.dag_id, "run": ti.run_id, "task": ti.task_id}
         job_id = backend.find(labels)
         if job_id:
             self.log.info("reattaching to live job %s from an earlier try (labels %s)", job_id, labels)
         else:
-            spec = JobSpec(name=job_name(ti.dag_id, ti.run_id, ti.task_id, ti.try_number), config=config,
-                           num_workers=num_workers, controller=self.controller,
-                           labels=labels | {"try": str(ti.try_number)})
+            name = job_name(ti.dag_id, ti.run_id, ti.task_id, ti.try_number)
+            # The job id names the attempt (worker_env.ATTEMPT_ENV): its records and result.json say it, so
+            # the trigger judges this job on its own, not on an earlier try's in the same run folder.
+            spec = JobSpec(name=name, config=config, num_workers=num_workers, controller=self.controller,
+                           labels=labels | {"try": str(ti.try_number)}, env={ATTEMPT_ENV: name})
             job_id = backend.launch(spec)
             self.log.info("launched %s job %s: %d workers, run folder %s", backend.kind, job_id, num_workers,
                           self.run_uri)
@@ -102,24 +234,26 @@ class HorovodTrainOperator(BaseOperator):
         self.defer(
             trigger=HorovodJobTrigger(backend_kind=backend.kind, backend_kwargs=backend.to_dict(), job_id=job_id,
                                       run_uri=self.run_uri, health=config["health"], conn_id=self.conn_id,
-                                      poll_interval=self.poll_interval, timeout_at=timeout_at),
+                                      poll_interval=self.poll_interval, timeout_at=timeout_at, attempt=job_id),
             method_name="execute_complete",
         )
 
-    def _check_shards(self, config: dict[str, Any], num_workers: int) -> None:
+    def _preflight(self, config: dict[str, Any], num_workers: int, backend: Backend) -> None:
+        """training/preflight.py's check, here for every backend: the manifest is read with this task's
+        connection. A custom model factory is checked only where the job runs in this environment (local):
+        an MPIJob's code is in its image, and its ranks check the factory when they start."""
         from ringflow.operators.connections import open_store_for
+        from ringflow.training.config import JobConfig
         from ringflow.training.manifest import ShardManifest
+        from ringflow.training.preflight import check_job
         from ringflow.training.store import split_uri
 
         parent, name = split_uri(config["manifest_uri"])
         manifest = ShardManifest.from_json(open_store_for(parent, self.conn_id).get_bytes(name))
-        if manifest.num_partitions != num_workers:
-            raise AirflowException(
-                f"the shards at {config['manifest_uri']} have {manifest.num_partitions} partitions but the job "
-                f"asks for {num_workers} workers: shard for {num_workers} workers or set num_workers to "
-                f"{manifest.num_partitions}")
+        check_job(JobConfig.from_dict(config), manifest, num_workers, check_factory=backend.kind == "local")
 
     def execute_complete(self, context, event: dict[str, Any]) -> dict[str, Any]:
+        self.run_uri = self.run_folder(context)
         plot = self._save_health_plot()
         if event.get("status") != "success":
             verdict = event.get("verdict") or {}
@@ -130,34 +264,33 @@ class HorovodTrainOperator(BaseOperator):
                 # fail for good and let a person change the config.
                 raise AirflowFailException(message)
             raise AirflowException(message)
-        result = self._read_result()
-        self.log.info("training succeeded: checkpoint %s, step %s, health %s", result.get("checkpoint"),
-                      result.get("step"), (result.get("verdict") or {}).get("status"))
-        return {"run_uri": self.run_uri, "job_id": event.get("job_id"), "status": result.get("status"),
-                "checkpoint": result.get("checkpoint"), "step": result.get("step"), "loss": result.get("loss"),
-                "verdict": result.get("verdict"), "resumed_from": result.get("resumed_from"), "health_plot": plot}
-
-    def _read_result(self) -> dict[str, Any]:
-        from ringflow.operators.connections import open_store_for
-        from ringflow.training import run_layout
-
-        return json.loads(open_store_for(self.run_uri, self.conn_id).get_bytes(run_layout.RESULT))
+        if not event.get("result"):
+            raise AirflowException(f"{event.get('message')}, but it wrote no result.json for attempt "
+                                   f"{event.get('job_id')} in {self.run_uri}: check the job's log")
+        result = RunResult.from_json(event["result"], f"the result of job {event.get('job_id')}")
+        self.log.info("training succeeded: checkpoint %s, step %s, health %s", result.checkpoint, result.step,
+                      result.verdict.status if result.verdict else None)
+        doc = result.to_dict()
+        return {"run_uri": self.run_uri, "job_id": event.get("job_id"), "status": result.status,
+                "checkpoint": result.checkpoint, "step": result.step, "loss": doc["loss"],
+                "verdict": doc["verdict"], "resumed_from": result.resumed_from, "health_plot": plot}
 
     def _save_health_plot(self) -> str | None:
         import tempfile
 
         from ringflow.operators.connections import open_store_for
-        from ringflow.operators.health_plot import save_health_plot
-        from ringflow.operators.run_health import read_records
         from ringflow.training import run_layout
+        from ringflow.training.health.records import read_health
+        from ringflow.training.runs.health_plot import save_health_plot
 
         try:
-            records = read_records(self.run_uri, self.conn_id)
+            run = open_store_for(self.run_uri, self.conn_id)
+            records = read_health(run)
             if not records:
                 return None
             with tempfile.TemporaryDirectory() as tmp:
                 path = save_health_plot(records, f"{tmp}/{run_layout.HEALTH_PLOT}")
-                open_store_for(self.run_uri, self.conn_id).put_file(run_layout.HEALTH_PLOT, path)
+                run.put_file(run_layout.HEALTH_PLOT, path)
         except Exception as exc:  # noqa: BLE001 - a missing plot must not hide the job's own outcome
             self.log.warning("could not save the health plot: %s", exc)
             return None

@@ -5,10 +5,26 @@ A suite is plain data, so it can live in the DAG file or in a JSON file next to 
     {"name": "digits", "expectations": [
         {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "target"}}, ...]}
 
-The pure part (load_suite, default_suite, run_suite, summarize) needs no Airflow and is tested on
-DataFrames; `ValidateDatasetOperator` only reads the dataset and raises with the summary.
+The pure part (load_suite, validate_dataset, summarize) needs no Airflow and is tested on
+tables; `ValidateDatasetOperator` only opens the dataset and raises with the summary.
 Great Expectations is imported inside the functions: it takes seconds to import, and DAG files
 importing this module are parsed over and over by the scheduler.
+
+Validation streams (`validate_dataset`): the dataset is read one record batch at a time (datasets.BATCH_BYTES),
+so memory does not grow with its size. Each expectation has a scope, reported with every failure:
+
+- every row (exact): GX's column map expectations (`expect_column_values_to_*`: not null, between, in set, in
+  type list, match regex, ...) run on each batch and their counts and first examples are added up; so do
+  ringflow's tensor expectations and the input gate (every feature and the target finite).
+- schema and row count (exact): table expectations about columns run on the first batch (every batch has the
+  same columns); `expect_table_row_count_*` run on the exact row count.
+- sample: everything else (column aggregates such as mean, median, unique value counts, quantiles, and the
+  map expectations that compare rows with each other: uniqueness, increasing/decreasing) runs on a uniform
+  sample of at most SAMPLE_ROWS rows (and SAMPLE_BYTES), the same rows for the same data.
+
+ringflow adds two expectations for tensor-valued columns (GX has none): `expect_column_values_to_be_tensors`
+(`column`, `shape`, optional `dtype`: every value has that shape) and `expect_column_tensor_values_to_be_between`
+(`column`, `min_value`, `max_value`: every element of every value in range).
 """
 from __future__ import annotations
 
@@ -18,19 +34,31 @@ import logging
 import math
 import os
 import pathlib
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
 
-# Numeric dtypes a feature column may have (numpy names, plus pandas' nullable ones).
-NUMERIC_TYPES = [f"int{b}" for b in (8, 16, 32, 64)] + [f"uint{b}" for b in (8, 16, 32, 64)] + [
-    "float16", "float32", "float64", "Int8Dtype", "Int16Dtype", "Int32Dtype", "Int64Dtype",
-    "Float32Dtype", "Float64Dtype"]
+if TYPE_CHECKING:
+    from ringflow.training.input_gate import ColumnProblem
+
 MAX_EXAMPLES = 5
+# The sample aggregate expectations run on: at most this many rows, and this many bytes of them.
+SAMPLE_ROWS = 100_000
+SAMPLE_BYTES = 64 * 2**20
+_SAMPLE_SEED = 0
+EVERY_ROW, SCHEMA, ROW_COUNT, SAMPLE = "every row", "schema", "row count", "sample"
+ROW_COUNT_EXPECTATIONS = ("expect_table_row_count_to_be_between", "expect_table_row_count_to_equal")
+TENSOR_SHAPE, TENSOR_RANGE = "expect_column_values_to_be_tensors", "expect_column_tensor_values_to_be_between"
+RINGFLOW_EXPECTATIONS = (TENSOR_SHAPE, TENSOR_RANGE)
+# Map expectations that compare rows with other rows: per batch they would miss what spans batches.
+NOT_ROW_LOCAL = ("expect_column_values_to_be_unique", "expect_compound_columns_to_be_unique",
+                 "expect_multicolumn_values_to_be_unique", "expect_column_values_to_be_increasing",
+                 "expect_column_values_to_be_decreasing")
 EXPECTATIONS_URL = "https://greatexpectations.io/expectations/"
 
 
@@ -47,34 +75,6 @@ class DataValidationError(AirflowException):
 
 
 # -- suites --------------------------------------------------------------------------------------
-
-def default_suite(target: str, features: Sequence[str], *, target_values: Sequence[Any] | None = None,
-                  target_range: tuple[float | None, float | None] | None = None,
-                  feature_range: tuple[float | None, float | None] | Mapping[str, tuple] | None = None,
-                  name: str = "ringflow-default") -> dict[str, Any]:
-    """The checks every training dataset needs: rows present, no nulls, numeric features (within
-    `feature_range`: one (min, max) for all, or per feature), and a target in `target_values` or
-    `target_range`. Returns the JSON-file form, `{"name": ..., "expectations": [...]}`."""
-    def exp(type_: str, **kwargs: Any) -> dict[str, Any]:
-        return {"type": type_, "kwargs": kwargs}
-
-    exps = [exp("expect_table_row_count_to_be_between", min_value=1)]
-    for column in [target, *features]:
-        exps.append(exp("expect_column_to_exist", column=column))
-        exps.append(exp("expect_column_values_to_not_be_null", column=column))
-    if target_values is not None:
-        exps.append(exp("expect_column_values_to_be_in_set", column=target, value_set=list(target_values)))
-    if target_range is not None:
-        exps.append(exp("expect_column_values_to_be_between", column=target,
-                        min_value=target_range[0], max_value=target_range[1]))
-    for column in features:
-        exps.append(exp("expect_column_values_to_be_in_type_list", column=column, type_list=NUMERIC_TYPES))
-        bounds = feature_range.get(column) if isinstance(feature_range, Mapping) else feature_range
-        if bounds is not None:
-            exps.append(exp("expect_column_values_to_be_between", column=column,
-                            min_value=bounds[0], max_value=bounds[1]))
-    return {"name": name, "expectations": exps}
-
 
 def load_suite(spec: Sequence[Mapping] | Mapping | str | os.PathLike, base_dir: str | None = None,
                name: str = "ringflow-suite") -> dict[str, Any]:
@@ -116,6 +116,9 @@ def _build_suite(gx: Any, suite: Mapping[str, Any]) -> Any:
 
     built = []
     for i, e in enumerate(suite["expectations"]):
+        if e["type"] in RINGFLOW_EXPECTATIONS:
+            _check_ringflow_expectation(i, suite["name"], e)
+            continue
         try:
             built.append(ExpectationConfiguration(type=e["type"], kwargs=e["kwargs"], meta=e.get("meta")).to_domain_obj())
         except Exception as exc:  # unknown type (ExpectationNotFoundError) or bad kwargs (pydantic)
@@ -126,9 +129,17 @@ def _build_suite(gx: Any, suite: Mapping[str, Any]) -> Any:
     return gx.ExpectationSuite(name=suite["name"], expectations=built)
 
 
-def run_suite(df: pd.DataFrame, suite: Mapping[str, Any]) -> Any:
-    """Validate `df` with Great Expectations in an ephemeral (in-memory, nothing written) context.
-    Returns GX's ExpectationSuiteValidationResult."""
+def _check_ringflow_expectation(i: int, name: str, e: Mapping[str, Any]) -> None:
+    kwargs = e["kwargs"]
+    needs = {TENSOR_SHAPE: ("column", "shape"), TENSOR_RANGE: ("column",)}[e["type"]]
+    missing = [k for k in needs if k not in kwargs]
+    if missing or (e["type"] == TENSOR_SHAPE and not isinstance(kwargs.get("shape"), Sequence)):
+        raise SuiteError(f"expectation #{i} of suite {name!r} ({e['type']}, kwargs {dict(kwargs)}) needs "
+                         f"{list(needs)}; e.g. {{\"column\": \"image\", \"shape\": [1, 8, 8], \"dtype\": \"float32\"}}")
+
+
+def _context() -> tuple[Any, Any]:
+    """An ephemeral (in-memory, nothing written) GX context and a pandas batch definition in it."""
     import great_expectations as gx
     from great_expectations.data_context.types.base import (DataContextConfig, InMemoryStoreBackendDefaults,
                                                             ProgressBarsConfig)
@@ -143,10 +154,20 @@ def run_suite(df: pd.DataFrame, suite: Mapping[str, Any]) -> Any:
     batch_definition = (context.data_sources.add_pandas(name="ringflow")
                         .add_dataframe_asset(name="dataset")
                         .add_batch_definition_whole_dataframe("whole"))
+    return context, batch_definition
+
+
+_RESULT_FORMAT = {"result_format": "SUMMARY", "partial_unexpected_count": MAX_EXAMPLES}
+
+
+def run_suite(df: pd.DataFrame, suite: Mapping[str, Any]) -> Any:
+    """Validate one in-memory DataFrame with Great Expectations (GX expectations only). Returns GX's
+    ExpectationSuiteValidationResult; validate_dataset is the streaming path the operator takes."""
+    import great_expectations as gx
+
+    context, batch_definition = _context()
     gx_suite = context.suites.add(_build_suite(gx, suite))
-    batch = batch_definition.get_batch(batch_parameters={"dataframe": df})
-    return batch.validate(gx_suite, result_format={"result_format": "SUMMARY",
-                                                   "partial_unexpected_count": MAX_EXAMPLES})
+    return batch_definition.get_batch(batch_parameters={"dataframe": df}).validate(gx_suite, result_format=_RESULT_FORMAT)
 
 
 # -- summaries -----------------------------------------------------------------------------------
@@ -161,10 +182,14 @@ class Failure:
     example_rows: list[Any] = dataclasses.field(default_factory=list)
     observed: Any = None
     error: str | None = None  # the expectation could not run (e.g. the column does not exist)
+    scope: str = EVERY_ROW  # what it was checked on: every row, the schema, the row count, or a sample
+    sample_rows: int = 0
 
     def describe(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items() if k != "type_list")
         head = f"{self.expectation}({args})"
+        if self.scope == SAMPLE:
+            head += f" [on a sample of {self.sample_rows} rows]"
         if self.error:
             return f"{head}: could not be checked: {self.error}"
         if self.unexpected_count is not None:
@@ -185,15 +210,27 @@ class ValidationSummary:
     columns: int
     evaluated: int
     failures: list[Failure]
+    # Feature and target columns training cannot use (ringflow.training.input_gate), whatever the suite says.
+    untrainable: tuple[ColumnProblem, ...] = ()
+    # Expectation types by scope (EVERY_ROW, SCHEMA, ROW_COUNT, SAMPLE), and the sample's size.
+    scopes: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    sample_rows: int = 0
 
     @property
     def success(self) -> bool:
-        return not self.failures
+        return not self.failures and not self.untrainable
 
     def message(self, dataset: str) -> str:
-        lines = [f"dataset {dataset} ({self.rows} rows, {self.columns} columns) failed "
-                 f"{len(self.failures)} of {self.evaluated} expectations of suite {self.suite!r}:"]
-        lines += [f"  - {f.describe()}" for f in self.failures]
+        head = f"dataset {dataset} ({self.rows} rows, {self.columns} columns)"
+        if self.failures:
+            lines = [f"{head} failed {len(self.failures)} of {self.evaluated} expectations of suite {self.suite!r}:"]
+            lines += [f"  - {f.describe()}" for f in self.failures]
+        else:
+            lines = [f"{head} passed all {self.evaluated} expectations of suite {self.suite!r}, but:"]
+        if self.untrainable:
+            lines.append(f"{len(self.untrainable)} feature/target column(s) hold values training cannot use "
+                         f"(every feature and the target must be a finite number, whatever the suite says):")
+            lines += [f"  - {p.describe()}" for p in self.untrainable]
         lines.append("Fix the data at its source (or the expectation, if it is the one that is wrong) "
                      "and clear this task to rerun it.")
         return "\n".join(lines)
@@ -201,83 +238,290 @@ class ValidationSummary:
 
 def _plain(value: Any) -> Any:
     """Examples as readable JSON-able values: NaN shows as null, numpy scalars as Python ones."""
-    if hasattr(value, "item"):
+    if hasattr(value, "item") and getattr(value, "size", 1) == 1:
         value = value.item()
     if isinstance(value, float) and math.isnan(value):
         return None
     return value
 
 
-def summarize(result: Any, suite_name: str, df: pd.DataFrame) -> ValidationSummary:
-    failures = []
+@dataclasses.dataclass
+class _Outcome:
+    """One expectation's result, added up over batches."""
+
+    expectation: str
+    kwargs: dict[str, Any]
+    success: bool = True
+    elements: int = 0
+    missing: int = 0
+    unexpected: int | None = None
+    examples: list[tuple[Any, Any]] = dataclasses.field(default_factory=list)  # (value, row)
+    observed: Any = None
+    error: str | None = None
+
+    def add(self, success: bool, details: Mapping[str, Any], error: str | None) -> None:
+        if error and self.error is None:
+            self.error = error
+        if details.get("unexpected_count") is not None:
+            self.unexpected = (self.unexpected or 0) + int(details["unexpected_count"])
+            self.elements += int(details.get("element_count") or 0)
+            self.missing += int(details.get("missing_count") or 0)
+            values = list(details.get("partial_unexpected_list") or [])
+            rows = list(details.get("partial_unexpected_index_list") or [None] * len(values))
+            for value, row in zip(values, rows):
+                if len(self.examples) < MAX_EXAMPLES:
+                    self.examples.append((_plain(value), _plain(row)))
+        elif not success and self.observed is None:
+            self.observed = _plain(details.get("observed_value"))
+        self.success = self.success and success
+
+    def passed(self) -> bool:
+        if self.error:
+            return False
+        if self.unexpected is None:
+            return self.success
+        mostly = float(self.kwargs.get("mostly", 1.0) or 1.0)
+        checked = self.elements - self.missing
+        return self.unexpected == 0 or (checked > 0 and 1 - self.unexpected / checked >= mostly)
+
+    def failure(self, scope: str, sample_rows: int) -> Failure:
+        checked = self.elements - self.missing
+        percent = 100 * self.unexpected / checked if self.unexpected is not None and checked else None
+        return Failure(expectation=self.expectation, kwargs=self.kwargs, unexpected_count=self.unexpected,
+                       unexpected_percent=percent if self.unexpected is not None else None,
+                       examples=[v for v, _ in self.examples],
+                       example_rows=[r for _, r in self.examples if r is not None],
+                       observed=self.observed, error=self.error, scope=scope, sample_rows=sample_rows)
+
+
+def _key(expectation: str, kwargs: Mapping[str, Any]) -> str:
+    return json.dumps([expectation, {k: v for k, v in kwargs.items() if k != "batch_id"}], sort_keys=True,
+                      default=str)
+
+
+def _add_gx_results(outcomes: dict[str, _Outcome], result: Any) -> None:
     for r in result.results:
-        if r.success:
-            continue
         config, details, exc = r.expectation_config, r.result or {}, r.exception_info or {}
+        kwargs = {k: v for k, v in config.kwargs.items() if k != "batch_id"}
         # exception_info is either one dict or a dict of them keyed by metric.
         errors = [exc] if "raised_exception" in exc else list(exc.values())
         error = next((e.get("exception_message") for e in errors if isinstance(e, dict) and e.get("raised_exception")), None)
-        failures.append(Failure(
-            expectation=config.type,
-            kwargs={k: v for k, v in config.kwargs.items() if k != "batch_id"},
-            unexpected_count=details.get("unexpected_count"),
-            unexpected_percent=details.get("unexpected_percent"),
-            examples=[_plain(v) for v in details.get("partial_unexpected_list", [])[:MAX_EXAMPLES]],
-            example_rows=[_plain(v) for v in details.get("partial_unexpected_index_list", [])[:MAX_EXAMPLES]],
-            observed=_plain(details.get("observed_value")),
-            error=error,
-        ))
-    failures.sort(key=lambda f: (f.expectation, json.dumps(f.kwargs, sort_keys=True, default=str)))
+        outcome = outcomes.setdefault(_key(config.type, kwargs), _Outcome(config.type, kwargs))
+        outcome.add(bool(r.success), details, error)
+
+
+def summarize(result: Any, suite_name: str, df: pd.DataFrame, target: str | None = None,
+              features: Sequence[str] | None = None) -> ValidationSummary:
+    """GX's result on one in-memory DataFrame as a ValidationSummary. With `target`, the feature and target
+    columns (as sharding picks them: `features`, else every other column) are also checked to hold finite
+    numbers (input_gate)."""
+    from ringflow.training.input_gate import find_problems
+
+    outcomes: dict[str, _Outcome] = {}
+    _add_gx_results(outcomes, result)
+    failures = _failures(outcomes, {}, 0)
+    untrainable = tuple(find_problems(df, target, features)) if target is not None else ()
     return ValidationSummary(suite=suite_name, rows=len(df), columns=len(df.columns),
-                             evaluated=len(result.results), failures=failures)
+                             evaluated=len(result.results), failures=failures, untrainable=untrainable)
+
+
+def _failures(outcomes: Mapping[str, _Outcome], scope_of: Mapping[str, str], sample_rows: int) -> list[Failure]:
+    failures = [o.failure(scope_of.get(o.expectation, EVERY_ROW), sample_rows)
+                for o in outcomes.values() if not o.passed()]
+    failures.sort(key=lambda f: (f.expectation, json.dumps(f.kwargs, sort_keys=True, default=str)))
+    return failures
+
+
+# -- streaming validation ------------------------------------------------------------------------
+
+def expectation_scope(expectation_type: str) -> str:
+    """What an expectation is checked on when the data streams: EVERY_ROW, SCHEMA, ROW_COUNT or SAMPLE."""
+    if expectation_type in RINGFLOW_EXPECTATIONS:
+        return SCHEMA if expectation_type == TENSOR_SHAPE else EVERY_ROW
+    if expectation_type in ROW_COUNT_EXPECTATIONS:
+        return ROW_COUNT
+    if expectation_type in NOT_ROW_LOCAL:
+        return SAMPLE
+    from great_expectations.expectations.expectation import (
+        BatchExpectation, ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation)
+    from great_expectations.expectations.registry import get_expectation_impl
+
+    impl = get_expectation_impl(expectation_type)
+    if issubclass(impl, (ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation)):
+        return EVERY_ROW
+    if issubclass(impl, BatchExpectation) and (expectation_type == "expect_column_to_exist"
+                                               or expectation_type.startswith("expect_table_column")):
+        return SCHEMA
+    return SAMPLE
+
+
+def _row_count_passes(expectation_type: str, kwargs: Mapping[str, Any], rows: int) -> bool:
+    """GX's row-count expectations, on the exact count (their kwargs as GX documents them)."""
+    if expectation_type == "expect_table_row_count_to_equal":
+        return rows == kwargs["value"]
+    low, high = kwargs.get("min_value"), kwargs.get("max_value")
+    if low is not None and (rows <= low if kwargs.get("strict_min") else rows < low):
+        return False
+    return high is None or (rows < high if kwargs.get("strict_max") else rows <= high)
+
+
+def _tensor_outcome(outcome: _Outcome, batch: Any, offset: int) -> None:
+    """ringflow's tensor expectations on one Arrow record batch."""
+    from ringflow.training.datasets import column_shape, tensor_matrix
+
+    kwargs, column = outcome.kwargs, outcome.kwargs["column"]
+    if column not in batch.schema.names:
+        outcome.add(False, {}, f"column {column!r} is not in the dataset; columns are {batch.schema.names}")
+        return
+    shape, element = column_shape(batch.schema.field(column).type)
+    if outcome.expectation == TENSOR_SHAPE:
+        try:
+            dtype = np.dtype(element.to_pandas_dtype()).name  # numpy's names, as in the manifest: float32
+        except (NotImplementedError, TypeError):
+            dtype = str(element)
+        want_dtype = kwargs.get("dtype")
+        ok = list(shape) == list(kwargs["shape"]) and (want_dtype is None or dtype == want_dtype)
+        outcome.add(ok, {"observed_value": {"shape": list(shape), "dtype": dtype}}, None)
+        return
+    values, row_null = tensor_matrix(batch.column(column), np.float64)
+    low, high = kwargs.get("min_value"), kwargs.get("max_value")
+    with np.errstate(invalid="ignore"):
+        bad = np.zeros(values.shape, dtype=bool)
+        if low is not None:
+            bad |= values < low
+        if high is not None:
+            bad |= values > high
+    bad_rows = np.flatnonzero(bad.any(axis=1) & ~row_null)
+    first = np.argmax(bad[bad_rows], axis=1) if len(bad_rows) else []
+    outcome.add(not len(bad_rows), {
+        "unexpected_count": len(bad_rows), "element_count": len(values), "missing_count": int(row_null.sum()),
+        "partial_unexpected_list": [values[r, c] for r, c in zip(bad_rows[:MAX_EXAMPLES], first[:MAX_EXAMPLES])],
+        "partial_unexpected_index_list": [offset + int(r) for r in bad_rows[:MAX_EXAMPLES]]}, None)
+
+
+def validate_dataset(dataset: Any, suite: Mapping[str, Any], target: str | None = None,
+                     features: Sequence[str] | None = None, batch_rows: int | None = None) -> ValidationSummary:
+    """Run `suite` (load_suite's form) over a datasets.Dataset, a batch at a time (see the module docstring
+    for which expectations see every row). With `target`, the input gate streams along."""
+    import great_expectations as gx
+
+    from ringflow.training.datasets import as_dataset, row_bytes
+    from ringflow.training.input_gate import InputGate
+    from ringflow.training.sharding import shuffled_positions
+
+    dataset = as_dataset(dataset)
+    exps = suite["expectations"]
+    _build_suite(gx, suite)  # every expectation is checked (and a bad one named) before any data is read
+    scope_of = {e["type"]: expectation_scope(e["type"]) for e in exps}
+    by_scope = {scope: [e for e in exps if scope_of[e["type"]] == scope] for scope in (EVERY_ROW, SCHEMA, ROW_COUNT, SAMPLE)}
+    context, batch_definition = _context()
+
+    def gx_suite(name: str, entries: list) -> Any:
+        gx_entries = [e for e in entries if e["type"] not in RINGFLOW_EXPECTATIONS]
+        return context.suites.add(_build_suite(gx, {"name": f"{suite['name']}/{name}", "expectations": gx_entries})) \
+            if gx_entries else None
+
+    stream_suite, schema_suite = gx_suite("stream", by_scope[EVERY_ROW]), gx_suite("schema", by_scope[SCHEMA])
+    sample_suite = gx_suite("sample", by_scope[SAMPLE])
+    ringflow = [e for e in exps if e["type"] in RINGFLOW_EXPECTATIONS]
+    outcomes: dict[str, _Outcome] = {}
+    for e in exps:  # in suite order, so a report lists them as written
+        outcomes.setdefault(_key(e["type"], e["kwargs"]), _Outcome(e["type"], dict(e["kwargs"])))
+
+    def run(gx_suite_: Any, frame: pd.DataFrame) -> None:
+        if gx_suite_ is not None:
+            _add_gx_results(outcomes, batch_definition.get_batch(batch_parameters={"dataframe": frame})
+                            .validate(gx_suite_, result_format=_RESULT_FORMAT))
+
+    rows = dataset.num_rows
+    sample_size = min(SAMPLE_ROWS, max(1, SAMPLE_BYTES // row_bytes(dataset.schema))) if sample_suite else 0
+    sample: list = []
+    gate = InputGate(dataset.columns, target, features) if target is not None else None
+    offset = 0
+    for batch in dataset.batches(batch_rows=batch_rows):
+        frame = batch.to_pandas()
+        frame.index = pd.RangeIndex(offset, offset + batch.num_rows)  # examples name rows of the whole table
+        if offset == 0:
+            run(schema_suite, frame)
+        run(stream_suite, frame)
+        for e in ringflow:
+            if e["type"] == TENSOR_RANGE or offset == 0:
+                _tensor_outcome(outcomes[_key(e["type"], e["kwargs"])], batch, offset)
+        if gate is not None:
+            gate.add(batch)
+        if sample_size:  # the rows whose place in the seeded permutation is among the first sample_size
+            keep = shuffled_positions(np.arange(offset, offset + batch.num_rows), rows, _SAMPLE_SEED) < sample_size
+            sample.append(batch.filter(keep))
+        offset += batch.num_rows
+    if offset == 0:  # no rows at all: the schema checks still run
+        empty = dataset.schema.empty_table()
+        run(schema_suite, empty.to_pandas())
+        run(stream_suite, empty.to_pandas())
+    # The row count is exact, and judged here: GX would build per-row structures even for an empty frame.
+    for e in by_scope[ROW_COUNT]:
+        outcomes[_key(e["type"], e["kwargs"])].add(_row_count_passes(e["type"], e["kwargs"], rows),
+                                                   {"observed_value": rows}, None)
+    if sample_suite is not None:
+        import pyarrow as pa
+
+        table = pa.Table.from_batches(sample, schema=dataset.schema) if sample else dataset.schema.empty_table()
+        run(sample_suite, table.to_pandas())
+    untrainable = tuple(gate.problems()) if gate is not None else ()
+    sample_rows = min(sample_size, rows)
+    return ValidationSummary(suite=suite["name"], rows=rows, columns=len(dataset.columns), evaluated=len(exps),
+                             failures=_failures(outcomes, scope_of, sample_rows), untrainable=untrainable,
+                             scopes={scope: tuple(e["type"] for e in entries) for scope, entries in by_scope.items()},
+                             sample_rows=sample_rows)
 
 
 # -- the operator --------------------------------------------------------------------------------
 
-def read_dataset(uri: str, conn_id: str | None = DEFAULT_CONN_ID) -> pd.DataFrame:
-    """`builtin:<name>`, or a .parquet/.csv file by path, file:// or s3:// URI (S3 through `conn_id`)."""
-    from ringflow.training.datasets import check_table_name, parse_table, read_table
-    from ringflow.training.store import split_uri
-
-    if uri.startswith("builtin:"):
-        return read_table(uri)
-    # Through the connection, not read_table's environment: in a task S3 settings come from Airflow.
-    check_table_name(uri)
-    parent, name = split_uri(uri)
-    return parse_table(name, open_store_for(parent, conn_id).get_bytes(name))
-
-
 class ValidateDatasetOperator(BaseOperator):
-    """Fail the task with an actionable summary if `dataset_uri` breaks the suite; write nothing.
+    """Fail the task with an actionable summary if `dataset_uri` breaks the suite, or if its feature and
+    target columns hold anything but finite numbers (checked whatever the suite says: training cannot use
+    it); write nothing. The dataset streams through (see validate_dataset): memory does not grow with it.
 
     suite: a list of expectation configs, a `{"name", "expectations"}` dict, or the path of a JSON
     file with that dict (relative to the DAG file's folder).
-    Returns (XCom) `{"dataset", "rows", "columns", "suite", "expectations"}`.
+    target: the target column; every other column (or `features`, when given) is a feature, as in sharding.
+    Returns (XCom) `{"dataset", "rows", "columns", "suite", "expectations", "sampled", "sample_rows"}`:
+    `sampled` lists the expectations checked on a sample rather than on every row.
     """
 
-    template_fields: Sequence[str] = ("dataset_uri", "conn_id")
+    template_fields: Sequence[str] = ("dataset_uri", "conn_id", "target")
 
     def __init__(self, *, dataset_uri: str, suite: Sequence[Mapping] | Mapping | str | os.PathLike,
-                 conn_id: str | None = DEFAULT_CONN_ID, **kwargs: Any) -> None:
+                 conn_id: str | None = DEFAULT_CONN_ID, target: str = "target",
+                 features: Sequence[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dataset_uri = dataset_uri
         self.suite = suite
         self.conn_id = conn_id
+        self.target, self.features = target, features
 
     def _dag_folder(self) -> str | None:
         fileloc = getattr(self.dag, "fileloc", None) if self.has_dag() else None
         return os.path.dirname(fileloc) if fileloc else None
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from ringflow.training.datasets import open_dataset
+
         suite = load_suite(self.suite, base_dir=self._dag_folder())
-        df = read_dataset(self.dataset_uri, self.conn_id)
-        self.log.info("validating %s (%d rows, %d columns) with suite %r (%d expectations)",
-                      self.dataset_uri, len(df), len(df.columns), suite["name"], len(suite["expectations"]))
-        summary = summarize(run_suite(df, suite), suite["name"], df)
+        # Through the connection, not the environment: in a task S3 settings come from Airflow.
+        with open_dataset(self.dataset_uri, lambda parent: open_store_for(parent, self.conn_id)) as dataset:
+            self.log.info("validating %s (%d rows, %d columns, streamed) with suite %r (%d expectations)",
+                          self.dataset_uri, dataset.num_rows, len(dataset.columns), suite["name"],
+                          len(suite["expectations"]))
+            summary = validate_dataset(dataset, suite, target=self.target, features=self.features)
+        sampled = list(summary.scopes.get(SAMPLE, ()))
+        if sampled:
+            self.log.info("checked on a sample of %d rows: %s; every other expectation saw every row",
+                          summary.sample_rows, sampled)
         if not summary.success:
             message = summary.message(self.dataset_uri)
             self.log.error("%s", message)
             raise DataValidationError(message, summary)
         self.log.info("all %d expectations of suite %r passed", summary.evaluated, summary.suite)
         return {"dataset": self.dataset_uri, "rows": summary.rows, "columns": summary.columns,
-                "suite": summary.suite, "expectations": summary.evaluated}
+                "suite": summary.suite, "expectations": summary.evaluated, "sampled": sampled,
+                "sample_rows": summary.sample_rows}

@@ -8,7 +8,10 @@
 #   scripts/run-pipeline.sh '{"epochs": 10}'    a run conf (the DAG's Params: see dags/ringflow_retrain.py)
 #
 # Environment: AIRFLOW_HOME (default ./.airflow), RINGFLOW_STORE (default $AIRFLOW_HOME/ringflow-data),
-# RINGFLOW_VENV (default ./.venv). Exits non-zero unless the DAG run succeeded.
+# RINGFLOW_VENV (default ./.venv). Exits non-zero unless the DAG run succeeded and the model has a
+# production pointer. An s3:// store needs the Airflow connection ringflow_s3, e.g.
+#   RINGFLOW_STORE=s3://ringflow/prod AIRFLOW_CONN_RINGFLOW_S3='{"conn_type": "aws", "login": "<access key>",
+#     "password": "<secret key>", "extra": {"endpoint_url": "http://127.0.0.1:9000"}}' scripts/run-pipeline.sh
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -43,7 +46,7 @@ started=$(date -u +%Y-%m-%dT%H:%M:%S)
 set +e
 # The task log is long; show the lines that say what each step did.
 "$airflow" dags test "$dag_id" --conf "$conf" 2>&1 | tee -a "$log" \
-  | grep --line-buffered -E "validating |expectations of suite|sharding |wrote [0-9]+ partitions|did not fill|already at|launched .* job|\[ringflow\] (step=|done|resuming|health verdict)|training succeeded|health plot saved|held-out rows|production is now|not promoting|Task failed|Invalid input for param|DagRun Finished" \
+  | grep --line-buffered -E "validating |expectations of suite|sharding |wrote [0-9]+ partitions|did not fill|already at|launched .* job|\[ringflow\] (step=|done|resuming|health verdict)|training succeeded|health plot saved|held-out rows|production is now|not promoting|Task failed|retrying in|Invalid input for param|DagRun Finished" \
   | sed -E 's/^[0-9TZ:.-]+ +\[[a-z]+ *\] +//; s/ +\[[a-zA-Z_.]+\]( loc=[^ ]+)?.*$//;
            s/^DagRun Finished: .*run_duration=([0-9.]+), state=([a-z_]+).*/DAG run finished: \2 after \1 s/'
 set -e
@@ -72,21 +75,23 @@ if [ "$state" != "success" ]; then
 fi
 
 model=$("$python" -c 'import json,sys; print(json.loads(sys.argv[1]).get("model_name", "digits-mlp"))' "$conf")
-pointer="$RINGFLOW_STORE/models/$model/production.json"
-case "$RINGFLOW_STORE" in
-  s3://*) echo "[pipeline] succeeded: model '$model' is promoted; pointer: $pointer"; exit 0 ;;
-esac
-if [ ! -f "$pointer" ]; then
-  echo "[pipeline] the run succeeded but model '$model' has no production pointer at $pointer" >&2
-  exit 1
-fi
-"$python" - "$pointer" "$RINGFLOW_STORE" "$model" <<'PY'
-import json, sys
-pointer, store, model = sys.argv[1:]
-doc = json.load(open(pointer))
-metrics = ", ".join(f"{k}={v:.4g}" for k, v in doc.get("metrics", {}).items())
-print(f"[pipeline] succeeded: model '{model}' version {doc['version']} is in production ({metrics})")
-print(f"[pipeline]   pointer: {pointer}")
-print(f"[pipeline]   files:   {store}/models/{model}/v{doc['version']}/")
-print(f"[pipeline]   run:     {doc['source_run']} (health.png, eval.json, result.json)")
+# The pointer is read the way the tasks read the store: a folder as is, s3:// with the credentials of the
+# Airflow connection ringflow_s3 (the same one the run used), so an S3 run is checked too.
+"$python" - "$RINGFLOW_STORE" "$model" <<'PY'
+import sys
+from ringflow.operators.connections import open_store_for
+from ringflow.training.registry.model_registry import ModelRegistry
+from ringflow.training.runs import store_layout
+
+store, model = sys.argv[1:]
+pointer = ModelRegistry(open_store_for(store)).production(model)
+where = store_layout.production_pointer_uri(store, model)
+if pointer is None:
+    print(f"[pipeline] the run succeeded but model '{model}' has no production pointer at {where}", file=sys.stderr)
+    sys.exit(1)
+metrics = ", ".join(f"{k}={v:.4g}" for k, v in pointer.metrics.items())
+print(f"[pipeline] succeeded: model '{model}' version {pointer.version} is in production ({metrics})")
+print(f"[pipeline]   pointer: {where}")
+print(f"[pipeline]   files:   {where.rsplit('/', 1)[0]}/v{pointer.version}/")
+print(f"[pipeline]   run:     {pointer.run_uri} (health.png, eval.json, result.json)")
 PY

@@ -23,6 +23,9 @@ if ! command -v mpirun >/dev/null || ! command -v mpicxx >/dev/null || ! command
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openmpi-bin libopenmpi-dev cmake g++ >/dev/null
 fi
+# buildah, debootstrap, iproute2: tests/multihost builds the training image and runs an MPIJob across
+# network-namespace hosts made of it.
+"$root"/scripts/setup-multihost.sh
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "[setup] creating $venv"

@@ -157,10 +157,10 @@ def object_store(request, tmp_path):
         from ringflow.training.store import LocalFolderStore
 
         return LocalFolderStore(tmp_path / "store")
-    from ringflow.training.store import MinioStore
+    from ringflow.training.store import S3Store
 
     server = request.getfixturevalue("s3_server")
-    return MinioStore.from_settings(server.new_bucket(), "run-1", server.settings())
+    return S3Store.from_settings(server.new_bucket(), "run-1", server.settings())
 
 
 @pytest.fixture(scope="session")

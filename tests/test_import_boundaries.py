@@ -1,5 +1,6 @@
-"""The package boundaries the layout promises: training/ never imports Airflow; operators/ never imports
-torch or horovod at import time; both install under the `ringflow` namespace only."""
+"""The package boundaries the layout promises: training/ (the engine and the platform core: runs, registry,
+backends) never imports Airflow or the Airflow adapters (ringflow.operators); the core and operators/ never
+import torch or horovod at import time; everything installs under the `ringflow` namespace only."""
 import pkgutil
 import subprocess
 import sys
@@ -10,6 +11,9 @@ import pytest
 
 import ringflow.operators
 import ringflow.training
+import ringflow.training.backends
+import ringflow.training.registry
+import ringflow.training.runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,6 +35,24 @@ def test_training_never_imports_airflow():
     assert imported_after(modules(ringflow.training), ("airflow",)) == []
 
 
+def test_training_never_imports_the_airflow_adapters():
+    code = ("import importlib, sys\n"
+            f"for name in {modules(ringflow.training)!r}: importlib.import_module(name)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('ringflow.operators')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+CORE = (ringflow.training.runs, ringflow.training.registry, ringflow.training.backends)
+
+
+@pytest.mark.parametrize("package", CORE, ids=lambda p: p.__name__)
+def test_the_core_never_imports_airflow_torch_or_horovod_at_import_time(package):
+    """The CLI and the operators both use the core: it must import without either side's heavy stack."""
+    assert imported_after(modules(package), ("airflow", "torch", "horovod")) == []
+
+
 def test_operators_never_import_torch_or_horovod_at_import_time():
     assert imported_after(modules(ringflow.operators), ("torch", "horovod")) == []
 
@@ -44,4 +66,5 @@ def test_wheel_installs_only_under_ringflow(tmp_path):
     assert tops == {"ringflow", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
     names = zipfile.ZipFile(wheel).namelist()
     assert "ringflow/training/worker.py" in names and "ringflow/operators/train.py" in names
-    assert "ringflow/operators/kubernetes/backend.py" in names
+    assert "ringflow/training/backends/kubernetes/backend.py" in names
+    assert {"ringflow/training/runs/store_layout.py", "ringflow/training/registry/model_registry.py"} <= set(names)

@@ -73,15 +73,12 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-    """Where the run lives (checkpoints/, health.jsonl, result.json) and how often rank 0 writes."""
+    """How often rank 0 writes a checkpoint (under the run folder's checkpoints/) and how many it keeps."""
 
-    uri: str
     every_steps: int = 50
     keep_last: int = 3
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.uri, str) and bool(self.uri), "checkpoint.uri", "is missing",
-                 "give a folder path, file:// or s3://bucket/prefix URI for the run")
         _positive_int(self, "every_steps", "checkpoint.every_steps")
         _positive_int(self, "keep_last", "checkpoint.keep_last")
 
@@ -108,8 +105,20 @@ class HealthConfig:
     # (bench/results/health_overhead-every-step.md).
     nonfinite_every_step: bool = False
     # False turns off the per-step measurements (gradient norm, NaN/Inf, allgathers, checksums); the
-    # stall watchdog stays, since it costs nothing while steps complete.
+    # stall watchdog and the heartbeat stay, since they cost nothing while steps complete.
     enabled: bool = True
+    # How often rank 0 rewrites heartbeat.json (its last completed step and when), whatever the two
+    # settings above say: the watcher outside the job judges a stall on it. None: heartbeat_interval().
+    heartbeat_seconds: float | None = None
+
+    # Below a quarter of stall_seconds a late heartbeat write cannot make a live job look stalled; above
+    # 10 s it only costs writes (one small object per interval).
+    MAX_DEFAULT_HEARTBEAT_SECONDS = 10.0
+
+    def heartbeat_interval(self) -> float:
+        if self.heartbeat_seconds is not None:
+            return float(self.heartbeat_seconds)
+        return min(self.stall_seconds / 4, self.MAX_DEFAULT_HEARTBEAT_SECONDS)
 
     def __post_init__(self) -> None:
         for name in ("every_steps", "checksum_every_steps", "window_steps"):
@@ -127,6 +136,12 @@ class HealthConfig:
         _require(isinstance(self.nonfinite_every_step, bool), "health.nonfinite_every_step",
                  f"is {self.nonfinite_every_step!r}", "use true or false")
         _require(isinstance(self.enabled, bool), "health.enabled", f"is {self.enabled!r}", "use true or false")
+        if self.heartbeat_seconds is not None:
+            _positive_number(self, "heartbeat_seconds", "health.heartbeat_seconds")
+            _require(self.heartbeat_seconds <= self.stall_seconds / 2, "health.heartbeat_seconds",
+                     f"is {self.heartbeat_seconds!r}, not well under stall_seconds ({self.stall_seconds!r})",
+                     f"use at most {self.stall_seconds / 2:g} (half of stall_seconds), or leave it out for "
+                     f"{min(self.stall_seconds / 4, self.MAX_DEFAULT_HEARTBEAT_SECONDS):g}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +182,21 @@ class HorovodConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DdpConfig:
+    """PyTorch DistributedDataParallel knobs (engine "ddp")."""
+
+    # DDP all-reduces gradients in buckets of this size as backward fills them: the bandwidth knob, like
+    # Horovod's fusion threshold. 25 MB is torch's own default.
+    bucket_cap_mb: float = 25.0
+    # Backward passes whose gradients add up (under DDP's no_sync) before one all-reduce and optimizer step.
+    backward_passes_per_step: int = 1
+
+    def __post_init__(self) -> None:
+        _positive_number(self, "bucket_cap_mb", "ddp.bucket_cap_mb")
+        _positive_int(self, "backward_passes_per_step", "ddp.backward_passes_per_step")
+
+
+@dataclasses.dataclass(frozen=True)
 class FaultConfig:
     """Fault injection for tests only: each fault fires on `rank` once `step` is reached."""
 
@@ -185,12 +215,16 @@ class FaultConfig:
 
 
 OPTIMIZERS = ("sgd", "adam")
+# The data-parallel engines (training/engines/): Horovod under horovodrun/mpirun, PyTorch DDP under torchrun.
+ENGINES = ("horovod", "ddp")
+DEFAULT_ENGINE = "horovod"
 
 
 @dataclasses.dataclass(frozen=True)
 class JobConfig:
     manifest_uri: str
-    checkpoint: CheckpointConfig
+    run_uri: str  # the run folder: checkpoints/, health.jsonl, result.json (run_layout.py)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     epochs: int = 5
     batch_size: int = 32
@@ -199,21 +233,24 @@ class JobConfig:
     seed: int = 0
     log_every_steps: int = 10
     health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
+    engine: str = DEFAULT_ENGINE
     horovod: HorovodConfig = dataclasses.field(default_factory=HorovodConfig)
+    ddp: DdpConfig = dataclasses.field(default_factory=DdpConfig)
     faults: tuple[FaultConfig, ...] = ()
 
     def __post_init__(self) -> None:
         _require(isinstance(self.manifest_uri, str) and self.manifest_uri.endswith(".json"), "manifest_uri",
                  f"is {self.manifest_uri!r}", "point it at the shard step's manifest.json (path or URI)")
+        _require(isinstance(self.run_uri, str) and bool(self.run_uri), "run_uri", f"is {self.run_uri!r}",
+                 "give a folder path, file:// or s3://bucket/prefix URI for the run")
         _positive_int(self, "epochs", "epochs")
         _positive_int(self, "batch_size", "batch_size")
         _positive_number(self, "learning_rate", "learning_rate")
         _require(self.optimizer in OPTIMIZERS, "optimizer", f"is {self.optimizer!r}", f"use one of {OPTIMIZERS}")
         _positive_int(self, "seed", "seed", minimum=0)
         _positive_int(self, "log_every_steps", "log_every_steps")
-
-    def fault(self, kind: str, rank: int) -> FaultConfig | None:
-        return next((f for f in self.faults if f.kind == kind and f.rank == rank), None)
+        _require(self.engine in ENGINES, "engine", f"is {self.engine!r}",
+                 'use "horovod" (horovodrun/mpirun) or "ddp" (PyTorch DistributedDataParallel under torchrun)')
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))
@@ -224,10 +261,13 @@ class JobConfig:
         return _build(cls, doc, "")
 
 
-_NESTED = {"checkpoint": CheckpointConfig, "model": ModelConfig, "health": HealthConfig, "horovod": HorovodConfig}
+_NESTED = {"checkpoint": CheckpointConfig, "model": ModelConfig, "health": HealthConfig, "horovod": HorovodConfig,
+           "ddp": DdpConfig}
 
 
 def _build(cls: type, doc: Mapping[str, Any], path: str) -> Any:
+    if cls is CheckpointConfig and "uri" in doc:  # the run folder was checkpoint.uri before it was run_uri
+        raise ConfigError("checkpoint.uri", "moved to run_uri", 'write the run folder as the top-level "run_uri"')
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(doc) - set(fields))
     if unknown:

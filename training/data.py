@@ -1,14 +1,33 @@
-"""A rank's view of its partition: tensors in memory and a deterministic, resumable batch order."""
+"""A rank's view of its partition, streamed: one shuffle window of Parquet row groups in memory (and the next
+one loading), a deterministic order per epoch, and a cursor that resumes at any minibatch.
+
+The order of epoch `e` on rank `r` depends on (seed, e, r) alone, never on a running RNG, so a restart
+reproduces it: the partition's row groups are permuted, taken `SHUFFLE_WINDOW` at a time, and the rows of each
+window are permuted among themselves (a shuffle buffer of that many row groups). The shard step already put
+the rows in a random order, so every row group is a uniform sample of the data and the window only has to
+vary the order from epoch to epoch. Because every window's size is known from the Parquet footer, minibatch
+`b` is found without reading what comes before it: resume reads one window and starts inside it.
+"""
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import hashlib
+import os
+import tempfile
+from typing import Iterator, Sequence
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
-from ringflow.training.manifest import ShardManifest, ShardSchema
-from ringflow.training.sharding import read_partition
+from ringflow.training.datasets import tensor_matrix
+from ringflow.training.manifest import ManifestError, PartitionEntry, ShardManifest, ShardSchema
 from ringflow.training.store.base import ObjectStore
+
+# Row groups shuffled together: with the shard step's ~4 MiB row groups, a 16 MiB shuffle buffer.
+SHUFFLE_WINDOW = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,31 +42,136 @@ class Cursor:
     batch: int = 0
 
 
-def epoch_order(num_rows: int, seed: int, epoch: int, rank: int) -> np.ndarray:
-    # Derived from (seed, epoch, rank) alone, never from a running RNG, so a restart reproduces it.
-    return np.random.default_rng([seed, epoch, rank]).permutation(num_rows)
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """Row groups read together and the permutation of their rows; `start` is its first row in the epoch."""
+
+    groups: tuple[int, ...]
+    start: int
+    order: np.ndarray = dataclasses.field(compare=False, repr=False)
+
+    @property
+    def rows(self) -> int:
+        return len(self.order)
 
 
-def to_tensors(frame, schema: ShardSchema) -> tuple[torch.Tensor, torch.Tensor]:
-    x = frame[list(schema.features)].to_numpy(dtype=np.float32)
-    if schema.feature_mean:
-        x = (x - np.asarray(schema.feature_mean, dtype=np.float32)) / np.asarray(schema.feature_std, dtype=np.float32)
-    y = frame[schema.target].to_numpy()
+def epoch_windows(group_rows: Sequence[int], seed: int, epoch: int, rank: int,
+                  window: int = SHUFFLE_WINDOW) -> list[Window]:
+    """The order of one epoch: row groups permuted, `window` at a time, rows permuted within each window.
+    Pure: depends on the row-group sizes and (seed, epoch, rank) alone."""
+    if window < 1:
+        raise ValueError(f"shuffle window is {window}; use >= 1 row group")
+    rng = np.random.default_rng([seed, epoch, rank])
+    groups = rng.permutation(len(group_rows))
+    out, start = [], 0
+    for i in range(0, len(groups), window):
+        chosen = tuple(int(g) for g in groups[i:i + window])
+        rows = sum(group_rows[g] for g in chosen)
+        out.append(Window(chosen, start, np.random.default_rng([seed, epoch, rank, i]).permutation(rows)))
+        start += rows
+    return out
+
+
+def epoch_order(group_rows: Sequence[int] | int, seed: int, epoch: int, rank: int,
+                window: int = SHUFFLE_WINDOW) -> np.ndarray:
+    """Every row of the partition (numbered in file order) in the order epoch `epoch` serves them: for tests
+    and tools; training never materializes it. An int is one row group of that many rows."""
+    sizes = [group_rows] if isinstance(group_rows, int) else list(group_rows)
+    first_row = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    parts = []
+    for w in epoch_windows(sizes, seed, epoch, rank, window):
+        rows = np.concatenate([np.arange(first_row[g], first_row[g] + sizes[g]) for g in w.groups])
+        parts.append(rows[w.order])
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def to_tensors(table: "pa.Table | pa.RecordBatch", schema: ShardSchema) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) of a table of stored rows: x has shape (rows, *schema.input_shape), normalized with the
+    manifest's mean/std; y is int64 class indices or float32 values."""
+    if not isinstance(table, (pa.Table, pa.RecordBatch)):  # a DataFrame (older callers)
+        table = pa.Table.from_pandas(table, preserve_index=False)
+    parts = []
+    for i, spec in enumerate(schema.feature_columns):
+        values, _ = tensor_matrix(table.column(spec.name), np.float32)
+        if schema.feature_mean:
+            values = (values - np.float32(schema.feature_mean[i])) / np.float32(schema.feature_std[i])
+        parts.append(values)
+    x = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(len(x), *schema.input_shape)
+    y = table.column(schema.target).to_numpy()
     y_t = torch.from_numpy(y.astype(np.int64)) if schema.task == "classification" else torch.from_numpy(y.astype(np.float32))
-    return torch.from_numpy(np.ascontiguousarray(x)), y_t
+    return torch.from_numpy(x), y_t
+
+
+def local_partition(store: ObjectStore, entry: PartitionEntry, folder: str) -> str:
+    """A path to the partition's file on this machine, its sha256 checked (streamed, not loaded): the
+    store's own file for a local folder, else a download into `folder`."""
+    from ringflow.training.store import LocalFolderStore
+
+    if isinstance(store, LocalFolderStore):
+        path = str(store.root / entry.key)
+    else:
+        path = os.path.join(folder, os.path.basename(entry.key))
+        store.get_file(entry.key, path)
+    with open(path, "rb") as fh:
+        actual = hashlib.file_digest(fh, "sha256").hexdigest()
+    if actual != entry.sha256:
+        raise ManifestError(
+            f"partition {entry.key!r} fails its checksum (manifest sha256 {entry.sha256[:12]}…, "
+            f"file {actual[:12]}…): the shard was changed after sharding; re-run the shard step")
+    return path
 
 
 class PartitionData:
-    def __init__(self, store: ObjectStore, manifest: ShardManifest, rank: int, world_size: int, batch_size: int):
+    """One rank's partition, streamed. `batches(seed, cursor)` yields (batch_index, x, y) for the cursor's
+    epoch from its minibatch on, reading one window of row groups at a time while the next one loads."""
+
+    def __init__(self, store: ObjectStore, manifest: ShardManifest, rank: int, world_size: int, batch_size: int,
+                 window: int = SHUFFLE_WINDOW):
         entry = manifest.partition_for_rank(rank, world_size)
-        self.x, self.y = to_tensors(read_partition(store, entry), manifest.schema)
+        self._tmp = tempfile.TemporaryDirectory(prefix="ringflow-partition-")
+        self.path = local_partition(store, entry, self._tmp.name)
+        self.file = pq.ParquetFile(self.path)
+        self.schema = manifest.schema
+        self.group_rows = [self.file.metadata.row_group(g).num_rows for g in range(self.file.num_row_groups)]
+        self.rows = sum(self.group_rows)
         self.rank = rank
         self.batch_size = batch_size
-        self.batches_per_epoch = len(self.x) // batch_size
+        self.window = window
+        self.batches_per_epoch = self.rows // batch_size
+        self._columns = [*manifest.schema.features, manifest.schema.target]
+        # One loader thread: Parquet decoding releases the GIL, so the next window loads while this one trains.
+        self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringflow-prefetch")
 
-    def batches(self, seed: int, cursor: Cursor):
+    def __len__(self) -> int:
+        return self.rows
+
+    def _load(self, w: Window) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = to_tensors(self.file.read_row_groups(list(w.groups), columns=self._columns), self.schema)
+        index = torch.from_numpy(w.order)
+        return x[index], y[index]
+
+    def batches(self, seed: int, cursor: Cursor) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """Yield (batch_index, x, y) for cursor.epoch from cursor.batch on."""
-        order = torch.from_numpy(epoch_order(len(self.x), seed, cursor.epoch, self.rank))
-        for b in range(cursor.batch, self.batches_per_epoch):
-            idx = order[b * self.batch_size:(b + 1) * self.batch_size]
-            yield b, self.x[idx], self.y[idx]
+        windows = epoch_windows(self.group_rows, seed, cursor.epoch, self.rank, self.window)
+        first_row = cursor.batch * self.batch_size
+        todo = [w for w in windows if w.start + w.rows > first_row]
+        pending = self._loader.submit(self._load, todo[0]) if todo else None
+        carry_x, carry_y, position = None, None, first_row
+        b = cursor.batch
+        for i, w in enumerate(todo):
+            x, y = pending.result()
+            pending = self._loader.submit(self._load, todo[i + 1]) if i + 1 < len(todo) else None
+            skip = max(0, position - w.start)
+            x, y = x[skip:], y[skip:]
+            if carry_x is not None:  # a minibatch that spans two windows
+                x, y = torch.cat([carry_x, x]), torch.cat([carry_y, y])
+            whole = len(x) // self.batch_size
+            for k in range(whole):
+                if b >= self.batches_per_epoch:
+                    return
+                yield b, x[k * self.batch_size:(k + 1) * self.batch_size], y[k * self.batch_size:(k + 1) * self.batch_size]
+                b += 1
+            rest = whole * self.batch_size
+            carry_x, carry_y = (x[rest:], y[rest:]) if rest < len(x) else (None, None)
+            position = w.start + w.rows

@@ -1,13 +1,41 @@
-"""Small real datasets that ship inside registry packages, for the demo and the tests (no downloads)."""
+"""The one dataset reader of validate, shard and the CLI: a dataset is a `pyarrow.dataset` read as a stream of
+record batches, so no step holds a whole table in memory. Also the one content fingerprint ("same data"), the
+shape and dtype of tensor-valued columns, and the small real datasets that ship inside registry packages.
+
+A dataset URI is `builtin:<name>`, or a Parquet/CSV file as a path, file:// or s3:// URI. Local files are
+scanned where they lie; an object in S3 is first downloaded to a temporary file (disk, not memory), because
+the store's client carries ringflow's retries and credentials and Arrow's own S3 client would need both again.
+"""
 from __future__ import annotations
 
-import pandas as pd
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import os
+import tempfile
+from typing import Any, Callable, Iterator, Sequence
 
-BUILTIN = ("digits", "diabetes", "wine")
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+BUILTIN = ("digits", "diabetes", "wine", "digits_images")
+# About this many bytes of rows per record batch: what bounds the memory of every streaming step.
+BATCH_BYTES = 8 * 2**20
+MIN_BATCH_ROWS, MAX_BATCH_ROWS = 256, 1 << 20
+# Assumed width of a value whose type has none (strings, variable lists), to size batches.
+_VARIABLE_WIDTH_GUESS = 32
+# The shape of the digits images (channels, height, width).
+DIGITS_IMAGE_SHAPE = (1, 8, 8)
 
 
 def load_builtin(name: str) -> pd.DataFrame:
-    """scikit-learn's bundled datasets as one table: feature columns plus `target`."""
+    """scikit-learn's bundled tabular datasets as one table: feature columns plus `target`."""
     from sklearn import datasets
 
     loaders = {"digits": datasets.load_digits, "diabetes": datasets.load_diabetes, "wine": datasets.load_wine}
@@ -18,27 +46,279 @@ def load_builtin(name: str) -> pd.DataFrame:
     return frame
 
 
+def builtin_table(name: str) -> pa.Table:
+    """A built-in dataset as an Arrow table; `digits_images` is digits with the 64 pixels as one 1x8x8
+    tensor column `image` (Arrow's fixed_shape_tensor) and `target`."""
+    if name == "digits_images":
+        from sklearn import datasets
+
+        bunch = datasets.load_digits()
+        images = bunch.images.astype(np.float32).reshape(-1, *DIGITS_IMAGE_SHAPE)
+        return pa.table({"image": pa.FixedShapeTensorArray.from_numpy_ndarray(images),
+                         "target": pa.array(bunch.target.astype(np.int64))})
+    return pa.Table.from_pandas(load_builtin(name), preserve_index=False)
+
+
 def check_table_name(uri: str) -> None:
     """Fail before any read when a dataset file is neither Parquet nor CSV."""
     if not uri.endswith((".parquet", ".csv")):
         raise ValueError(f"dataset {uri!r}: use a .parquet or .csv file, or builtin:<name>")
 
 
-def parse_table(name: str, data: bytes) -> pd.DataFrame:
-    """A Parquet or CSV file's bytes as a table, by the file's name."""
-    import io
+# -- tensor-valued columns -------------------------------------------------------------------------------
 
-    check_table_name(name)
-    return pd.read_parquet(io.BytesIO(data)) if name.endswith(".parquet") else pd.read_csv(io.BytesIO(data))
+def column_shape(type_: pa.DataType) -> tuple[tuple[int, ...], pa.DataType]:
+    """(shape of one value, type of its elements): () for a scalar column, the tensor's shape for Arrow's
+    fixed_shape_tensor, the sizes of nested fixed-size lists for those. A variable-length list has no
+    shape: (-1,) marks it, and the input gate refuses it."""
+    if isinstance(type_, pa.FixedShapeTensorType):
+        return tuple(int(s) for s in type_.shape), type_.value_type
+    shape: list[int] = []
+    while pa.types.is_fixed_size_list(type_) or pa.types.is_list(type_) or pa.types.is_large_list(type_):
+        shape.append(type_.list_size if pa.types.is_fixed_size_list(type_) else -1)
+        type_ = type_.value_type
+    return tuple(shape), type_
 
 
-def read_table(uri: str, s3=None) -> pd.DataFrame:
-    """A dataset by URI: `builtin:digits`, or a Parquet/CSV file as a path, file:// or s3:// URI
-    (S3 settings from `s3`, else from the environment)."""
+def tensor_values(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The elements of a fixed-shape column, flat in row order (a scalar column as it is)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = pa.concat_arrays(column.chunks) if column.num_chunks != 1 else column.chunk(0)
+    if isinstance(column, pa.ExtensionArray):
+        column = column.storage
+    while pa.types.is_fixed_size_list(column.type):
+        column = column.flatten()
+    return column
+
+
+def tensor_matrix(column: pa.Array | pa.ChunkedArray, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed-shape (or scalar) column as a (rows, elements) array of `dtype`, and which rows are null.
+    Null elements become NaN; a null row's elements are whatever the buffer holds (check the mask)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = pa.concat_arrays(column.chunks) if column.num_chunks != 1 else column.chunk(0)
+    rows = len(column)
+    row_null = np.asarray(column.is_null(), dtype=bool) if column.null_count else np.zeros(rows, dtype=bool)
+    if isinstance(column, pa.ExtensionArray):
+        column = column.storage
+    size = 1
+    # Not flatten(): it drops null rows, and the rows must stay aligned.
+    while pa.types.is_fixed_size_list(column.type):
+        width = column.type.list_size
+        column = column.values.slice(column.offset * width, len(column) * width)
+        size *= width
+    values = column.to_numpy(zero_copy_only=False)
+    if values.dtype == object:  # ints with nulls come back as objects holding None
+        values = np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+    return values.astype(dtype, copy=False).reshape(rows, size), row_null
+
+
+def value_size(shape: Sequence[int]) -> int:
+    return math.prod(shape) if shape else 1
+
+
+def row_bytes(schema: pa.Schema) -> int:
+    """Bytes one row takes in memory, about."""
+    total = 0
+    for field in schema:
+        shape, element = column_shape(field.type)
+        try:
+            width = element.bit_width // 8 or 1
+        except ValueError:
+            width = _VARIABLE_WIDTH_GUESS
+        total += width * value_size([abs(s) for s in shape])
+    return max(total, 1)
+
+
+def rows_per_batch(schema: pa.Schema, budget: int | None = None) -> int:
+    """Rows of a record batch of about `budget` (default BATCH_BYTES) bytes."""
+    budget = BATCH_BYTES if budget is None else budget
+    return int(min(MAX_BATCH_ROWS, max(MIN_BATCH_ROWS, budget // row_bytes(schema))))
+
+
+# -- the reader ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """A dataset opened for streaming. `batches()` yields record batches of about BATCH_BYTES."""
+
+    uri: str
+    arrow: ds.Dataset
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.arrow.schema
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self.arrow.schema.names)
+
+    @functools.cached_property
+    def num_rows(self) -> int:
+        # Parquet: from the footers, nothing decoded. CSV: one streaming pass.
+        return self.arrow.count_rows()
+
+    def batches(self, columns: Sequence[str] | None = None, batch_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+        """Record batches of at most `batch_rows` (default: about BATCH_BYTES) rows, in file order.
+
+        Files are read pull-based, Parquet one row group at a time (memory: the largest row group, decoded),
+        CSV block by block: Arrow's dataset scanner and ParquetFile.iter_batches read ahead of a slow
+        consumer (the shard step), so their memory grew with the data (bench/data_scaling.py)."""
+        names = list(columns) if columns is not None else self.columns
+        schema = pa.schema([self.schema.field(c) for c in names])
+        size = batch_rows or rows_per_batch(schema)
+        if not isinstance(self.arrow, ds.FileSystemDataset):  # in memory already
+            yield from self.arrow.to_batches(columns=names, batch_size=size)
+            return
+        import pyarrow.csv as pv
+        import pyarrow.parquet as pq
+
+        filesystem = self.arrow.filesystem
+        for path in self.arrow.files:
+            with filesystem.open_input_file(path) as source:
+                if isinstance(self.arrow.format, ds.ParquetFileFormat):
+                    parquet = pq.ParquetFile(source)
+                    groups = (parquet.read_row_group(g, columns=names) for g in range(parquet.num_row_groups))
+                    yield from _rebatch(_one_ahead(groups), size)
+                    continue
+                reader = pv.open_csv(source, read_options=pv.ReadOptions(block_size=max(1 << 20, size * row_bytes(schema)),
+                                                                          use_threads=False),
+                                     convert_options=pv.ConvertOptions(column_types=schema, include_columns=names))
+                for batch in reader:  # a CSV block may hold more rows than asked for
+                    for start in range(0, batch.num_rows, size):
+                        yield batch.slice(start, size)
+
+
+def _one_ahead(items: Iterator[Any]) -> Iterator[Any]:
+    """`items`, with the next one produced in a thread while the caller works on this one: Parquet decoding
+    releases the GIL, so reading overlaps the consumer's work. Holds one item more."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringflow-read") as pool:
+        iterator = iter(items)
+        pending = pool.submit(next, iterator, None)
+        while True:
+            item = pending.result()
+            if item is None:
+                return
+            pending = pool.submit(next, iterator, None)
+            yield item
+
+
+def _rebatch(tables: Iterator[pa.Table], size: int) -> Iterator[pa.RecordBatch]:
+    """Batches of exactly `size` rows (the last one shorter) from tables of any sizes, holding at most
+    `size` rows plus one table: small row groups become fewer, larger batches (each batch costs a step
+    such as a Great Expectations run a fixed overhead)."""
+    pending: list[pa.Table] = []
+    rows = 0
+    for table in tables:
+        pending.append(table)
+        rows += table.num_rows
+        if rows < size:
+            continue
+        merged = pa.concat_tables(pending).combine_chunks()
+        whole = rows // size * size
+        yield from merged.slice(0, whole).to_batches(max_chunksize=size)
+        pending, rows = ([merged.slice(whole)], rows - whole) if rows > whole else ([], 0)
+    if rows:
+        yield from pa.concat_tables(pending).combine_chunks().to_batches(max_chunksize=size)
+
+
+def as_dataset(data: "Dataset | ds.Dataset | pa.Table | pd.DataFrame", uri: str = "") -> Dataset:
+    """A Dataset over something already opened or in memory (tests, the demo, built-ins)."""
+    if isinstance(data, Dataset):
+        return data
+    if isinstance(data, pd.DataFrame):
+        data = pa.Table.from_pandas(data, preserve_index=False)
+    if isinstance(data, pa.Table):
+        data = ds.dataset(data)
+    return Dataset(uri=uri, arrow=data)
+
+
+def _file_dataset(path: str, uri: str) -> Dataset:
+    fmt = "parquet" if uri.endswith(".parquet") else "csv"
+    return Dataset(uri=uri, arrow=ds.dataset(path, format=fmt))
+
+
+@contextlib.contextmanager
+def open_dataset(uri: str, open_store: Callable[[str], Any] | None = None) -> Iterator[Dataset]:
+    """Open `uri` for streaming. `open_store(parent_uri)` gives the store a file lives in (default: S3
+    settings from the environment; operators pass their Airflow connection's)."""
     if uri.startswith("builtin:"):
-        return load_builtin(uri.split(":", 1)[1])
-    from ringflow.training.store import open_store, split_uri
+        name = uri.split(":", 1)[1]
+        if name not in BUILTIN:
+            raise ValueError(f"unknown built-in dataset {name!r}; use one of {BUILTIN}")
+        yield as_dataset(builtin_table(name), uri)
+        return
+    from ringflow.training.store import LocalFolderStore, open_store as default_open, split_uri
 
     check_table_name(uri)
     parent, name = split_uri(uri)
-    return parse_table(name, open_store(parent, s3=s3).get_bytes(name))
+    store = (open_store or default_open)(parent)
+    if isinstance(store, LocalFolderStore):
+        path = store.root / name
+        if not path.is_file():
+            from ringflow.training.store import ObjectNotFound
+            raise ObjectNotFound(f"dataset {uri!r} does not exist")
+        yield _file_dataset(str(path), uri)
+        return
+    with tempfile.TemporaryDirectory(prefix="ringflow-dataset-") as tmp:
+        path = os.path.join(tmp, os.path.basename(name))
+        store.get_file(name, path)
+        yield _file_dataset(path, uri)
+
+
+# -- the content fingerprint ---------------------------------------------------------------------------
+
+class ContentHash:
+    """sha256 of a table's content, fed one record batch at a time: the one meaning of "same data".
+
+    Independent of how the table is cut into batches and of how it is stored (Parquet row groups,
+    compression, file names); it changes with any value, any column name or type, or the row order. Each
+    column is hashed on its own stream (validity, then values), so batch boundaries never show.
+    """
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.rows = 0
+        self._valid = [hashlib.sha256() for _ in schema]
+        self._values = [hashlib.sha256() for _ in schema]
+
+    def update(self, batch: pa.RecordBatch) -> None:
+        self.rows += batch.num_rows
+        for i, column in enumerate(batch.columns):
+            if column.null_count:
+                self._valid[i].update(np.asarray(pc.is_valid(column)).view(np.uint8).tobytes())
+            else:  # the same bytes as above without materializing them
+                self._valid[i].update(b"\x01" * len(column))
+            self._values[i].update(_value_bytes(column))
+
+    def hexdigest(self) -> str:
+        head = json.dumps({"columns": [[f.name, str(f.type)] for f in self.schema], "rows": self.rows})
+        digest = hashlib.sha256(head.encode())
+        for valid, values in zip(self._valid, self._values):
+            digest.update(valid.digest() + values.digest())
+        return digest.hexdigest()
+
+
+def _value_bytes(column: pa.Array) -> bytes:
+    shape, element = column_shape(column.type)
+    if shape and -1 not in shape:
+        column = tensor_values(column)
+    if pa.types.is_primitive(column.type):
+        if column.null_count:
+            column = column.fill_null(False if pa.types.is_boolean(column.type) else 0)
+        return column.to_numpy(zero_copy_only=False).tobytes()
+    # Strings, variable lists, anything else: pandas' per-row hash, which does not depend on batches either.
+    values = column.to_pandas()
+    try:
+        return pd.util.hash_pandas_object(values, index=False).to_numpy().tobytes()
+    except TypeError:  # unhashable values (variable-length lists): their text
+        return pd.util.hash_pandas_object(values.astype(str), index=False).to_numpy().tobytes()
+
+
+def fingerprint(dataset: Dataset) -> str:
+    """The content fingerprint of a whole dataset, in one streaming pass."""
+    hasher = ContentHash(dataset.schema)
+    for batch in dataset.batches():
+        hasher.update(batch)
+    return hasher.hexdigest()

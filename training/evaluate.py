@@ -1,7 +1,6 @@
 """Score a run's final checkpoint on the held-out split; write `eval.json` beside the run."""
 from __future__ import annotations
 
-import io
 import json
 import time
 
@@ -13,9 +12,11 @@ from ringflow.training.data import to_tensors
 from ringflow.training.manifest import ManifestError
 from ringflow.training.models import build_model
 from ringflow.training.sharding import read_partition
-from ringflow.training.store import open_store
+from ringflow.training.store import ObjectNotFound, open_store
+from ringflow.training.run_result import read_result
 from ringflow.training.manifest import load_manifest
 from ringflow.training import run_layout
+from ringflow.training.training_state import STATE_FILE, TrainingState
 
 
 
@@ -33,10 +34,17 @@ def metrics_for(task: str, outputs: torch.Tensor, targets: torch.Tensor) -> dict
 
 def evaluate_run(run_uri: str, checkpoint: str | None = None) -> dict:
     """Metrics of `checkpoint` (default: the one result.json names) on the manifest's eval split."""
-    run_store = open_store(run_uri)
-    checkpoints = CheckpointStore(run_store)
+    run_folder = open_store(run_uri)
+    checkpoints = CheckpointStore(run_folder)
     if checkpoint is None:
-        checkpoint = json.loads(run_store.get_bytes(run_layout.RESULT))["checkpoint"]
+        result = read_result(run_folder)
+        if result is None:
+            raise ObjectNotFound(f"{run_folder.uri.rstrip('/')}/{run_layout.RESULT}: the run has no result; "
+                                 "train it first or name a checkpoint")
+        if not result.succeeded:
+            raise ValueError(f"{run_uri}: the run {result.status} (attempt {result.attempt}) and has no final "
+                             "checkpoint; evaluate a checkpoint by name or train it again")
+        checkpoint = result.checkpoint
     loaded = checkpoints.load(checkpoint)
     meta = loaded.manifest.meta
     manifest, shard_store = load_manifest(meta["manifest_uri"])
@@ -45,14 +53,15 @@ def evaluate_run(run_uri: str, checkpoint: str | None = None) -> dict:
     model_cfg = dict(meta["model"])
     model_cfg["hidden"] = tuple(model_cfg.get("hidden", ()))
     schema = meta["schema"]
-    model, _ = build_model(ModelConfig(**model_cfg), schema["num_features"], schema["num_outputs"], schema["task"])
-    state = torch.load(io.BytesIO(loaded.files["state.pt"]), weights_only=False)
-    model.load_state_dict(state["model"])
+    model, _ = build_model(ModelConfig(**model_cfg), schema["num_features"], schema["num_outputs"], schema["task"],
+                           input_shape=schema.get("input_shape"))
+    state = TrainingState.from_bytes(loaded.files[STATE_FILE], f"{run_uri} {checkpoint}/{STATE_FILE}")
+    model.load_state_dict(state.model)
     model.eval()
     x, y = to_tensors(read_partition(shard_store, manifest.eval), manifest.schema)
     with torch.no_grad():
         metrics = metrics_for(schema["task"], model(x), y)
     doc = {"metrics": metrics, "checkpoint": checkpoint, "step": loaded.manifest.step, "rows": len(x),
            "task": schema["task"], "evaluated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    run_store.put_bytes(run_layout.EVAL, json.dumps(doc, indent=1).encode())
+    run_folder.put_bytes(run_layout.EVAL, json.dumps(doc, indent=1).encode())
     return doc

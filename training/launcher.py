@@ -1,49 +1,24 @@
-"""Start a training job on this machine with horovodrun (Gloo or MPI) and report its exit status."""
+"""Start a training job on this machine and report its exit status: horovodrun (Gloo or MPI controller) for
+the Horovod engine, torchrun (c10d rendezvous on 127.0.0.1) for the DDP engine."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import uuid
 from typing import Callable
 
-from ringflow.training.config import ConfigError, JobConfig, load_job_config
+from ringflow.training.config import JobConfig
+from ringflow.training.engines import ENGINE_ENV, engine_name
+from ringflow.training.preflight import preflight
 from ringflow.training.worker_env import ATTEMPT_ENV
 
 CONTROLLERS = ("gloo", "mpi")
 # Chosen by bench/throughput.py (bench/results/throughput.md).
 DEFAULT_CONTROLLER = "mpi"
-
-
-def preflight(config_path: str, num_workers: int) -> JobConfig:
-    """Every check that can fail before a process starts: the config, the model factory, the manifest."""
-    cfg = load_job_config(config_path)
-    if cfg.model.kind == "custom":
-        from ringflow.training.models import resolve_factory
-
-        resolve_factory(cfg.model.factory)
-    from ringflow.training.manifest import ManifestError
-    from ringflow.training.store import ObjectNotFound
-    from ringflow.training.manifest import load_manifest
-
-    try:
-        manifest, _ = load_manifest(cfg.manifest_uri)
-    except ObjectNotFound as exc:
-        raise ConfigError("manifest_uri", f"{cfg.manifest_uri} does not exist",
-                          "run the shard step first or fix the path") from exc
-    except ManifestError as exc:
-        raise ConfigError("manifest_uri", str(exc), "re-run the shard step") from exc
-    if manifest.num_partitions != num_workers:
-        raise ConfigError("manifest_uri", f"has {manifest.num_partitions} partitions for {num_workers} workers",
-                          f"re-shard for {num_workers} workers or run with --np {manifest.num_partitions}")
-    rows = manifest.partitions[0].rows
-    if cfg.batch_size > rows:
-        raise ConfigError("batch_size", f"{cfg.batch_size} exceeds the {rows} rows of each partition",
-                          f"use at most {rows}")
-    return cfg
 
 
 def horovodrun_command(config_path: str, num_workers: int, controller: str = DEFAULT_CONTROLLER,
@@ -57,24 +32,57 @@ def horovodrun_command(config_path: str, num_workers: int, controller: str = DEF
             python, "-m", "ringflow.training", config_path]
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now, for torchrun's rendezvous (the OS picks it; a clash is unlikely)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_command(config_path: str, num_workers: int, python: str = sys.executable,
+                     port: int | None = None) -> list[str]:
+    """torchrun for one host: a c10d rendezvous on 127.0.0.1 at a free port, N ranks, no restarts (a failed
+    job is retried by whoever launched it, and resumes from its checkpoint)."""
+    endpoint = f"127.0.0.1:{port or free_port()}"
+    return [python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(num_workers),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--local-addr", "127.0.0.1",
+            "--max-restarts", "0", "-m", "ringflow.training", config_path]
+
+
+def launch_command(engine: str, config_path: str, num_workers: int, controller: str = DEFAULT_CONTROLLER,
+                   python: str = sys.executable) -> list[str]:
+    """The one place that picks the launcher: horovodrun for "horovod" (with `controller`), torchrun for
+    "ddp" (which has no controller to choose)."""
+    if engine == "ddp":
+        return torchrun_command(config_path, num_workers, python)
+    return horovodrun_command(config_path, num_workers, controller, python)
+
+
 def job_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    # The Horovod/Open MPI knobs are not here: each rank sets them from the config (worker.start_horovod).
+    # The Horovod/Open MPI knobs are not here: each rank sets them from the config (engines/horovod.py).
     env = dict(os.environ if base is None else base)
     # OpenMPI refuses root unless told; containers and CI run as root.
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # Gloo (DDP's CPU backend) otherwise binds to the address the host name resolves to; a local job's ranks
+    # talk over loopback.
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     return env
 
 
 def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONTROLLER,
               on_line: Callable[[str], None] = lambda line: print(line, flush=True),
-              extra_env: dict[str, str] | None = None) -> int:
-    """Preflight, start horovodrun in its own process group, stream its output, return its exit code."""
+              extra_env: dict[str, str] | None = None, engine: str | None = None) -> int:
+    """Preflight, start the engine's launcher in its own process group, stream its output, return the job's
+    exit code. engine: overrides the config's `engine` (`ringflow train --engine`); None keeps it."""
     cfg = preflight(config_path, num_workers)
-    attempt = uuid.uuid4().hex
-    env = job_environment() | (extra_env or {}) | {ATTEMPT_ENV: attempt}
-    proc = subprocess.Popen(horovodrun_command(config_path, num_workers, controller), env=env,
+    engine = engine_name(cfg, engine)
+    # A caller that watches the job (the Airflow operator: its job id) names the attempt; else one is made.
+    attempt = (extra_env or {}).get(ATTEMPT_ENV) or os.environ.get(ATTEMPT_ENV) or uuid.uuid4().hex
+    # Every rank starts the engine its launcher was chosen for, whatever the config says.
+    env = job_environment() | (extra_env or {}) | {ATTEMPT_ENV: attempt, ENGINE_ENV: engine}
+    proc = subprocess.Popen(launch_command(engine, config_path, num_workers, controller), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
     def forward(signum, _frame):  # Ctrl-C or a kill of the launcher takes the whole job down
@@ -85,28 +93,30 @@ def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONT
         assert proc.stdout is not None
         for line in proc.stdout:
             on_line(line.rstrip("\n"))
-        return _job_exit_code(proc.wait(), cfg, attempt)
+        return job_exit_code(proc.wait(), _result_of(cfg, attempt))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         _kill_group(proc.pid, signal.SIGKILL)
 
 
-def _job_exit_code(launcher_code: int, cfg: JobConfig, attempt: str) -> int:
-    """horovodrun reports any rank's failure as 1; the job's own result.json says which failure it was."""
-    if launcher_code == 0:
-        return 0
-    from ringflow.training import exit_codes, run_layout
-    from ringflow.training.store import ObjectNotFound, open_store
+def _result_of(cfg: JobConfig, attempt: str):
+    from ringflow.training.run_result import ResultError, read_result
+    from ringflow.training.store import open_store
 
     try:
-        result = json.loads(open_store(cfg.checkpoint.uri).get_bytes(run_layout.RESULT))
-    except (ObjectNotFound, ValueError):
+        return read_result(open_store(cfg.run_uri), attempt)
+    except ResultError as exc:
+        print(f"[ringflow] {exc}", file=sys.stderr, flush=True)
+        return None
+
+
+def job_exit_code(launcher_code: int, result) -> int:
+    """The job's exit status. horovodrun and torchrun report any rank's failure as 1: this attempt's RunResult says which
+    failure it was. No result of this attempt (killed before rank 0 wrote one): the launcher's own code."""
+    if result is None or launcher_code == 0:
         return launcher_code
-    verdict = result.get("verdict") or {}
-    if result.get("attempt") == attempt and result.get("status") == "failed":
-        return exit_codes.BY_VERDICT.get(verdict.get("status"), launcher_code)
-    return launcher_code
+    return result.exit_code or launcher_code  # a result says succeeded, the launcher failed: still a failure
 
 
 def _kill_group(pgid: int, sig: int) -> None:

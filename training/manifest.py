@@ -3,18 +3,20 @@
 Layout under a shard prefix:
 
     manifest.json            this document, written last
-    part-00000.parquet       partition for rank 0: whole minibatches only
+    part-00000.parquet       partition for rank 0: whole minibatches only, in row groups of row_group_rows
     part-00001.parquet       ...
     eval.parquet             held-out evaluation split
 
-`manifest.json` (format "ringflow.shards/v1"):
+`manifest.json` (format "ringflow.shards/v2"):
 
-    {"format": "ringflow.shards/v1",
-     "fingerprint": "<sha256 of the dataset bytes and the sharding parameters>",
-     "source": {"uri": "...", "sha256": "...", "rows": 1797},
-     "params": {"num_partitions": 2, "batch_size": 32, "seed": 0, "eval_fraction": 0.2},
+    {"format": "ringflow.shards/v2",
+     "fingerprint": "<sha256 of the dataset's content fingerprint and the sharding parameters>",
+     "source": {"uri": "...", "sha256": "<datasets.ContentHash of the whole table>", "rows": 1797},
+     "params": {"num_partitions": 2, "batch_size": 32, "seed": 0, "eval_fraction": 0.2, "row_group_rows": 4096},
      "schema": {"features": ["f0", ...], "target": "target", "task": "classification", "num_classes": 10,
-                "feature_mean": [...], "feature_std": [...]},
+                "feature_mean": [...], "feature_std": [...],
+                "columns": [{"name": "f0", "shape": [], "dtype": "float32"}, ...,
+                            {"name": "target", "shape": [], "dtype": "int64"}]},
      "partitions": [{"index": 0, "key": "part-00000.parquet", "rows": 704, "minibatches": 22,
                      "sha256": "..."}, ...],
      "eval": {"key": "eval.parquet", "rows": 389, "sha256": "..."},
@@ -24,15 +26,22 @@ Every partition holds the same number of whole minibatches, so every rank takes 
 synchronous steps per epoch (a rank with one batch more would wait forever in all-reduce). Training rows
 that do not fill a whole minibatch on every partition (`remainder_rows`) are moved to the eval split
 rather than dropped.
+
+v2 adds `schema.columns` (each stored column's shape and dtype: a tensor-valued feature such as a 1x8x8 image
+has shape [1, 8, 8]; the mean and std of such a feature are over all its elements) and
+`params.row_group_rows` (ranks stream their partition one row group at a time). v1 manifests are still read:
+their columns are all scalars, features float32, the target int64 (classification) or float32.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import math
 from typing import Any
 
-FORMAT = "ringflow.shards/v1"
+FORMAT = "ringflow.shards/v2"
+READABLE_FORMATS = ("ringflow.shards/v1", FORMAT)
 MANIFEST_NAME = "manifest.json"
 TASKS = ("classification", "regression")
 
@@ -64,6 +73,25 @@ class PartitionEntry:
 
 
 @dataclasses.dataclass(frozen=True)
+class ColumnSpec:
+    """One stored column: its name, the shape of one value (() for a scalar) and its element dtype."""
+
+    name: str
+    shape: tuple[int, ...] = ()
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if any(s < 1 for s in self.shape):
+            raise ManifestError(f"column {self.name!r} has shape {list(self.shape)}; every size must be >= 1")
+
+    @property
+    def size(self) -> int:
+        """Elements per value."""
+        return math.prod(self.shape) if self.shape else 1
+
+
+@dataclasses.dataclass(frozen=True)
 class ShardSchema:
     features: tuple[str, ...]
     target: str
@@ -72,9 +100,19 @@ class ShardSchema:
     # Mean and std of each feature over the training partitions, so every rank normalizes the same way.
     feature_mean: tuple[float, ...] = ()
     feature_std: tuple[float, ...] = ()
+    # Features in order, then the target. Empty (a v1 manifest): scalars, features float32.
+    columns: tuple[ColumnSpec, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "features", tuple(self.features))
+        columns = tuple(c if isinstance(c, ColumnSpec) else ColumnSpec(**c) for c in self.columns)
+        if not columns:
+            columns = tuple(ColumnSpec(f) for f in self.features) + (
+                ColumnSpec(self.target, (), "int64" if self.task == "classification" else "float32"),)
+        if [c.name for c in columns] != [*self.features, self.target]:
+            raise ManifestError(f"schema.columns name {[c.name for c in columns]}; they must be the features, "
+                                f"then the target")
+        object.__setattr__(self, "columns", columns)
         object.__setattr__(self, "feature_mean", tuple(self.feature_mean))
         object.__setattr__(self, "feature_std", tuple(self.feature_std))
         if self.task not in TASKS:
@@ -87,6 +125,24 @@ class ShardSchema:
     @property
     def num_outputs(self) -> int:
         return self.num_classes if self.task == "classification" else 1
+
+    @property
+    def feature_columns(self) -> tuple[ColumnSpec, ...]:
+        return self.columns[:-1]
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one example as a model receives it: a single tensor-valued feature keeps its shape
+        (an image: (1, 8, 8)); otherwise the features, flattened, side by side."""
+        features = self.feature_columns
+        if len(features) == 1 and features[0].shape:
+            return features[0].shape
+        return (sum(c.size for c in features),)
+
+    @property
+    def num_features(self) -> int:
+        """Numbers per example: the length of the flat feature vector (what an MLP takes)."""
+        return sum(c.size for c in self.feature_columns)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,8 +194,9 @@ class ShardManifest:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ManifestError(f"manifest is not valid JSON ({exc}); re-run the shard step") from exc
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ManifestError(f"manifest format is {doc.get('format') if isinstance(doc, dict) else None!r}, expected {FORMAT!r}")
+        if not isinstance(doc, dict) or doc.get("format") not in READABLE_FORMATS:
+            raise ManifestError(f"manifest format is {doc.get('format') if isinstance(doc, dict) else None!r}, "
+                                f"expected one of {READABLE_FORMATS}; re-run the shard step")
         try:
             schema = doc["schema"]
             parts = tuple(PartitionEntry(**p) for p in doc["partitions"])

@@ -12,7 +12,8 @@ PIPELINE = ["validate", "shard", "train", "evaluate", "promote"]
 
 
 def test_dags_import_without_errors(dagbag):
-    assert set(dagbag.dag_ids) == {"ringflow_retrain", "ringflow_retrain_on_asset", "ringflow_two_models"}
+    assert set(dagbag.dag_ids) == {"ringflow_retrain", "ringflow_retrain_on_asset", "ringflow_two_models",
+                                   "ringflow_images"}
     for dag_id in ("ringflow_retrain", "ringflow_retrain_on_asset"):
         dag = dagbag.dags[dag_id]
         assert sorted(dag.task_ids) == sorted(f"digits.{step}" for step in PIPELINE)
@@ -67,6 +68,15 @@ def test_params_have_defaults_the_form_shows(dagbag):
     {"batch_size": 0}, {"batch_size": 5000}, {"learning_rate": 0}, {"learning_rate": -0.1},
     {"gate_mode": "median"}, {"gate_metric": "f1"}, {"model_name": "no spaces/allowed"},
     {"job_overrides": "not an object"}, {"dataset_uri": ""},
+    # Only datasets the DAG's digits suite passes, and only files training can read.
+    {"dataset_uri": "builtin:wine"}, {"dataset_uri": "builtin:diabetes"}, {"dataset_uri": "/data/digits.json"},
+    # Production form: no fault injection, nothing that changes where the run reads or writes, no code to import.
+    {"job_overrides": {"faults": [{"kind": "crash", "rank": 1, "step": 3}]}},
+    {"job_overrides": {"manifest_uri": "s3://other-team/shards/manifest.json"}},
+    {"job_overrides": {"run_uri": "s3://other-team/runs/x"}},
+    {"job_overrides": {"checkpoint": {"uri": "s3://other-team/runs/x"}}},
+    {"job_overrides": {"model": {"kind": "custom", "factory": "my_pkg.models:build"}}},
+    {"job_overrides": {"epochs": 500}},  # has its own bounded Param
 ])
 def test_params_refuse_bad_values(dagbag, conf):
     from airflow.sdk.definitions.param import ParamValidationError
@@ -84,19 +94,73 @@ def test_params_accept_good_values(dagbag):
 
     params = copy.deepcopy(dagbag.dags["ringflow_retrain"].params)
     params.update({"num_workers": 16, "epochs": 1, "batch_size": 4096, "learning_rate": 0.5, "gate_mode": "min",
-                   "gate_metric": "loss", "gate_threshold": 0.3,
-                   "job_overrides": {"faults": [{"kind": "crash", "rank": 1, "step": 3}]}})
+                   "gate_metric": "loss", "gate_threshold": 0.3, "dataset_uri": "s3://data/in/digits v2.parquet",
+                   "job_overrides": {"checkpoint": {"every_steps": 10, "keep_last": 2}, "seed": 4,
+                                     "health": {"stall_seconds": 300}, "model": {"hidden": [32], "dropout": 0.1}}})
     assert params.validate()["num_workers"] == 16
+    for uri in ("builtin:digits", "/data/digits.csv", "file:///data/digits.parquet"):
+        params.update({"dataset_uri": uri})
+        assert params.validate()["dataset_uri"] == uri
+
+
+def _offered_builtins(dag) -> list[str]:
+    """The built-in datasets the DAG's Dataset field accepts."""
+    import copy
+
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    from ringflow.training.datasets import BUILTIN
+
+    offered = []
+    for name in BUILTIN:
+        params = copy.deepcopy(dag.params)
+        try:
+            params.update({"dataset_uri": f"builtin:{name}"})
+            params.validate()
+        except ParamValidationError:
+            continue
+        offered.append(name)
+    return offered
+
+
+@pytest.mark.parametrize("dag_id", ["ringflow_retrain", "ringflow_retrain_on_asset"])
+def test_the_form_offers_only_datasets_its_suite_passes(dagbag, dag_id):
+    """Every built-in the Dataset field accepts, or its description names, passes the DAG's own validate
+    task: its suite and the input gate."""
+    import re
+
+    dag = dagbag.dags[dag_id]
+    offered = _offered_builtins(dag)
+    assert offered == ["digits"]
+    described = re.findall(r"builtin:(\w+)", dag.params.get_param("dataset_uri").description)
+    assert described and set(described) <= set(offered)
+    validate = dag.get_task("digits.validate")
+    for name in offered:
+        validate.dataset_uri = f"builtin:{name}"
+        result = validate.execute(context={})  # raises DataValidationError, with the reasons, if it fails
+        assert result["dataset"] == f"builtin:{name}"
+
+
+def test_each_fixed_dataset_passes_its_own_suite(dagbag):
+    dag = dagbag.dags["ringflow_two_models"]
+    for group in ("digits", "diabetes"):
+        validate = dag.get_task(f"{group}.validate")
+        assert validate.dataset_uri == f"builtin:{group}"
+        assert validate.execute(context={})["suite"] == group
 
 
 def test_pipeline_composes_twice_in_one_dag(dagbag, store):
+    from ringflow.training.runs import store_layout
+
     dag = dagbag.dags["ringflow_two_models"]
     assert sorted(dag.task_ids) == sorted(f"{g}.{s}" for g in ("digits", "diabetes") for s in PIPELINE)
     for group in ("digits", "diabetes"):  # two separate chains, nothing crosses between them
         for upstream, downstream in zip(PIPELINE, PIPELINE[1:]):
             assert dag.get_task(f"{group}.{upstream}").downstream_task_ids == {f"{group}.{downstream}"}
     digits, diabetes = dag.get_task("digits.train"), dag.get_task("diabetes.train")
-    assert digits.run_uri != diabetes.run_uri and digits.run_uri.endswith("/digits")
+    ti = _FakeTI(1, {}, dag_id=dag.dag_id)
+    assert digits.run_folder({"ti": ti}) == store_layout.run_uri(str(store), dag.dag_id, ti.run_id, "digits")
+    assert diabetes.run_folder({"ti": ti}) == store_layout.run_uri(str(store), dag.dag_id, ti.run_id, "diabetes")
     assert "digits.shard" in digits.manifest_uri and "diabetes.shard" in diabetes.manifest_uri
     assert dag.get_task("diabetes.promote").gate.mode == "min"
     assert dag.get_task("diabetes.promote").gate.metric == "mse"
@@ -123,48 +187,79 @@ def test_factory_in_a_new_dag_with_plain_values(tmp_path):
 
 
 class _FakeTI:
-    def __init__(self, try_number: int, xcoms: dict):
+    def __init__(self, try_number: int, xcoms: dict, dag_id: str = "ringflow_retrain",
+                 run_id: str = "manual__2025-06-01T10:00:00.123456+00:00"):
         self.try_number, self._xcoms = try_number, xcoms
+        self.dag_id, self.run_id, self.task_id = dag_id, run_id, "digits.train"
 
     def xcom_pull(self, task_ids=None, **_):
         return self._xcoms[task_ids]
 
 
 def _render(task, field: str, *, params: dict, try_number: int = 1, run_id: str, xcoms: dict | None = None):
-    context = {"params": params, "ti": _FakeTI(try_number, xcoms or {}), "dag": task.dag, "run_id": run_id}
+    context = {"params": params, "ti": _FakeTI(try_number, xcoms or {}, run_id=run_id), "dag": task.dag,
+               "run_id": run_id}
     return task.render_template(getattr(task, field), context, jinja_env=task.dag.get_template_env())
 
 
-def test_wiring_templates_render_what_the_tasks_need(dagbag, store):
-    from ringflow.operators import layout
+def test_the_tasks_turn_the_form_into_a_job_and_a_gate(dagbag, store):
+    """What the form's Params render to in the task arguments, and what the tasks make of it when they run:
+    the job config, the run folder, the gate."""
+    from ringflow.training.runs import store_layout
+    from ringflow.operators.promote import build_gate
+    from ringflow.operators.train import build_job_config, worker_count
 
     dag = dagbag.dags["ringflow_retrain"]
-    params = {**dag.params.dump(), "epochs": 3, "learning_rate": 0.01,
-              "job_overrides": {"faults": [{"kind": "crash", "rank": 1, "step": 7}], "seed": 4}}
+    params = {**dag.params.dump(), "epochs": 3, "learning_rate": 0.01, "num_workers": 4,
+              "job_overrides": {"checkpoint": {"every_steps": 10}, "seed": 4}}
     run_id = "manual__2025-06-01T10:00:00.123456+00:00"
     train = dag.get_task("digits.train")
 
-    first = json.loads(_render(train, "job_config", params=params, try_number=1, run_id=run_id))
-    assert first == {"epochs": 3, "batch_size": 32, "learning_rate": 0.01, "seed": 4,
-                     "faults": [{"kind": "crash", "rank": 1, "step": 7}]}
-    retry = json.loads(_render(train, "job_config", params=params, try_number=2, run_id=run_id))
-    assert retry["faults"] == [] and retry["seed"] == 4  # faults on the first try only
+    def rendered(task, field, **kw):
+        return _render(task, field, params={**params, **kw}, run_id=run_id,
+                       xcoms={"digits.shard": {"manifest_uri": "/s/manifest.json"}})
 
-    run_uri = _render(train, "run_uri", params=params, run_id=run_id)
-    assert run_uri == layout.run_uri(str(store), "ringflow_retrain", run_id, "digits")
+    config = build_job_config(manifest_uri=rendered(train, "manifest_uri"), run_uri="/r",
+                              overrides=rendered(train, "job_config"), epochs=rendered(train, "epochs"),
+                              batch_size=rendered(train, "batch_size"),
+                              learning_rate=rendered(train, "learning_rate"))
+    assert {k: config[k] for k in ("manifest_uri", "epochs", "batch_size", "learning_rate", "seed", "faults")} == {
+        "manifest_uri": "/s/manifest.json", "epochs": 3, "batch_size": 32, "learning_rate": 0.01, "seed": 4,
+        "faults": []}
+    assert config["checkpoint"]["every_steps"] == 10
+    assert worker_count(rendered(train, "num_workers")) == 4
+
+    run_uri = train.run_folder({"ti": _FakeTI(2, {}, run_id=run_id)})  # the same on every try
+    assert run_uri == store_layout.run_uri(str(store), "ringflow_retrain", run_id, "digits")
     assert run_uri.endswith("/runs/ringflow_retrain/manual__2025-06-01T10_00_00.123456_00_00/digits")
 
-    manifest = _render(train, "manifest_uri", params=params, run_id=run_id,
-                       xcoms={"digits.shard": {"manifest_uri": "/s/manifest.json"}})
-    assert manifest == "/s/manifest.json"
     promote = dag.get_task("digits.promote")
-    assert _render(promote, "gate_mode", params={**params, "gate_mode": "min"}, run_id=run_id) == "min"
     assert _render(promote, "run_uri", params=params, run_id=run_id,
                    xcoms={"digits.train": {"run_uri": run_uri}}) == run_uri
+    gate = build_gate(metric=rendered(promote, "metric"), mode=rendered(promote, "mode"),
+                      threshold=rendered(promote, "threshold"))
+    assert (gate.metric, gate.mode, gate.threshold) == ("accuracy", "max", None)  # an empty threshold field
+    gate = build_gate(metric=rendered(promote, "metric", gate_metric="loss"),
+                      mode=rendered(promote, "mode", gate_mode="min"),
+                      threshold=rendered(promote, "threshold", gate_threshold=0.3))
+    assert (gate.metric, gate.mode, gate.threshold) == ("loss", "min", 0.3)
 
 
-def test_job_config_of_a_template_must_be_one_expression():
-    from ringflow.operators.pipeline import job_config_template
+def test_injected_faults_apply_on_the_first_try_only(tmp_path):
+    """Tests (not the deployed forms) inject faults through the factory's job_config; the train task keeps
+    them on its first try only."""
+    import datetime as dt
 
-    with pytest.raises(ValueError, match="one expression"):
-        job_config_template(epochs="epochs: {{ params.epochs }}", batch_size=1, learning_rate=0.1)
+    from airflow.sdk import DAG
+
+    from ringflow.operators.pipeline import ringflow_pipeline
+
+    fault = {"kind": "crash", "rank": 1, "step": 7}
+    with DAG("faulty", schedule=None, start_date=dt.datetime(2025, 1, 1)) as dag:
+        ringflow_pipeline("a", dataset_uri="builtin:wine", model_name="wine-a", epochs=2, batch_size=8,
+                          learning_rate=0.01, store_uri=str(tmp_path), job_config={"faults": [fault], "seed": 4})
+    train = dag.get_task("a.train")
+    train.manifest_uri = "/s/manifest.json"  # what rendering gives
+    first, retry = train.build_config("/r", try_number=1), train.build_config("/r", try_number=2)
+    assert [f["kind"] for f in first["faults"]] == ["crash"] and first["seed"] == 4 and first["epochs"] == 2
+    assert retry["faults"] == [] and retry["seed"] == 4

@@ -9,6 +9,9 @@ import re
 
 import pytest
 
+from ringflow.training.run_layout import RESULT
+from ringflow.training.run_result import RunResult
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 DAG_ID = "ringflow_retrain"
@@ -25,10 +28,16 @@ def states(tis) -> dict[str, str]:
     return {step: str(tis[step].state) for step in STEPS}
 
 
-def run_folder(store: pathlib.Path, dr) -> pathlib.Path:
-    from ringflow.operators import layout
+def inject_faults(dag, **overrides) -> None:
+    """Tests only: put `overrides` (faults included) into the parsed DAG's train task, as the pipeline
+    factory's job_config; `dag.test()` runs these task objects. The deployed form refuses faults."""
+    dag.get_task("digits.train").job_config = overrides
 
-    return pathlib.Path(layout.run_uri(str(store), DAG_ID, dr.run_id, "digits"))
+
+def run_folder(store: pathlib.Path, dr) -> pathlib.Path:
+    from ringflow.training.runs import store_layout
+
+    return pathlib.Path(store_layout.run_uri(str(store), DAG_ID, dr.run_id, "digits"))
 
 
 def test_success_promotes_version_1(airflow_db, dagbag, store):
@@ -40,10 +49,10 @@ def test_success_promotes_version_1(airflow_db, dagbag, store):
     assert pointer["version"] == 1 and pointer["previous"] is None
     assert pointer["metrics"]["accuracy"] > 0.5
     folder = run_folder(store, dr)
-    assert pointer["source_run"] == str(folder)
+    assert pointer["run_uri"] == str(folder)
     for name in ("result.json", "eval.json", "health.jsonl", "health.png"):
         assert (folder / name).is_file(), name
-    assert json.loads((folder / "result.json").read_text())["verdict"]["status"] in ("HEALTHY", "DEGRADED")
+    assert RunResult.from_json((folder / RESULT).read_bytes()).verdict.status in ("HEALTHY", "DEGRADED")
     manifests = list((store / "shards" / "digits").glob("*/manifest.json"))
     assert len(manifests) == 1
 
@@ -67,12 +76,34 @@ def test_broken_dataset_fails_at_validate_and_writes_nothing(airflow_db, dagbag,
     assert not (store / "models").exists()
 
 
+def test_data_the_suite_does_not_check_but_training_cannot_use_fails_at_validate(airflow_db, dagbag, store,
+                                                                                 tmp_path, capfd):
+    """NaN cells and a stray "n/a" in feature columns the digits suite does not name: refused at validate,
+    with the columns, counts and rows, before any shard or run folder is written."""
+    from ringflow.training.datasets import load_builtin
+
+    df = load_builtin("digits")
+    df.loc[[3, 14], "pixel_1_1"] = float("nan")
+    df["pixel_6_6"] = df["pixel_6_6"].astype(object)
+    df.loc[15, "pixel_6_6"] = "n/a"
+    data = tmp_path / "incoming" / "digits-gaps.csv"
+    data.parent.mkdir()
+    df.to_csv(data, index=False)
+
+    dr, tis = run(dagbag.dags[DAG_ID], {"epochs": 2, "dataset_uri": str(data), "model_name": "digits-gaps"})
+    out = capfd.readouterr().out
+    assert states(tis) == {"validate": "failed", "shard": "upstream_failed", "train": "upstream_failed",
+                           "evaluate": "upstream_failed", "promote": "upstream_failed"}
+    assert "feature column 'pixel_1_1': 2 of 1797 rows" in out and "at rows [3, 14]" in out
+    assert "feature column 'pixel_6_6': 1 of 1797 rows" in out and "at rows [15]" in out
+    assert not (store / "shards").exists() and not (store / "runs").exists()
+
+
 def test_injected_nan_fails_at_train_with_the_verdict(airflow_db, dagbag, store, capfd):
     dag = dagbag.dags[DAG_ID]
     assert dag.get_task("digits.train").retries >= 1  # NONFINITE is not retried all the same
-    conf = {"epochs": 2, "model_name": "digits-nan",
-            "job_overrides": {"faults": [{"kind": "nan_gradient", "rank": 1, "step": 10}]}}
-    dr, tis = run(dag, conf)
+    inject_faults(dag, faults=[{"kind": "nan_gradient", "rank": 1, "step": 10}])
+    dr, tis = run(dag, {"epochs": 2, "model_name": "digits-nan"})
     out = capfd.readouterr().out
     assert dr.state == "failed"
     assert states(tis) == {"validate": "success", "shard": "success", "train": "failed",
@@ -80,9 +111,9 @@ def test_injected_nan_fails_at_train_with_the_verdict(airflow_db, dagbag, store,
     # The task's failure names the verdict and its evidence (not only the job's own log lines do).
     assert re.search(r"AirflowFailException: .*health verdict NONFINITE: NaN/Inf .*evidence", out), out[-3000:]
     assert tis["train"].try_number == 1
-    result = json.loads((run_folder(store, dr) / "result.json").read_text())
-    assert result["status"] == "failed" and result["verdict"]["status"] == "NONFINITE"
-    assert 1 in result["verdict"]["evidence"]["ranks"]
+    result = RunResult.from_json((run_folder(store, dr) / RESULT).read_bytes())
+    assert result.status == "failed" and result.verdict.status == "NONFINITE"
+    assert 1 in result.verdict.evidence["ranks"]
     assert (run_folder(store, dr) / "health.png").is_file()
     assert not (store / "models").exists()
 
@@ -92,30 +123,28 @@ def test_worker_crash_is_retried_and_resumes_from_the_checkpoint(airflow_db, dag
     train = dag.get_task("digits.train")
     assert train.retries >= 1  # the DAG's own default: a crashed job resumes on the retry
     train.retry_delay = dt.timedelta(seconds=1)
-    conf = {"epochs": 2, "model_name": "digits-crash",
-            "job_overrides": {"checkpoint": {"every_steps": 10},
-                              "faults": [{"kind": "crash", "rank": 1, "step": 25}]}}
-    dr, tis = run(dag, conf)
+    inject_faults(dag, checkpoint={"every_steps": 10}, faults=[{"kind": "crash", "rank": 1, "step": 25}])
+    dr, tis = run(dag, {"epochs": 2, "model_name": "digits-crash"})
     assert dr.state == "success", states(tis)
     assert tis["train"].try_number == 2
-    result = json.loads((run_folder(store, dr) / "result.json").read_text())
-    assert result["status"] == "succeeded"
-    assert result["resumed_from"] == "ckpt-000000020"
-    assert result["step"] == 44  # 2 epochs x 22 steps: nothing lost, nothing repeated
+    result = RunResult.from_json((run_folder(store, dr) / RESULT).read_bytes())
+    assert result.succeeded
+    assert result.resumed_from == "ckpt-000000020"
+    assert result.step == 44  # 2 epochs x 22 steps: nothing lost, nothing repeated
     pointer = json.loads((store / "models" / "digits-crash" / "production.json").read_text())
-    assert pointer["version"] == 1 and pointer["checkpoint"] == result["checkpoint"]
+    assert pointer["version"] == 1 and pointer["checkpoint"] == result.checkpoint
 
 
 def test_two_models_in_one_dag_each_promote_by_their_own_gate(airflow_db, dagbag, store):
     dr = dagbag.dags["ringflow_two_models"].test(run_conf={"epochs": 1})
     tis = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
     assert dr.state == "success", tis
-    from ringflow.operators import layout
+    from ringflow.training.runs import store_layout
 
     digits = json.loads((store / "models" / "digits-mlp" / "production.json").read_text())
     diabetes = json.loads((store / "models" / "diabetes-mlp" / "production.json").read_text())
     assert digits["version"] == diabetes["version"] == 1
     assert "accuracy" in digits["metrics"] and {"mse", "r2"} <= set(diabetes["metrics"])
-    runs = [pathlib.Path(layout.run_uri(str(store), "ringflow_two_models", dr.run_id, g)) for g in ("digits", "diabetes")]
-    assert [p["source_run"] for p in (digits, diabetes)] == [str(r) for r in runs]
+    runs = [pathlib.Path(store_layout.run_uri(str(store), "ringflow_two_models", dr.run_id, g)) for g in ("digits", "diabetes")]
+    assert [p["run_uri"] for p in (digits, diabetes)] == [str(r) for r in runs]
     assert all((r / "eval.json").is_file() for r in runs)

@@ -1,4 +1,4 @@
-"""deploy/: every manifest loads and has a known kind, images are pinned, RBAC grants exactly what the hook
+"""deploy/: every manifest loads and has a known kind, images are pinned, RBAC grants exactly what the client
 calls, the example MPIJob is what the backend generates and passes the CRD schema strictly, and the Helm
 values wire Airflow to all of it."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-sys.path.insert(0, str(ROOT / "tests" / "operators" / "kubernetes"))
+sys.path.insert(0, str(ROOT / "tests" / "training" / "backends" / "kubernetes"))
 import strict_schema  # noqa: E402  (the shared strict CRD validator)
 
 KNOWN = {
@@ -90,8 +90,8 @@ def _rules(role: dict) -> set[tuple[str, str, str]]:
             for resource in rule["resources"] for verb in rule["verbs"]}
 
 
-def test_rbac_grants_exactly_what_the_hook_calls():
-    from ringflow.operators.kubernetes.hook import API_CALLS
+def test_rbac_grants_exactly_what_the_client_calls():
+    from ringflow.training.backends.kubernetes.client import API_CALLS
 
     (role,) = of_kind("Role")
     assert _rules(role) == set(API_CALLS)
@@ -104,7 +104,7 @@ def test_rbac_grants_exactly_what_the_hook_calls():
 
 
 def test_minio_and_the_training_pods_read_the_same_secret_keys():
-    from ringflow.operators.kubernetes.mpijob import S3_SECRET_KEYS
+    from ringflow.training.backends.kubernetes.mpijob import S3_SECRET_KEYS
 
     (secret,) = [doc for _, doc in manifests() if doc["kind"] == "Secret" and doc["metadata"]["name"] == "ringflow-minio"]
     assert set(secret["stringData"]) == set(S3_SECRET_KEYS)
@@ -124,8 +124,8 @@ def test_secret_templates_hold_no_real_credentials():
 
 
 def _example_backend_manifests():
-    from ringflow.operators.job_spec import JobSpec
-    from ringflow.operators.kubernetes.mpijob import MPIJobSettings, build_mpijob
+    from ringflow.training.backends.job_spec import JobSpec
+    from ringflow.training.backends.kubernetes.mpijob import MPIJobSettings, build_mpijob
 
     settings = MPIJobSettings(image="REGISTRY/ringflow-training:0.1.0", namespace="ringflow",
                               s3_secret_name="ringflow-minio", s3_endpoint="http://minio.ringflow.svc:9000")
@@ -168,7 +168,7 @@ def test_airflow_values_wire_the_deployment():
 
 
 def test_airflow_values_configure_a_valid_mpijob_backend():
-    from ringflow.operators.kubernetes.backend import backend_from_env
+    from ringflow.training.backends.kubernetes.backend import backend_from_env
 
     values = yaml.safe_load((DEPLOY / "airflow-values.yaml").read_text())
     env = {e["name"]: e["value"] for e in values["env"]}

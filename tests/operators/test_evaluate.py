@@ -2,7 +2,6 @@
 meta, result.json), made here in one process so the test needs no Horovod."""
 from __future__ import annotations
 
-import io
 import json
 import os
 import pathlib
@@ -13,7 +12,7 @@ from ringflow.operators.evaluate import EvaluateModelOperator, s3_env_for
 from ringflow.operators.shard import shard_dataset
 
 
-def make_run(run_store, manifest_uri: str, steps: int) -> str:
+def make_run(run_folder, manifest_uri: str, steps: int) -> str:
     """Train the default MLP for `steps` full-batch steps on partition 0 and save it as the final checkpoint."""
     import torch
 
@@ -23,6 +22,8 @@ def make_run(run_store, manifest_uri: str, steps: int) -> str:
     from ringflow.training.manifest import load_manifest
     from ringflow.training.models import build_model
     from ringflow.training.sharding import read_partition
+    from ringflow.training.run_result import RunResult, write_result
+    from ringflow.training.training_state import STATE_FILE, TrainingState
 
     manifest, shard_store = load_manifest(manifest_uri)
     schema = manifest.schema
@@ -34,13 +35,14 @@ def make_run(run_store, manifest_uri: str, steps: int) -> str:
         optimizer.zero_grad()
         loss_fn(model(x), y).backward()
         optimizer.step()
-    buf = io.BytesIO()
-    torch.save({"model": model.state_dict()}, buf)
+    state = TrainingState(model=model.state_dict(), optimizer=optimizer.state_dict(), cursor=(1, 0), step=steps,
+                          torch_rng=torch.get_rng_state())
     meta = {"step": steps, "manifest_uri": manifest_uri, "model": {"kind": "mlp", "hidden": [64, 64], "dropout": 0.0,
                                                                    "factory": None, "kwargs": {}},
             "schema": {"num_features": len(schema.features), "num_outputs": schema.num_outputs, "task": schema.task}}
-    name = CheckpointStore(run_store).save(steps, {"state.pt": buf.getvalue()}, meta)
-    run_store.put_bytes("result.json", json.dumps({"status": "succeeded", "checkpoint": name}).encode())
+    name = CheckpointStore(run_folder).save(steps, {STATE_FILE: state.to_bytes()}, meta)
+    write_result(run_folder, RunResult(status="succeeded", attempt="a1", step=steps, epoch=1, world_size=1,
+                                      checkpoint=name))
     return name
 
 
@@ -75,6 +77,17 @@ def test_a_run_without_result_fails_clearly(tmp_path):
 
     with pytest.raises(ObjectNotFound, match="result.json"):
         EvaluateModelOperator(task_id="evaluate", run_uri=str(tmp_path / "empty")).execute({})
+
+
+def test_a_failed_run_has_no_checkpoint_to_score(tmp_path):
+    from ringflow.training.health.verdict import Verdict
+    from ringflow.training.run_result import RunResult, write_result
+    from ringflow.training.store import LocalFolderStore
+
+    write_result(LocalFolderStore(tmp_path / "run"), RunResult(
+        status="failed", attempt="a1", step=4, epoch=0, world_size=2, verdict=Verdict("NONFINITE", "NaN")))
+    with pytest.raises(ValueError, match="the run failed .attempt a1. and has no final checkpoint"):
+        EvaluateModelOperator(task_id="evaluate", run_uri=str(tmp_path / "run")).execute({})
 
 
 def test_template_fields():

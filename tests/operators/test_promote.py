@@ -1,25 +1,31 @@
 """The promote and rollback operators (called with .execute(context={}), no scheduler), and the
-Airflow connection they read S3 settings from."""
+Airflow connection they read S3 settings from. Races between promote tasks: exact interleavings
+(another task runs just before this one's pointer write) and many task processes released at once."""
 from __future__ import annotations
 
 import json
 
 import pytest
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from promotion_race import race
 
+import ringflow.operators.promote as promote_module
 from ringflow.operators.connections import S3ConnectionError, open_store_for, s3_settings_from_connection
-from ringflow.operators.model_registry import ModelRegistry, RegistryError
 from ringflow.operators.promote import PromoteModelOperator, PromotionGateFailed, RollbackModelOperator
 from ringflow.training.checkpoint import CheckpointStore
-from ringflow.training.store import LocalFolderStore, MinioStore
+from ringflow.training.health.verdict import Verdict
+from ringflow.training.registry.model_registry import ModelRegistry, RegistryError
+from ringflow.training.run_result import RunResult, write_result
+from ringflow.training.store import LocalFolderStore, S3Store, StoreConfigError
 
 
 def make_run(store, run_id, accuracy, *, status="succeeded", verdict="HEALTHY", step=40):
     """A run folder as the train and evaluate tasks leave it."""
     run = store.child(f"runs/{run_id}")
     ckpt = CheckpointStore(run).save(step, {"state.pt": f"weights of {run_id}".encode()}, {})
-    run.put_bytes("result.json", json.dumps({"status": status, "checkpoint": ckpt,
-                                             "verdict": {"status": verdict, "reasons": []}}).encode())
+    write_result(run, RunResult(status=status, attempt=f"{run_id}-a1", step=step, epoch=1, world_size=2,
+                                checkpoint=ckpt if status == "succeeded" else None,
+                                verdict=Verdict(verdict, "as judged") if verdict else None))
     run.put_bytes("eval.json", json.dumps({"metrics": {"accuracy": accuracy, "loss": 1 - accuracy}}).encode())
     return run_id
 
@@ -121,7 +127,7 @@ def test_rollback_operator(local):
 @pytest.mark.slow
 def test_promote_and_rollback_on_s3_with_the_connection_from_the_environment(s3_server, s3_connection):
     bucket = s3_server.new_bucket()
-    store = MinioStore.from_settings(bucket, "ml", s3_server.settings())
+    store = S3Store.from_settings(bucket, "ml", s3_server.settings())
     uri = f"s3://{bucket}/ml"
     assert promote(uri, make_run(store, "r1", 0.90))["version"] == 1
     assert promote(uri, make_run(store, "r2", 0.95), conn_id=s3_connection)["version"] == 2
@@ -129,6 +135,129 @@ def test_promote_and_rollback_on_s3_with_the_connection_from_the_environment(s3_
     assert store.get_bytes("models/digits/v2/state.pt") == b"weights of r2"
     RollbackModelOperator(task_id="rollback", name="digits", store_uri=uri).execute(context={})
     assert json.loads(store.get_bytes("models/digits/production.json"))["version"] == 1
+
+
+# -- racing promotions ---------------------------------------------------------------------------
+
+class BeforePointerWrite:
+    """The store, except that `before()` runs once, just before the first conditional write of
+    production.json: another task lands between this task's gate check and its pointer write."""
+
+    def __init__(self, store, before):
+        self._store, self._before, self.fired = store, before, False
+
+    def __getattr__(self, name):
+        attr = getattr(self._store, name)
+        if name not in ("put_bytes_if_absent", "put_bytes_if_match"):
+            return attr
+
+        def hooked(key, *args):
+            if not self.fired and key.endswith("production.json"):
+                self.fired = True
+                self._before()
+            return attr(key, *args)
+        return hooked
+
+
+def racing_store(monkeypatch, store, before):
+    racing = BeforePointerWrite(store, before)
+    monkeypatch.setattr(promote_module, "open_store_for", lambda uri, conn_id: racing)
+    return racing
+
+
+@pytest.mark.parametrize("fail_on_gate", [False, True])
+def test_a_run_that_becomes_worse_than_production_while_promoting_is_not_promoted(local, monkeypatch, fail_on_gate):
+    uri, store = local
+    promote(uri, make_run(store, "r0", 0.80))
+    make_run(store, "better", 0.95)
+    landed = []
+    racing = racing_store(monkeypatch, store, lambda: landed.append(promote(uri, "better")))
+    # 0.90 beats version 1 (0.80) when read; "better" (0.95) lands before this task's pointer write.
+    if fail_on_gate:
+        with pytest.raises(PromotionGateFailed, match=r"worse than production version 3 \(0\.95.*stay in the registry "
+                                                       r"as version 2, not in production"):
+            promote(uri, make_run(store, "good", 0.90), fail_on_gate=True)
+    else:
+        outcome = promote(uri, make_run(store, "good", 0.90))
+        assert (outcome["promoted"], outcome["version"], outcome["previous"]) == (False, 2, 3)
+        assert "accuracy 0.9 is worse than production version 3 (0.95" in outcome["reason"]
+    assert racing.fired and landed[0]["promoted"] and landed[0]["version"] == 3
+    registry = ModelRegistry(store)
+    assert registry.production("digits").version == 3 and registry.versions("digits") == [1, 2, 3]
+    assert [(p.version, p.replaced) for p in registry.history("digits")] == [(1, None), (3, 1)]
+
+
+def test_a_run_still_better_than_what_landed_meanwhile_is_promoted_over_it(local, monkeypatch):
+    uri, store = local
+    make_run(store, "first", 0.85)
+    racing_store(monkeypatch, store, lambda: promote(uri, "first"))
+    outcome = promote(uri, make_run(store, "best", 0.95))
+    assert (outcome["promoted"], outcome["version"], outcome["previous"]) == (True, 1, 2)
+    history = ModelRegistry(store).history("digits")
+    assert [(p.version, p.metrics["accuracy"]) for p in history] == [(2, 0.85), (1, 0.95)]
+
+
+def test_a_rollback_task_fails_rather_than_roll_back_a_version_that_landed_meanwhile(local, monkeypatch):
+    uri, store = local
+    promote(uri, make_run(store, "r1", 0.90))
+    promote(uri, make_run(store, "r2", 0.95))
+    make_run(store, "r3", 0.97)
+    racing_store(monkeypatch, store, lambda: promote(uri, "r3"))
+    # Failed for good: a retry would read production afresh and roll back version 3 instead.
+    with pytest.raises(AirflowFailException, match="production is version 3 .*not version 2"):
+        RollbackModelOperator(task_id="rollback", name="digits", store_uri=uri).execute(context={})
+    monkeypatch.undo()
+    assert ModelRegistry(store).production("digits").version == 3
+    with pytest.raises(AirflowFailException, match="not version 2"):
+        RollbackModelOperator(task_id="rollback", name="digits", store_uri=uri, from_version=2).execute(context={})
+    pointer = RollbackModelOperator(task_id="rollback", name="digits", store_uri=uri,
+                                    from_version=3).execute(context={})
+    assert (pointer["version"], pointer["replaced"], pointer["revision"]) == (2, 3, 4)
+
+
+ACCURACIES = [0.83, 0.87, 0.81, 0.90, 0.85, 0.88, 0.80, 0.86]  # in the order the runs are listed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_many_promote_tasks_at_once_keep_the_best_and_an_explainable_history(kind, request, tmp_path):
+    if kind == "local":
+        uri, store, conn_id = str(tmp_path / "ml"), LocalFolderStore(tmp_path / "ml"), None
+    else:
+        server, conn_id = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_connection")
+        bucket = server.new_bucket()
+        uri, store = f"s3://{bucket}/ml", S3Store.from_settings(bucket, "ml", server.settings())
+    runs = [make_run(store, f"r{i}", acc) for i, acc in enumerate(ACCURACIES)]
+    outcomes = race([{"operator": {"name": "digits", "store_uri": uri, "run_uri": f"{uri}/runs/{run}",
+                                   "conn_id": conn_id}} for run in runs])
+    assert all("error" not in o for o in outcomes), outcomes
+    registry = ModelRegistry(store)
+    history = registry.history("digits")
+    # Explainable: revisions 1, 2, ... each replacing the version before it, and (with a "no worse
+    # than production" gate and no rollback) never a step down in accuracy.
+    assert [p.revision for p in history] == list(range(1, len(history) + 1)) and history[0].replaced is None
+    assert all(b.replaced == a.version for a, b in zip(history, history[1:]))
+    accuracies = [p.metrics["accuracy"] for p in history]
+    assert accuracies == sorted(accuracies) and accuracies[-1] == max(ACCURACIES)
+    assert registry.production("digits") == history[-1]
+    # No update lost: every task that says it promoted is in the history, exactly once...
+    promoted = [o for o in outcomes if o["promoted"]]
+    assert sorted(o["version"] for o in promoted) == sorted(p.version for p in history)
+    by_version = {p.version: p for p in history}
+    assert all(by_version[o["version"]].replaced == o["previous"] for o in promoted)
+    assert all(by_version[o["version"]].metrics["accuracy"] == o["value"] for o in promoted)
+    # ...and every other one was refused against a version that really was better.
+    for o in outcomes:
+        if not o["promoted"]:
+            assert "worse than production version" in o["reason"], o
+            better = registry.model_info("digits", int(o["reason"].split("production version ")[1].split()[0]))
+            assert better["metrics"]["accuracy"] > o["value"]
+    # Every version (promoted or not) distinct and complete, holding its own run's checkpoint.
+    copied = [o["version"] for o in outcomes if o["version"] is not None]
+    assert len(set(copied)) == len(copied) and sorted(copied) == registry.versions("digits")
+    for version in copied:
+        run = registry.model_info("digits", version)["source"]["run_uri"].rsplit("/", 1)[1]
+        assert store.get_bytes(f"models/digits/v{version}/state.pt") == f"weights of {run}".encode()
 
 
 # -- connections ---------------------------------------------------------------------------------
@@ -163,7 +292,54 @@ def test_missing_connection_and_missing_conn_id(monkeypatch, tmp_path):
     monkeypatch.delenv("AIRFLOW_CONN_NOWHERE", raising=False)
     with pytest.raises(S3ConnectionError, match="AIRFLOW_CONN_NOWHERE"):
         s3_settings_from_connection("nowhere")
-    with pytest.raises(S3ConnectionError, match="no conn_id was given"):
+    # conn_id None: no connection, the environment's S3 settings (here: none, so it says which to set).
+    for var in ("RINGFLOW_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(StoreConfigError, match="needs RINGFLOW_S3_ENDPOINT.*set in the environment"):
         open_store_for("s3://bucket/ml", None)
+    monkeypatch.setenv("RINGFLOW_S3_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "env-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    assert isinstance(open_store_for("s3://bucket/ml", None), S3Store)  # opened lazily: no request yet
     # Local stores need no connection at all.
     assert isinstance(open_store_for(str(tmp_path), None), LocalFolderStore)
+
+
+@pytest.mark.parametrize("args, expect", [
+    ({}, ("accuracy", "max", None)),
+    ({"metric": "mse", "mode": "min", "threshold": 0.5}, ("mse", "min", 0.5)),
+    # what templates render to: text
+    ({"metric": " loss ", "mode": "min", "threshold": "0.3"}, ("loss", "min", 0.3)),
+    ({"threshold": "None"}, ("accuracy", "max", None)),
+    ({"threshold": ""}, ("accuracy", "max", None)),
+    ({"threshold": "null"}, ("accuracy", "max", None)),
+    ({"mode": "median"}, "gate mode is 'median'; use 'max'"),
+    ({"metric": ""}, "gate metric is ''; name a metric of eval.json"),
+    ({"threshold": "high"}, "gate threshold rendered to 'high'; use a number"),
+    ({"threshold": float("nan")}, "gate threshold is nan"),
+])
+def test_build_gate(args, expect):
+    if isinstance(expect, str):
+        with pytest.raises(ValueError, match=expect):
+            promote_module.build_gate(**args)
+    else:
+        gate = promote_module.build_gate(**args)
+        assert (gate.metric, gate.mode, gate.threshold) == expect
+
+
+def test_the_gate_is_built_when_the_task_runs(local):
+    """Templated gate values are checked once rendered; plain ones when the DAG is parsed."""
+    uri, store = local
+    run = make_run(store, "r1", 0.9)
+    op = PromoteModelOperator(task_id="promote", name="digits", store_uri=uri, run_uri=f"{uri}/runs/{run}",
+                              metric="{{ params.gate_metric }}", mode="{{ params.gate_mode }}",
+                              threshold="{{ params.gate_threshold }}")
+    assert {"metric", "mode", "threshold"} <= set(op.template_fields)
+    op.metric, op.mode, op.threshold = "accuracy", "max", "0.95"  # what rendering gives
+    refused = op.execute(context={})
+    assert not refused["promoted"] and "does not reach the threshold (>= 0.95)" in refused["reason"]
+    op.threshold = "0.5"
+    assert op.execute(context={})["promoted"]
+    op.mode = "best"
+    with pytest.raises(ValueError, match="gate mode is 'best'"):
+        op.execute(context={})

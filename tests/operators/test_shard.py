@@ -1,5 +1,5 @@
-"""ShardDatasetOperator and the path conventions (layout.py): a deterministic place, nothing rewritten on a
-rerun, new data or parameters in a new place, S3 through the Airflow connection."""
+"""ShardDatasetOperator: a deterministic place (training/runs/store_layout.py), nothing rewritten on a rerun,
+new data or parameters in a new place, S3 through the Airflow connection."""
 from __future__ import annotations
 
 import json
@@ -9,37 +9,8 @@ import pathlib
 
 import pytest
 
-from ringflow.operators import layout
 from ringflow.operators.shard import ShardDatasetOperator, shard_dataset
 
-
-# -- layout ----------------------------------------------------------------------------------------
-
-def test_default_store_is_env_or_airflow_home(monkeypatch, tmp_path):
-    monkeypatch.setenv("RINGFLOW_STORE", "s3://bucket/ml")
-    assert layout.default_store_uri() == "s3://bucket/ml"
-    monkeypatch.delenv("RINGFLOW_STORE")
-    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
-    assert layout.default_store_uri() == str(tmp_path / "ringflow-data")
-
-
-def test_layout_paths():
-    assert layout.join("s3://b/ml/", "/runs/", "x") == "s3://b/ml/runs/x"
-    assert layout.join("/data", "") == "/data"
-    assert layout.run_uri("s3://b/ml", "ringflow_retrain", "manual__2025-01-01T00:00:00+00:00") == \
-        "s3://b/ml/runs/ringflow_retrain/manual__2025-01-01T00_00_00_00_00"
-    assert layout.run_uri("/d", "dag", "r", "digits") == "/d/runs/dag/r/digits"
-    assert layout.production_pointer_uri("/d", "m") == "/d/models/m/production.json"
-    assert layout.dataset_slug("builtin:digits") == "digits"
-    assert layout.dataset_slug("s3://b/in/wine v2.csv") == "wine_v2"
-    assert layout.dataset_slug("file:///data/x.parquet") == "x"
-    assert layout.safe_segment("..") == "_"
-    a = layout.shard_key("abc", {"num_partitions": 2, "batch_size": 32})
-    assert a.startswith("w2-b32-") and a == layout.shard_key("abc", {"batch_size": 32, "num_partitions": 2})
-    assert a != layout.shard_key("abd", {"num_partitions": 2, "batch_size": 32})
-
-
-# -- sharding --------------------------------------------------------------------------------------
 
 def _files(folder: pathlib.Path) -> dict[str, float]:
     return {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
@@ -135,5 +106,25 @@ def test_s3_through_the_airflow_connection(s3_server, s3_connection, tmp_path):
     assert keys == {f"{prefix}/{n}" for n in ("manifest.json", "part-00000.parquet", "part-00001.parquet",
                                               "eval.parquet")}
     again = shard_dataset(f"s3://{bucket}/datasets/digits.parquet", f"s3://{bucket}/ml/shards", num_workers=2,
-                          batch_size=32)  # conn_id None: the default connection, ringflow_s3
+                          batch_size=32)  # no conn_id: the default connection, ringflow_s3
     assert again["reused"] and again["manifest_uri"] == result["manifest_uri"]
+
+
+@pytest.mark.parametrize("column, value", [("pixel_6_6", "n/a"), ("pixel_1_1", float("nan")),
+                                           ("target", float("inf"))])
+def test_data_training_cannot_use_is_refused_and_nothing_is_written(tmp_path, column, value):
+    """Whatever the suite said before: the shard step checks features and target itself (input_gate)."""
+    from ringflow.training.datasets import load_builtin
+    from ringflow.training.input_gate import UntrainableData
+
+    df = load_builtin("digits")
+    df[column] = df[column].astype(object if isinstance(value, str) else "float64")
+    df.loc[[5, 6], column] = value
+    data = tmp_path / "digits.csv"
+    df.to_csv(data, index=False)
+    root = tmp_path / "shards"
+    op = ShardDatasetOperator(task_id="shard", dataset_uri=str(data), output_uri=str(root), num_workers=2,
+                              batch_size=32)
+    with pytest.raises(UntrainableData, match=rf"column '{column}': 2 of 1797 rows .* at rows \[5, 6\]"):
+        op.execute({})
+    assert not root.exists() or not any(root.rglob("*"))

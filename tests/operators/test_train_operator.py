@@ -1,13 +1,17 @@
 """The train operator: builds a checked config, launches through the backend, defers; on_kill stops the job."""
+import json
 import types
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
-from ringflow.operators.backends.local import LocalProcessBackend
-from ringflow.operators.train import HorovodTrainOperator, job_name, merge
+from ringflow.operators.train import (
+    OWNED_FIELDS, HorovodTrainOperator, build_job_config, job_name, merge, owned_fields_in, worker_count,
+)
 from ringflow.operators.trigger import HorovodJobTrigger
+from ringflow.training.backends.local import LocalProcessBackend
 from ringflow.training.config import ConfigError
+from ringflow.training.runs import store_layout
 
 
 def context(try_number=1):
@@ -39,9 +43,35 @@ def test_bad_config_fails_before_launch(tmp_path, digits_manifest):
     assert not (tmp_path / "jobs").exists()
 
 
-def test_worker_count_must_match_shards(tmp_path, digits_manifest):
-    with pytest.raises(AirflowException, match="2 partitions but the job asks for 3"):
-        operator(tmp_path, digits_manifest, num_workers=3).execute(context())
+@pytest.mark.parametrize("job_config, num_workers, says", [
+    ({}, 3, "has 2 partitions but the job asks for 3 workers; re-shard for 3 workers or run with 2"),
+    ({"batch_size": 48}, 2, "48 does not divide the .* rows of each partition"),
+    ({"model": {"kind": "custom", "factory": "no_such_module_xyz:build"}}, 2, "cannot be imported"),
+])
+def test_preflight_fails_before_launch(tmp_path, digits_manifest, job_config, num_workers, says):
+    op = operator(tmp_path, digits_manifest, num_workers=num_workers, job_config=job_config)
+    with pytest.raises(ConfigError, match=says):
+        op.execute(context())
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_preflight_runs_for_mpijobs_too(tmp_path, digits_manifest):
+    """The same check before an MPIJob is submitted: nothing reaches the cluster."""
+    from ringflow.operators.connections import AirflowConnections
+    from ringflow.training.backends.kubernetes.backend import MPIJobBackend
+
+    backend = MPIJobBackend({"image": "registry/ringflow-training:0.1.0"}, kubeconfig_path="/nonexistent",
+                            connections=AirflowConnections())  # kept as is: the operator rebuilds one without
+    backend.client = None  # any API call would fail with AttributeError, not the preflight's message
+    op = HorovodTrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),
+                              num_workers=3, backend=backend)
+    with pytest.raises(ConfigError, match="re-shard for 3 workers"):
+        op.execute(context())
+    # The factory is the image's to check (its ranks do, at start): the Airflow worker may not have it.
+    op = HorovodTrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),
+                              backend=backend, job_config={"model": {"kind": "custom", "factory": "in_image:build"}})
+    with pytest.raises(AttributeError):  # past the preflight: on to find() on the cluster
+        op.execute(context())
 
 
 @pytest.mark.slow
@@ -52,6 +82,7 @@ def test_defers_reattaches_and_on_kill_stops_the_job(tmp_path, digits_manifest):
     trigger = deferred.value.trigger
     assert isinstance(trigger, HorovodJobTrigger) and deferred.value.method_name == "execute_complete"
     job_id = trigger.job_id
+    assert trigger.attempt == job_id  # the job's attempt id: the trigger takes this job's result only
     backend = op.backend
     assert backend.status(job_id).state == "running"
 
@@ -75,3 +106,124 @@ def test_execute_complete_turns_errors_into_failures(tmp_path, digits_manifest):
     with pytest.raises(AirflowException) as err:
         op.execute_complete(context(), stalled)
     assert not isinstance(err.value, AirflowFailException)  # a hang may pass: retry from the checkpoint
+
+
+def test_execute_complete_returns_the_jobs_own_result(tmp_path, digits_manifest):
+    from ringflow.training.backends.base import JobStatus, with_result
+    from ringflow.training.health.verdict import Verdict
+    from ringflow.training.run_result import RunResult
+
+    op = operator(tmp_path, digits_manifest)
+    trigger = HorovodJobTrigger(backend_kind="local", backend_kwargs={}, job_id="rf-1", run_uri=str(tmp_path / "run"))
+    result = RunResult(status="succeeded", attempt="rf-1", step=44, epoch=2, world_size=2, checkpoint="ckpt-000000044",
+                       verdict=Verdict("HEALTHY", "no sign of trouble", {"steps_measured": 44}), loss=float("nan"))
+    event = trigger._event("success", with_result(JobStatus("succeeded", exit_code=0), result), None,
+                           "job rf-1 succeeded", "job")
+    out = op.execute_complete(context(), json.loads(json.dumps(event)))  # as the triggerer stores it
+    assert (out["checkpoint"], out["step"], out["status"], out["loss"]) == ("ckpt-000000044", 44, "succeeded", "nan")
+    assert out["verdict"]["status"] == "HEALTHY" and out["job_id"] == "rf-1"
+    json.dumps(out, allow_nan=False)  # an XCom in strict JSON
+    missing = trigger._event("success", JobStatus("succeeded", exit_code=0), None, "job rf-1 succeeded", "job")
+    with pytest.raises(AirflowException, match="wrote no result.json for attempt rf-1"):
+        op.execute_complete(context(), missing)
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"manifest_uri": "s3://other-team/shards/manifest.json"}, "manifest_uri"),
+    ({"run_uri": "s3://other-team/runs/x", "checkpoint": {"every_steps": 10}}, "run_uri"),
+    ({"epochs": 2, "manifest_uri": "/m.json", "run_uri": "/r"}, "manifest_uri"),
+])
+def test_overrides_cannot_change_where_a_run_reads_or_writes(tmp_path, digits_manifest, overrides, field):
+    # A plain dict is refused when the operator is made (the DAG fails to parse, naming the field)...
+    with pytest.raises(ConfigError, match=rf"config field '{field}': cannot be overridden") as err:
+        operator(tmp_path, digits_manifest, job_config=overrides)
+    assert err.value.field == field
+    # ... and a template (a DAG Param) when it has rendered, before anything is launched.
+    op = operator(tmp_path, digits_manifest, job_config="{{ params.job_overrides | tojson }}")
+    op.job_config = json.dumps(overrides)  # what rendering gives
+    with pytest.raises(ConfigError, match=rf"config field '{field}'"):
+        op.execute(context())
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_overrides_may_change_how_it_trains(tmp_path, digits_manifest):
+    op = operator(tmp_path, digits_manifest, job_config={"checkpoint": {"every_steps": 7}, "epochs": 2})
+    config = op.build_config(str(tmp_path / "run"))
+    assert config["run_uri"] == str(tmp_path / "run") and config["checkpoint"]["every_steps"] == 7
+    assert config["manifest_uri"] == digits_manifest and config["epochs"] == 2
+    assert owned_fields_in({"checkpoint": {"keep_last": 2}, "health": {"uri": "x"}}) == []
+    assert owned_fields_in({"manifest_uri": "a", "run_uri": "b"}) == list(OWNED_FIELDS)
+
+
+FAULT = {"kind": "crash", "rank": 1, "step": 7}
+
+
+@pytest.mark.parametrize("args, try_number, expect", [
+    # epochs, batch size and learning rate, then the overrides on top
+    ({"epochs": 3, "batch_size": 32, "learning_rate": 0.01, "overrides": {"seed": 4}}, 1,
+     {"epochs": 3, "batch_size": 32, "learning_rate": 0.01, "seed": 4, "faults": []}),
+    ({"epochs": 3, "overrides": {"epochs": 9}}, 1, {"epochs": 9}),
+    # what templates render to without native rendering: text, and a dict's Python literal
+    ({"epochs": "3", "batch_size": "16", "learning_rate": "0.5", "overrides": "{'checkpoint': {'every_steps': 10}}"},
+     1, {"epochs": 3, "batch_size": 16, "learning_rate": 0.5, "checkpoint": {"every_steps": 10}}),
+    ({"overrides": '{"seed": 2}'}, 1, {"seed": 2}),
+    ({"overrides": "{}", "epochs": None}, 1, {"epochs": 5}),  # None: the config's default
+    # injected faults on the first try only: a retry resumes and shows the recovery
+    ({"overrides": {"faults": [FAULT], "seed": 4}}, 1, {"faults": [FAULT | {"seconds": 0.0}], "seed": 4}),
+    ({"overrides": {"faults": [FAULT], "seed": 4}}, 2, {"faults": [], "seed": 4}),
+])
+def test_build_job_config(args, try_number, expect):
+    config = build_job_config(manifest_uri="/s/manifest.json", run_uri="/r", try_number=try_number, **args)
+    assert config["manifest_uri"] == "/s/manifest.json" and config["run_uri"] == "/r"
+    for key, value in expect.items():
+        if isinstance(value, dict):
+            assert {k: config[key][k] for k in value} == value, key
+        else:
+            assert config[key] == value, key
+
+
+@pytest.mark.parametrize("args, field, says", [
+    ({"epochs": "five"}, "epochs", "rendered to 'five'; give a whole number"),
+    ({"epochs": 2.5}, "epochs", "give a whole number"),
+    ({"learning_rate": "fast"}, "learning_rate", "give a number"),
+    ({"overrides": "epochs: 3"}, "job_config", "neither JSON nor a Python dict"),
+    ({"overrides": "[1, 2]"}, "job_config", "is list"),
+    ({"overrides": '{"run_uri": "/elsewhere"}'}, "run_uri", "cannot be overridden"),
+    ({"overrides": '{"checkpoint": {"uri": "/elsewhere"}}'}, "checkpoint.uri", "moved to run_uri"),
+    ({"batch_size": "0"}, "batch_size", ">= 1"),
+])
+def test_rendered_values_are_checked(args, field, says):
+    with pytest.raises(ConfigError, match=says) as err:
+        build_job_config(manifest_uri="/s/manifest.json", run_uri="/r", **args)
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize("value, expect", [(2, 2), ("2", 2), (" 16 ", 16), ("0", None), ("two", None),
+                                           (True, None), ("1.5", None)])
+def test_worker_count(value, expect):
+    if expect is None:
+        with pytest.raises(ValueError, match="num_workers is .*give a whole number >= 1"):
+            worker_count(value)
+    else:
+        assert worker_count(value) == expect
+
+
+def test_run_folder_comes_from_the_store_the_dag_run_and_the_task_group(tmp_path):
+    """The same folder for every try (retries resume); each TaskGroup of a DAG has its own."""
+    import datetime as dt
+
+    from airflow.sdk import DAG, TaskGroup
+
+    with DAG("two", schedule=None, start_date=dt.datetime(2025, 1, 1)):
+        with TaskGroup("digits"):
+            grouped = HorovodTrainOperator(task_id="train", manifest_uri="/m.json", store_uri="s3://b/ml")
+        alone = HorovodTrainOperator(task_id="train", manifest_uri="/m.json", store_uri="s3://b/ml")
+        given = HorovodTrainOperator(task_id="given", manifest_uri="/m.json", run_uri="/runs/mine")
+    run_id = "manual__2026-11-30T00:00:00+00:00"
+    folders = {grouped.run_folder(context(try_number=n)) for n in (1, 2, 3)}
+    assert folders == {store_layout.run_uri("s3://b/ml", "ringflow_retrain", run_id, "digits")}
+    assert folders == {"s3://b/ml/runs/ringflow_retrain/manual__2026-11-30T00_00_00_00_00/digits"}
+    assert alone.run_folder(context()) == "s3://b/ml/runs/ringflow_retrain/manual__2026-11-30T00_00_00_00_00"
+    assert given.run_folder(context()) == "/runs/mine"
+    with pytest.raises(ValueError, match="give run_uri .* or store_uri"):
+        HorovodTrainOperator(task_id="neither", manifest_uri="/m.json")

@@ -2,6 +2,7 @@
 files (CSV, Parquet, S3 through an Airflow connection)."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import pathlib
@@ -10,9 +11,10 @@ import numpy as np
 import pytest
 
 from ringflow.operators.validate import (
-    DataValidationError, SuiteError, ValidateDatasetOperator, default_suite, load_suite, run_suite, summarize,
+    EVERY_ROW, ROW_COUNT, SAMPLE, SCHEMA, DataValidationError, SuiteError, ValidateDatasetOperator,
+    expectation_scope, load_suite, run_suite, summarize, validate_dataset,
 )
-from ringflow.training.datasets import load_builtin
+from ringflow.training.datasets import as_dataset, builtin_table, load_builtin
 
 SUITES = pathlib.Path(__file__).parent / "suites"
 
@@ -31,14 +33,34 @@ def broken(digits):
     return df
 
 
+# Numeric dtypes a feature column may have (numpy names, plus pandas' nullable ones).
+NUMERIC_TYPES = [f"int{b}" for b in (8, 16, 32, 64)] + [f"uint{b}" for b in (8, 16, 32, 64)] + [
+    "float16", "float32", "float64", "Int8Dtype", "Int16Dtype", "Int32Dtype", "Int64Dtype",
+    "Float32Dtype", "Float64Dtype"]
+
+
 def digits_suite(df):
+    """The checks every training dataset needs, for digits: rows present, no nulls, numeric pixels in 0..16,
+    a label in 0..9."""
+    def exp(type_, **kwargs):
+        return {"type": type_, "kwargs": kwargs}
+
     features = [c for c in df.columns if c != "target"]
-    return default_suite("target", features, target_values=range(10), feature_range=(0, 16), name="digits-default")
+    exps = [exp("expect_table_row_count_to_be_between", min_value=1)]
+    for column in ["target", *features]:
+        exps += [exp("expect_column_to_exist", column=column), exp("expect_column_values_to_not_be_null", column=column)]
+    exps.append(exp("expect_column_values_to_be_in_set", column="target", value_set=list(range(10))))
+    for column in features:
+        exps += [exp("expect_column_values_to_be_in_type_list", column=column, type_list=NUMERIC_TYPES),
+                 exp("expect_column_values_to_be_between", column=column, min_value=0, max_value=16)]
+    return {"name": "digits-default", "expectations": exps}
 
 
-def validate(df, suite):
+def validate(df, suite, batch_rows=500):
+    """The streaming path, in batches of 500 rows (digits: 4 batches), so every count and example is added
+    up across batches; test_streamed_results_equal_the_whole_table_s checks it against one whole-table run."""
     suite = load_suite(suite)
-    return summarize(run_suite(df, suite), suite["name"], df)
+    return validate_dataset(as_dataset(df), suite, batch_rows=batch_rows)
 
 
 def test_default_suite_passes_on_digits(digits):
@@ -110,7 +132,8 @@ def test_unknown_expectation_names_the_entry_to_fix(digits):
 def test_operator_passes_builtin_digits_and_returns_a_small_summary(digits):
     op = ValidateDatasetOperator(task_id="validate", dataset_uri="builtin:digits", suite=digits_suite(digits))
     assert op.execute(context={}) == {"dataset": "builtin:digits", "rows": 1797, "columns": 65,
-                                      "suite": "digits-default", "expectations": 1 + 65 * 2 + 1 + 64 * 2}
+                                      "suite": "digits-default", "expectations": 1 + 65 * 2 + 1 + 64 * 2,
+                                      "sampled": [], "sample_rows": 0}
 
 
 def test_operator_fails_a_broken_csv_with_the_summary(broken, tmp_path):
@@ -152,3 +175,150 @@ def test_operator_reads_a_dataset_from_s3_through_the_connection(broken, digits,
     with pytest.raises(DataValidationError, match="pixel_0_1"):
         bad.execute(context={})
     assert json.loads(json.dumps(good.execute(context={})))  # the XCom value is plain JSON
+
+
+# -- the input gate: feature and target columns hold finite numbers, whatever the suite says ---------
+
+@pytest.fixture(scope="module")
+def untrainable(digits):
+    """Digits that pass the digits suite (which names neither column) but cannot be trained on."""
+    df = digits.copy()
+    df.loc[[10, 20], "pixel_1_1"] = np.nan
+    df["pixel_2_2"] = df["pixel_2_2"].astype("float64")
+    df.loc[[30], "pixel_2_2"] = np.inf
+    return df
+
+
+def test_data_the_suite_passes_still_fails_when_training_cannot_use_it(untrainable):
+    suite = load_suite(str(SUITES / "digits.json"))
+    result = run_suite(untrainable, suite)
+    assert summarize(result, suite["name"], untrainable).success  # without a target: the suite alone
+    summary = summarize(result, suite["name"], untrainable, target="target")
+    assert not summary.success and summary.failures == []
+    assert [(p.column, p.bad_rows, list(p.example_rows)) for p in summary.untrainable] == [
+        ("pixel_1_1", 2, [10, 20]), ("pixel_2_2", 1, [30])]
+    message = summary.message("/data/digits.csv")
+    assert "passed all 9 expectations of suite 'digits', but:" in message
+    assert "feature column 'pixel_1_1': 2 of 1797 rows (0.11%) are not finite numbers (2 null/NaN), " \
+           "e.g. values [None, None] at rows [10, 20]" in message
+    assert "feature column 'pixel_2_2': 1 of 1797 rows (0.06%) is not a finite number (1 inf), " \
+           "e.g. values [inf] at rows [30]" in message
+
+
+def test_operator_fails_untrainable_columns_of_a_csv_and_writes_nothing(untrainable, tmp_path):
+    df = untrainable.copy()
+    df["target"] = df["target"].astype(object)
+    df.loc[40, "target"] = "n/a"  # CSV readers take "n/a" for a missing value
+    path = tmp_path / "digits.csv"
+    df.to_csv(path, index=False)
+    op = ValidateDatasetOperator(task_id="validate", dataset_uri=str(path), suite=str(SUITES / "digits.json"))
+    with pytest.raises(DataValidationError) as excinfo:
+        op.execute(context={})
+    summary = excinfo.value.summary
+    assert [(p.column, p.role) for p in summary.untrainable] == [
+        ("target", "target"), ("pixel_1_1", "feature"), ("pixel_2_2", "feature")]
+    assert "target column 'target': 1 of 1797 rows (0.06%) is not a finite number (1 null/NaN)" in str(excinfo.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["digits.csv"]
+
+
+def test_operator_checks_the_target_it_is_given(digits, tmp_path):
+    df = digits.rename(columns={"target": "label"})
+    df["pixel_5_5"] = ["dark" if v > 8 else "light" for v in df["pixel_5_5"]]
+    df.to_parquet(tmp_path / "d.parquet")
+    suite = [{"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": 1}}]
+    op = ValidateDatasetOperator(task_id="v", dataset_uri=str(tmp_path / "d.parquet"), suite=suite, target="label")
+    with pytest.raises(DataValidationError, match=r"feature column 'pixel_5_5': 1797 of 1797 rows \(100.00%\) are "
+                                                  r"not finite numbers \(1797 non-numeric\), e.g. values \['dark', 'light'"):
+        op.execute(context={})
+    default_target = ValidateDatasetOperator(task_id="v", dataset_uri="builtin:digits", suite=suite)
+    assert default_target.target == "target" and default_target.execute(context={})["rows"] == 1797
+
+
+# -- streaming: what is exact, what is sampled ----------------------------------------------------
+
+@pytest.mark.parametrize("expectation, scope", [
+    ("expect_column_values_to_not_be_null", EVERY_ROW),
+    ("expect_column_values_to_be_between", EVERY_ROW),
+    ("expect_column_values_to_be_in_set", EVERY_ROW),
+    ("expect_column_values_to_be_in_type_list", EVERY_ROW),
+    ("expect_column_values_to_match_regex", EVERY_ROW),
+    ("expect_column_tensor_values_to_be_between", EVERY_ROW),
+    ("expect_column_to_exist", SCHEMA),
+    ("expect_table_column_count_to_equal", SCHEMA),
+    ("expect_column_values_to_be_tensors", SCHEMA),
+    ("expect_table_row_count_to_be_between", ROW_COUNT),
+    ("expect_column_mean_to_be_between", SAMPLE),
+    ("expect_column_unique_value_count_to_be_between", SAMPLE),
+    ("expect_column_values_to_be_unique", SAMPLE),  # a map expectation, but rows against rows: not per batch
+])
+def test_each_expectation_has_a_scope(expectation, scope):
+    assert expectation_scope(expectation) == scope
+
+
+def test_streamed_results_equal_the_whole_tables(broken):
+    suite = load_suite(str(SUITES / "digits.json"))
+    whole = summarize(run_suite(broken, suite), suite["name"], broken)
+    for batch_rows in (100, 1797):
+        streamed = validate(broken, suite, batch_rows=batch_rows)
+        assert [dataclasses.replace(f, scope=EVERY_ROW, sample_rows=0) for f in streamed.failures] == whole.failures
+        assert (streamed.rows, streamed.columns, streamed.evaluated) == (whole.rows, whole.columns, whole.evaluated)
+    assert streamed.scopes[SAMPLE] == ("expect_column_mean_to_be_between",) and streamed.sample_rows == 1797
+
+
+def test_aggregates_run_on_a_bounded_sample_and_say_so(digits, monkeypatch):
+    from ringflow.operators import validate as module
+
+    monkeypatch.setattr(module, "SAMPLE_ROWS", 300)
+    summary = validate(digits, [{"type": "expect_column_mean_to_be_between",
+                                 "kwargs": {"column": "target", "min_value": 100}},
+                                {"type": "expect_table_row_count_to_equal", "kwargs": {"value": 1797}}])
+    failure, = summary.failures  # the row count is exact, not the sample's 300
+    assert failure.scope == SAMPLE and summary.sample_rows == 300
+    assert "[on a sample of 300 rows]: observed" in failure.describe()
+    again = validate(digits, [{"type": "expect_column_mean_to_be_between", "kwargs": {"column": "target", "min_value": 100}}])
+    assert again.failures[0].observed == failure.observed  # the same rows for the same data
+
+
+def test_mostly_is_judged_over_all_batches(digits):
+    df = digits.copy()
+    df.loc[:99, "pixel_3_3"] = 99.0  # 100 bad rows, all in the first batch: 5.6% of the table
+    exp = {"type": "expect_column_values_to_be_between",
+           "kwargs": {"column": "pixel_3_3", "min_value": 0, "max_value": 16, "mostly": 0.9}}
+    assert validate(df, [exp], batch_rows=200).success  # the first batch alone would fail at 50%
+    failed = validate(df, [{**exp, "kwargs": {**exp["kwargs"], "mostly": 0.95}}], batch_rows=200)
+    assert failed.failures[0].unexpected_count == 100 and failed.failures[0].example_rows == [0, 1, 2, 3, 4]
+
+
+IMAGE_SUITE = pathlib.Path(__file__).parents[2] / "dags" / "suites" / "digits_images.json"
+
+
+def test_the_image_suite_checks_the_image_column():
+    table = builtin_table("digits_images")
+    suite = load_suite(str(IMAGE_SUITE))
+    assert validate_dataset(as_dataset(table), suite, target="target", batch_rows=400).success
+    images = table.column("image").combine_chunks().to_numpy_ndarray().copy()
+    images[3, 0, 2, 2] = 40.0  # a pixel out of range
+    images[7, 0, 5, 1] = np.nan  # and one that is not a number
+    import pyarrow as pa
+    broken = table.set_column(0, "image", pa.FixedShapeTensorArray.from_numpy_ndarray(images))
+    summary = validate_dataset(as_dataset(broken), suite, target="target", batch_rows=400)
+    failure, = summary.failures
+    assert (failure.expectation, failure.unexpected_count, failure.examples, failure.example_rows) == (
+        "expect_column_tensor_values_to_be_between", 1, [40.0], [3])
+    problem, = summary.untrainable  # NaN is not out of range, but training cannot use it
+    assert (problem.column, problem.bad_rows, list(problem.example_rows)) == ("image", 1, [7])
+    flat = pa.table({"image": pa.array(images.reshape(len(images), -1).tolist(), pa.list_(pa.float32(), 64)),
+                     "target": table.column("target")})
+    shape_failure = validate_dataset(as_dataset(flat), suite, target="target").failures
+    assert any(f.expectation == "expect_column_values_to_be_tensors" and f.observed == {"shape": [64], "dtype": "float32"}
+               for f in shape_failure)
+
+
+@pytest.mark.parametrize("kwargs, passes", [
+    ({"min_value": 1797}, True), ({"min_value": 1798}, False), ({"max_value": 1797}, True),
+    ({"max_value": 1797, "strict_max": True}, False), ({"min_value": 1797, "strict_min": True}, False),
+    ({"min_value": 10, "max_value": 2000}, True),
+])
+def test_row_counts_are_judged_on_the_exact_count_like_gx_does(digits, kwargs, passes):
+    exp = {"type": "expect_table_row_count_to_be_between", "kwargs": kwargs}
+    assert validate(digits, [exp]).success == passes == summarize(run_suite(digits, load_suite([exp])), "s", digits).success

@@ -1,5 +1,4 @@
 """Real Horovod jobs for the training tests: digits shards, a job config, and `ringflow train` as a process."""
-import io
 import json
 import os
 import subprocess
@@ -11,7 +10,9 @@ import torch
 
 from ringflow.training.checkpoint import CheckpointStore
 from ringflow.training.health.records import read_health
+from ringflow.training.run_result import RunResult, read_result
 from ringflow.training.store import LocalFolderStore
+from ringflow.training.training_state import STATE_FILE, TrainingState
 
 
 class JobRunner:
@@ -19,7 +20,7 @@ class JobRunner:
         self.manifest, self.root = manifest, root
 
     def config(self, run: str, **overrides) -> dict:
-        cfg = {"manifest_uri": self.manifest, "checkpoint": {"uri": str(self.root / run), "every_steps": 10},
+        cfg = {"manifest_uri": self.manifest, "run_uri": str(self.root / run), "checkpoint": {"every_steps": 10},
                "epochs": 2, "batch_size": 32, "learning_rate": 0.002, "log_every_steps": 5,
                "health": {"every_steps": 1, "checksum_every_steps": 5, "stall_seconds": 60}}
         for key, value in overrides.items():
@@ -27,7 +28,7 @@ class JobRunner:
         return cfg
 
     def run(self, cfg: dict, np: int = 2, controller: str = "gloo", timeout: float = 240):
-        path = self.root / f"{Path(cfg['checkpoint']['uri']).name}-{len(list(self.root.glob('*.json')))}.json"
+        path = self.root / f"{Path(cfg['run_uri']).name}-{len(list(self.root.glob('*.json')))}.json"
         path.write_text(json.dumps(cfg))
         proc = subprocess.run([sys.executable, "-m", "ringflow.training.cli", "train", str(path), "--np", str(np),
                                "--controller", controller], capture_output=True, text=True, timeout=timeout,
@@ -35,18 +36,21 @@ class JobRunner:
         return proc.returncode, proc.stdout + proc.stderr
 
     @staticmethod
-    def result(cfg: dict) -> dict:
-        return json.loads((Path(cfg["checkpoint"]["uri"]) / "result.json").read_text())
+    def result(cfg: dict) -> RunResult:
+        """The run's result.json as the job wrote it (whichever attempt wrote last)."""
+        result = read_result(LocalFolderStore(cfg["run_uri"]))
+        assert result is not None, f"no result.json in {cfg['run_uri']}"
+        return result
 
     @staticmethod
     def health(cfg: dict) -> list[dict]:
-        return read_health(LocalFolderStore(cfg["checkpoint"]["uri"]))
+        return read_health(LocalFolderStore(cfg["run_uri"]))
 
     @staticmethod
     def final_parameters(cfg: dict) -> dict[str, torch.Tensor]:
-        store = CheckpointStore(LocalFolderStore(cfg["checkpoint"]["uri"]))
+        store = CheckpointStore(LocalFolderStore(cfg["run_uri"]))
         loaded = store.latest_valid()
-        return torch.load(io.BytesIO(loaded.files["state.pt"]), weights_only=False)["model"]
+        return TrainingState.from_bytes(loaded.files[STATE_FILE], cfg["run_uri"]).model
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from ringflow.training.config import ConfigError, JobConfig, load_job_config
 
 
 def valid() -> dict:
-    return {"manifest_uri": "/data/shards/manifest.json", "checkpoint": {"uri": "/data/run"}}
+    return {"manifest_uri": "/data/shards/manifest.json", "run_uri": "/data/run"}
 
 
 def test_minimal_config_gets_defaults():
@@ -17,7 +17,9 @@ def test_minimal_config_gets_defaults():
 
 @pytest.mark.parametrize("change, field, hint", [
     (lambda d: d.pop("manifest_uri"), "manifest_uri", "is missing"),
-    (lambda d: d.pop("checkpoint"), "checkpoint", "is missing"),
+    (lambda d: d.pop("run_uri"), "run_uri", "is missing"),
+    (lambda d: d.update(run_uri=""), "run_uri", "s3://bucket/prefix"),
+    (lambda d: d.update(checkpoint={"uri": "/data/run"}), "checkpoint.uri", "moved to run_uri"),
     (lambda d: d.update(batch_size=-4), "batch_size", ">= 1"),
     (lambda d: d.update(batch_size=True), "batch_size", ">= 1"),
     (lambda d: d.update(epochs="3"), "epochs", ">= 1"),
@@ -32,7 +34,7 @@ def test_minimal_config_gets_defaults():
     (lambda d: d.update(horovod={"fp16_compression": "yes"}), "horovod.fp16_compression", "true or false"),
     (lambda d: d.update(horovod={"mpi_yield_when_idle": 1}), "horovod.mpi_yield_when_idle", "true or false"),
     (lambda d: d.update(health={"enabled": "no"}), "health.enabled", "true or false"),
-    (lambda d: d["checkpoint"].update(every_steps=0), "checkpoint.every_steps", ">= 1"),
+    (lambda d: d.update(checkpoint={"every_steps": 0}), "checkpoint.every_steps", ">= 1"),
     (lambda d: d.update(faults=[{"kind": "meteor"}]), "faults[].kind", "one of"),
     (lambda d: d.update(manifest_uri="/data/shards"), "manifest_uri", "manifest.json"),
 ])
@@ -49,7 +51,7 @@ def test_load_from_file_and_bad_json(tmp_path):
     path = tmp_path / "job.json"
     path.write_text(json.dumps(valid()))
     assert load_job_config(str(path)).manifest_uri.endswith("manifest.json")
-    assert load_job_config(f"file://{path}").checkpoint.uri == "/data/run"
+    assert load_job_config(f"file://{path}").run_uri == "/data/run"
     path.write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         load_job_config(str(path))

@@ -1,8 +1,12 @@
+"""A rank's streamed partition: the epoch order is a pure function of (row groups, seed, epoch, rank), a cursor
+resumes at any minibatch (also inside a shuffle window, and across two), and tensor columns keep their shape."""
 import numpy as np
+import pytest
 import torch
 
-from ringflow.training.data import Cursor, PartitionData, epoch_order
-from ringflow.training.datasets import load_builtin
+from ringflow.training import data as data_module, sharding
+from ringflow.training.data import Cursor, PartitionData, epoch_order, epoch_windows
+from ringflow.training.datasets import builtin_table, load_builtin
 from ringflow.training.sharding import write_shards
 from ringflow.training.store import LocalFolderStore
 
@@ -15,16 +19,100 @@ def test_epoch_order_depends_on_seed_epoch_rank_only():
     assert sorted(a) == list(range(100))
 
 
-def test_resuming_from_a_cursor_neither_repeats_nor_skips(tmp_path):
+# (row groups, window) -> windows per epoch
+WINDOWS = [([10] * 8, 4, 2), ([10] * 9, 4, 3), ([5, 7, 3], 1, 3), ([64], 4, 1)]
+
+
+@pytest.mark.parametrize("groups, window, count", WINDOWS)
+def test_windows_cover_every_row_once_and_the_order_stays_inside_a_window(groups, window, count):
+    windows = epoch_windows(groups, seed=1, epoch=0, rank=0, window=window)
+    assert len(windows) == count
+    assert sorted(g for w in windows for g in w.groups) == list(range(len(groups)))
+    assert [w.start for w in windows] == list(np.cumsum([0] + [w.rows for w in windows])[:-1])
+    order = epoch_order(groups, seed=1, epoch=0, rank=0, window=window)
+    assert sorted(order) == list(range(sum(groups)))
+    first = np.concatenate([[0], np.cumsum(groups)[:-1]])
+    for w in windows:  # a window serves exactly the rows of its row groups: the shuffle buffer is bounded
+        rows = set(order[w.start:w.start + w.rows])
+        assert rows == {r for g in w.groups for r in range(first[g], first[g] + groups[g])}
+
+
+@pytest.fixture()
+def small_row_groups(monkeypatch):
+    """Row groups of 2 minibatches of 16 digits rows, so a partition has many and windows are small."""
+    monkeypatch.setattr(sharding, "ROW_GROUP_BYTES", (64 * 4 + 8) * 32)  # 64 float32 pixels + an int64 label
+
+
+@pytest.mark.parametrize("window", [1, 3])
+def test_resuming_from_a_cursor_neither_repeats_nor_skips(tmp_path, small_row_groups, window):
     store = LocalFolderStore(str(tmp_path))
     manifest = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
-    data = PartitionData(store, manifest, rank=1, world_size=2, batch_size=16)
-    full = [x for _, x, _ in data.batches(seed=5, cursor=Cursor(1, 0))]
-    cut = 7
-    before = [x for b, x, _ in data.batches(seed=5, cursor=Cursor(1, 0)) if b < cut]
-    after = [x for _, x, _ in data.batches(seed=5, cursor=Cursor(1, cut))]
-    seen = torch.cat(before + after)
-    assert torch.equal(seen, torch.cat(full))
+    assert manifest.params["row_group_rows"] == 32
+    data = PartitionData(store, manifest, rank=1, world_size=2, batch_size=16, window=window)
+    assert data.file.num_row_groups == 22 and len(data) == data.rows == 704
+    full = [(b, x, y) for b, x, y in data.batches(seed=5, cursor=Cursor(1, 0))]
+    assert [b for b, _, _ in full] == list(range(data.batches_per_epoch))
+    for cut in (1, 2, 7, 43):  # inside a row group, at its edge, inside a window, the last batch
+        after = list(data.batches(seed=5, cursor=Cursor(1, cut)))
+        assert [b for b, _, _ in after] == list(range(cut, data.batches_per_epoch))
+        assert all(torch.equal(x, fx) and torch.equal(y, fy) for (_, x, y), (_, fx, fy) in zip(after, full[cut:]))
+    seen = torch.cat([x for _, x, _ in full])
     rows = {tuple(np.round(r.numpy(), 5)) for r in seen}
     assert len(seen) == data.batches_per_epoch * 16
     assert len(rows) >= len(seen) - 5  # digits has a few duplicate images; no row is served twice by us
+    other_epoch = torch.cat([x for _, x, _ in data.batches(seed=5, cursor=Cursor(2, 0))])
+    assert not torch.equal(other_epoch, seen)
+
+
+def test_a_batch_size_that_does_not_divide_the_row_groups_spans_windows(tmp_path, small_row_groups):
+    store = LocalFolderStore(str(tmp_path))
+    manifest = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
+    data = PartitionData(store, manifest, rank=0, world_size=2, batch_size=24, window=1)
+    served = [(b, x) for b, x, _ in data.batches(seed=0, cursor=Cursor(0, 0))]
+    assert [b for b, _ in served] == list(range(704 // 24)) and all(len(x) == 24 for _, x in served)
+    resumed = [(b, x) for b, x, _ in data.batches(seed=0, cursor=Cursor(0, 5))]  # batch 5 spans two groups
+    assert all(torch.equal(x, fx) for (_, x), (_, fx) in zip(resumed, served[5:]))
+
+
+def test_image_columns_reach_the_model_in_their_shape(tmp_path):
+    store = LocalFolderStore(str(tmp_path))
+    manifest = write_shards(builtin_table("digits_images"), store, target="target", num_partitions=2,
+                            batch_size=16)
+    assert manifest.schema.input_shape == (1, 8, 8) and manifest.schema.num_features == 64
+    image, target = manifest.schema.columns
+    assert (image.name, image.shape, image.dtype) == ("image", (1, 8, 8), "float32")
+    assert (target.name, target.shape, target.dtype) == ("target", (), "int64")
+    data = PartitionData(store, manifest, rank=0, world_size=2, batch_size=16)
+    _, x, y = next(data.batches(seed=0, cursor=Cursor()))
+    assert x.shape == (16, 1, 8, 8) and x.dtype == torch.float32 and y.dtype == torch.int64
+    # One mean and std over all of the image's elements (the training rows'), so x is about standardized.
+    everything = torch.cat([x for _, x, _ in data.batches(seed=0, cursor=Cursor())])
+    assert abs(float(everything.mean())) < 0.1 and abs(float(everything.std()) - 1) < 0.1
+
+
+def test_prefetch_loads_the_next_window_while_this_one_is_served(tmp_path, small_row_groups, monkeypatch):
+    store = LocalFolderStore(str(tmp_path))
+    manifest = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
+    data = PartitionData(store, manifest, rank=0, world_size=2, batch_size=16, window=2)
+    loaded = []
+    real = data._load
+    monkeypatch.setattr(data, "_load", lambda w: (loaded.append(w.groups), real(w))[1])
+    batches = data.batches(seed=0, cursor=Cursor())
+    next(batches)  # the first window is being served: the second one is already asked for
+    data._loader.submit(lambda: None).result()  # wait until the loader thread is idle
+    assert len(loaded) == 2
+
+
+def test_a_store_that_is_not_local_is_downloaded_and_checked(tmp_path, monkeypatch):
+    class Remote:  # any ObjectStore: the rank downloads its partition to local disk, never into memory
+        def __init__(self, inner):
+            self.inner = inner
+
+        def get_file(self, key, path):
+            self.inner.get_file(key, path)
+
+    inner = LocalFolderStore(str(tmp_path / "s"))
+    manifest = write_shards(load_builtin("wine"), inner, target="target", num_partitions=2, batch_size=8)
+    data = PartitionData(Remote(inner), manifest, rank=0, world_size=2, batch_size=8)
+    assert data.path != str(inner.root / manifest.partitions[0].key) and data.rows == manifest.partitions[0].rows
+    assert data_module.SHUFFLE_WINDOW >= 1

@@ -1,23 +1,31 @@
-"""Fault injection through the job config: each fault yields its verdict, evidence and exit code."""
+"""Fault injection through the job config: each fault yields its verdict, evidence and exit code, under
+either engine (Horovod under horovodrun, DDP under torchrun)."""
 from pathlib import Path
 
 import pytest
 import torch
 
 from ringflow.training import exit_codes
+from ringflow.training.health.heartbeat import read_heartbeat
+from ringflow.training.store import LocalFolderStore
 
 pytestmark = pytest.mark.slow
 
 
-def run_fault(jobs, name, fault, health=None):
-    cfg = jobs.config(name, epochs=3, faults=[fault], health=health or {})
+@pytest.fixture(params=["horovod", "ddp"])
+def engine(request) -> str:
+    return request.param
+
+
+def run_fault(jobs, engine, name, fault, health=None):
+    cfg = jobs.config(f"{name}-{engine}", epochs=3, faults=[fault], health=health or {}, engine=engine)
     code, out = jobs.run(cfg)
-    assert (Path(cfg["checkpoint"]["uri"]) / "result.json").exists(), out
-    return code, out, jobs.result(cfg)["verdict"]
+    assert (Path(cfg["run_uri"]) / "result.json").exists(), out
+    return code, out, jobs.result(cfg).verdict.to_dict()
 
 
-def test_nan_gradient_on_one_rank_is_nonfinite(jobs):
-    code, out, verdict = run_fault(jobs, "nan", {"kind": "nan_gradient", "rank": 1, "step": 12})
+def test_nan_gradient_on_one_rank_is_nonfinite(jobs, engine):
+    code, out, verdict = run_fault(jobs, engine, "nan", {"kind": "nan_gradient", "rank": 1, "step": 12})
     assert code == exit_codes.BY_VERDICT["NONFINITE"], out
     assert verdict["status"] == "NONFINITE"
     assert verdict["evidence"]["step"] == 12 and verdict["evidence"]["ranks"] == [1]
@@ -25,40 +33,44 @@ def test_nan_gradient_on_one_rank_is_nonfinite(jobs):
 
 
 @pytest.mark.parametrize("every_step, detected_at", [(True, 12), (False, 20)])
-def test_nan_between_measurements_never_reaches_a_checkpoint(jobs, every_step, detected_at):
+def test_nan_between_measurements_never_reaches_a_checkpoint(jobs, engine, every_step, detected_at):
     """Measured every 10th step: the NaN from step 12 is found at step 20 (a measurement and checkpoint
     step), before that checkpoint is written. Checked every step: found at step 12, never applied."""
-    code, out, verdict = run_fault(jobs, f"nan-{every_step}", {"kind": "nan_gradient", "rank": 1, "step": 12},
+    code, out, verdict = run_fault(jobs, engine, f"nan-{every_step}", {"kind": "nan_gradient", "rank": 1, "step": 12},
                                    health={"every_steps": 10, "checksum_every_steps": 50,
                                            "nonfinite_every_step": every_step})
     assert code == exit_codes.BY_VERDICT["NONFINITE"], out
     # Either way the verdict names where it began: rank 1's loss at step 12.
     assert verdict["status"] == "NONFINITE" and verdict["evidence"]["step"] == 12, verdict
     assert verdict["evidence"]["ranks"] == [1] and verdict["evidence"]["detected_at_step"] == detected_at
-    cfg = jobs.config(f"nan-{every_step}")
+    cfg = jobs.config(f"nan-{every_step}-{engine}")
     parameters = jobs.final_parameters(cfg)  # the newest valid checkpoint
-    assert jobs.result(cfg)["checkpoint"] is None
+    assert jobs.result(cfg).checkpoint is None
     assert all(torch.isfinite(t).all() for t in parameters.values())
-    assert sorted(p.name for p in (Path(cfg["checkpoint"]["uri"]) / "checkpoints").iterdir()) == ["ckpt-000000010"]
+    assert sorted(p.name for p in (Path(cfg["run_uri"]) / "checkpoints").iterdir()) == ["ckpt-000000010"]
 
 
-def test_slow_rank_is_degraded_and_named(jobs):
-    code, out, verdict = run_fault(jobs, "slow", {"kind": "slow_rank", "rank": 1, "step": 3, "seconds": 0.05},
+def test_slow_rank_is_degraded_and_named(jobs, engine):
+    code, out, verdict = run_fault(jobs, engine, "slow", {"kind": "slow_rank", "rank": 1, "step": 3, "seconds": 0.05},
                                    health={"stop_on_degraded": True, "window_steps": 10})
     assert code == exit_codes.BY_VERDICT["DEGRADED"], out
     assert verdict["status"] == "DEGRADED" and verdict["evidence"]["kind"] == "straggler"
     assert verdict["evidence"]["rank"] == 1 and "rank 1" in verdict["reason"]
 
 
-def test_perturbed_replica_is_diverged(jobs):
-    code, out, verdict = run_fault(jobs, "perturb", {"kind": "perturb_replica", "rank": 1, "step": 7})
+def test_perturbed_replica_is_diverged(jobs, engine):
+    code, out, verdict = run_fault(jobs, engine, "perturb", {"kind": "perturb_replica", "rank": 1, "step": 7})
     assert code == exit_codes.BY_VERDICT["DIVERGED"], out
     assert verdict["status"] == "DIVERGED" and verdict["evidence"]["rank"] == 1
     assert verdict["evidence"]["step"] == 10  # the first checksum after the perturbation
 
 
-def test_hang_is_stalled(jobs):
-    code, out, verdict = run_fault(jobs, "hang", {"kind": "hang", "rank": 1, "step": 5},
+def test_hang_is_stalled(jobs, engine):
+    code, out, verdict = run_fault(jobs, engine, "hang", {"kind": "hang", "rank": 1, "step": 5},
                                    health={"stall_seconds": 4})
-    assert code != 0, out
+    assert code == exit_codes.BY_VERDICT["STALLED"] == 5, out
     assert verdict["status"] == "STALLED" and verdict["evidence"]["last_step"] == 4
+    assert verdict["evidence"]["seconds"] > verdict["evidence"]["limit"] == 4
+    # The heartbeat went on while the loop hung, and said so: no progress after step 4.
+    heartbeat = read_heartbeat(LocalFolderStore(jobs.config(f"hang-{engine}")["run_uri"]))
+    assert heartbeat.step == 4 and heartbeat.state == "running" and heartbeat.seq >= 3

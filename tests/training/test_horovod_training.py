@@ -23,7 +23,7 @@ def test_loss_falls_and_replicas_stay_identical(jobs, controller):
     checksums = [r["checksums"] for r in jobs.health(cfg) if r["type"] == "checksum"]
     assert checksums and all(len(c) == 2 and c[0] == c[1] for c in checksums)
     result = jobs.result(cfg)
-    assert result["status"] == "succeeded" and result["world_size"] == 2
+    assert result.succeeded and result.world_size == 2
     assert "step=10 epoch=1/3 loss=" in out and "samples/s=" in out
 
 
@@ -38,7 +38,7 @@ def test_killed_worker_resumes_to_the_same_parameters(jobs):
     code, out = jobs.run(interrupted)
     assert code == 0, out
     assert "resuming from checkpoint ckpt-000000030" in out
-    assert jobs.result(interrupted)["resumed_from"] == "ckpt-000000030"
+    assert jobs.result(interrupted).resumed_from == "ckpt-000000030"
 
     expected, actual = jobs.final_parameters(reference), jobs.final_parameters(interrupted)
     assert expected.keys() == actual.keys()
@@ -55,7 +55,7 @@ def test_tampered_newest_checkpoint_is_skipped_on_resume(jobs):
     cfg["epochs"] = 2
     code, out = jobs.run(cfg)
     assert code == 0, out
-    assert jobs.result(cfg)["resumed_from"] != newest.name
+    assert jobs.result(cfg).resumed_from != newest.name
     assert newest.name in out  # the warning names what was skipped
 
 
@@ -70,15 +70,23 @@ def test_plain_mpirun_ranks_take_the_horovod_knobs_from_the_config(jobs, tmp_pat
     path.write_text(json.dumps(cfg))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_MCA_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
-    command = ["mpirun", "-np", "2", "--allow-run-as-root", "-H", "localhost:2", "-bind-to", "none",
-               "-map-by", "slot", "-x", "PATH", "-x", "PYTHONPATH", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
-               sys.executable, "-m", "ringflow.training", str(path)]
+    env.setdefault("LD_LIBRARY_PATH", "")  # forwarded with -x, so it must exist (the image sets it)
+    # The launcher's own command line, from the MPIJob builder; only the hosts (the MPI Operator's hostfile
+    # in a cluster) and the config's path (the ConfigMap's mount there) differ here.
+    from ringflow.training.backends.job_spec import JobSpec
+    from ringflow.training.backends.kubernetes.mpijob import CONFIG_FILE, CONFIG_MOUNT_PATH, MPIJobSettings, mpirun_command
+
+    command = mpirun_command(JobSpec(name="plain-mpirun", config=cfg, num_workers=2),
+                             MPIJobSettings(image="local/ringflow-training:test", run_as_root=True,
+                                            python=sys.executable))
+    assert command[:3] == ["mpirun", "-np", "2"] and command[-1] == f"{CONFIG_MOUNT_PATH}/{CONFIG_FILE}"
+    command = command[:3] + ["-H", "localhost:2"] + command[3:-1] + [str(path)]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in (0, 1):
         knobs = json.loads((tmp_path / f"rank-env.{rank}").read_text())
         assert knobs["HOROVOD_CYCLE_TIME"] == "3.0" and knobs["OMPI_MCA_mpi_yield_when_idle"] == "1", knobs
     result = jobs.result(cfg)
-    assert result["status"] == "succeeded" and result["verdict"] is None
-    assert result["health_monitor_share_after_warmup"] == 0.0
+    assert result.succeeded and result.verdict is None
+    assert result.health_monitor_share_after_warmup == 0.0
     assert not [r for r in jobs.health(cfg) if r["type"] in ("step", "checksum")]

@@ -17,7 +17,7 @@ def no_processes(monkeypatch):
 
 
 @pytest.mark.parametrize("change, field", [
-    (lambda c: c.pop("checkpoint"), "checkpoint"),
+    (lambda c: c.pop("run_uri"), "run_uri"),
     (lambda c: c.update(batch_size=-1), "batch_size"),
     (lambda c: c.update(model={"kind": "custom", "factory": "no_such_module_xyz:build"}), "model.factory"),
     (lambda c: c.update(model={"kind": "custom", "factory": "json:no_such_function"}), "model.factory"),

@@ -5,7 +5,6 @@ same verdict: all ranks stop together without an extra round of messages. Rank 0
 """
 from __future__ import annotations
 
-import collections
 import functools
 import math
 from typing import Sequence
@@ -13,8 +12,9 @@ from typing import Sequence
 import torch
 
 from ringflow.training.config import HealthConfig
+from ringflow.training.engine import Engine
 from ringflow.training.health.records import HealthLog, record
-from ringflow.training.health.verdict import Verdict, judge
+from ringflow.training.health.verdict import HealthJudge, Verdict
 
 
 @functools.lru_cache(maxsize=4)
@@ -39,12 +39,13 @@ def gradient_norm(params: Sequence[torch.Tensor]) -> float:
 
 
 class SyncHealthMonitor:
-    def __init__(self, hvd, cfg: HealthConfig, log: HealthLog, batch_size: int):
-        self._hvd = hvd
+    def __init__(self, engine: Engine, cfg: HealthConfig, log: HealthLog, batch_size: int):
+        self._engine = engine
         self._cfg = cfg
         self._log = log
         self._batch_size = batch_size
-        self._recent: collections.deque = collections.deque(maxlen=2 * cfg.window_steps + 2)
+        # Fed each record once: the verdict costs the same at step 1 M as at step 10.
+        self._judge = HealthJudge(cfg)
         self.last_verdict: Verdict | None = None
         self._pending_step = None
         self._pending_checksum = None
@@ -70,15 +71,15 @@ class SyncHealthMonitor:
         meta = {"step": step, "epoch": epoch, "grad_norm": grad_norm}
         verdict = self.collect()
         if not math.isfinite(grad_norm):
-            rows = self._hvd.allgather(local, name="ringflow.health.step.now").tolist()
+            rows = self._engine.allgather(local, "ringflow.health.step.now").tolist()
             return self._add(self._step_record(rows, meta), force=True)
-        self._pending_step = (self._hvd.allgather_async(local, name="ringflow.health.step"), meta)
+        self._pending_step = (self._engine.allgather_async(local, "ringflow.health.step"), meta)
         return verdict
 
     def on_checksum(self, step: int, model: torch.nn.Module) -> Verdict | None:
         verdict = self.collect()
         local = torch.tensor([[parameter_checksum(model)]], dtype=torch.float64)
-        self._pending_checksum = (self._hvd.allgather_async(local, name="ringflow.health.checksum"), step)
+        self._pending_checksum = (self._engine.allgather_async(local, "ringflow.health.checksum"), step)
         return verdict
 
     def collect(self) -> Verdict | None:
@@ -87,11 +88,11 @@ class SyncHealthMonitor:
         if self._pending_step is not None:
             handle, meta = self._pending_step
             self._pending_step = None
-            verdict = self._add(self._step_record(self._hvd.synchronize(handle).tolist(), meta))
+            verdict = self._add(self._step_record(self._engine.wait(handle).tolist(), meta))
         if self._pending_checksum is not None:
             handle, step = self._pending_checksum
             self._pending_checksum = None
-            sums = [r[0] for r in self._hvd.synchronize(handle).tolist()]
+            sums = [r[0] for r in self._engine.wait(handle).tolist()]
             verdict = self._add(record("checksum", step=step, checksums=sums))
         return verdict
 
@@ -111,6 +112,5 @@ class SyncHealthMonitor:
     def _add(self, rec: dict, force: bool = False) -> Verdict:
         force = force or bool(rec.get("nonfinite_ranks"))
         self._log.append(rec, force_flush=force)
-        self._recent.append(rec)
-        self.last_verdict = judge(self._recent, self._cfg)
+        self.last_verdict = self._judge.feed([rec]).verdict()
         return self.last_verdict

@@ -1,10 +1,17 @@
 """From a window of health records to one verdict with its evidence. Pure: no clocks, no I/O.
 
-Record types (health.jsonl, one JSON object a line; see records.py):
+Record types (health.jsonl, one JSON object a line; see records.py). Each carries `attempt`, the launch
+that wrote it (worker_env.ATTEMPT_ENV); a verdict only ever uses one attempt's records.
+  start     an attempt begins: its step, what it resumed from, and its HealthConfig (the run's thresholds)
   step      per measured step: per-rank step/compute/sync seconds, loss, global gradient norm, non-finite flags
   checksum  every m steps: every rank's parameter checksum
   stall     a rank's watchdog saw no step complete for stall_seconds
-  start/end bookkeeping
+  end       the attempt finished (succeeded or failed)
+
+`stalled` is the one rule for STALLED: the in-job watchdog, a `stall` record and the watcher outside the
+job (heartbeat.py) all go through it. `judge` reads a list of records; `HealthJudge` keeps the same
+verdict's running state, so a watcher feeds it only new records and each poll costs the same however
+long the run.
 
 Verdicts, worst first: NONFINITE, DIVERGED, STALLED, DEGRADED, HEALTHY. The first three are fatal;
 DEGRADED is fatal only when the job says so (health.stop_on_degraded).
@@ -14,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections import Counter
+from collections import Counter, deque
 from typing import Any, Iterable, Mapping
 
 from ringflow.training.config import HealthConfig
@@ -38,91 +45,174 @@ class Verdict:
         return {"status": self.status, "reason": self.reason, "evidence": dict(self.evidence)}
 
 
-def judge(records: Iterable[Mapping[str, Any]], cfg: HealthConfig, now: float | None = None) -> Verdict:
-    """The verdict on a run's health records. `now` (unix seconds) lets a watcher outside the job call a
-    run STALLED when records stop arriving; inside the job the watchdog writes a `stall` record instead."""
-    records = list(records)
-    # A resumed run appends to the same health.jsonl: judge only the attempt that started last.
+# Before an attempt's first step its processes start: imports of torch and Horovod, hvd.init waiting for
+# every rank, reading the data partition and the checkpoint, the first broadcasts. That takes tens of
+# seconds on a busy host, so it is allowed this long, or stall_seconds if longer.
+STARTUP_SECONDS = 60.0
+
+
+def stall_limit(stall_seconds: float, last_step: int | None) -> float:
+    """The silence allowed: stall_seconds once training began, STARTUP_SECONDS at least before (no step)."""
+    return stall_seconds if last_step is not None else max(stall_seconds, STARTUP_SECONDS)
+
+
+def stalled(silent_seconds: float, limit_seconds: float | None, last_step: int | None, seen_by: str,
+            rank: int | None = None) -> Verdict | None:
+    """STALLED when no step completed for more than `limit_seconds` (health.stall_seconds).
+
+    `silent_seconds` is the time since the last completed step, or since the attempt started before its
+    first step; never the time since the last health record, which comes only every health.every_steps
+    steps. A step, with the checkpoint write that may follow it, must fit in stall_seconds. A limit of
+    None means the silence was already judged (a `stall` record of a run too old to store its limit).
+    """
+    if limit_seconds is not None and not silent_seconds > limit_seconds:
+        return None
+    limit = f" (limit {limit_seconds:g}s)" if limit_seconds is not None else ""
+    since = f"after step {last_step}" if last_step is not None else "since the attempt started"
+    return Verdict(STALLED,
+                   f"no step completed for {silent_seconds:.0f}s{limit} {since}, seen by {seen_by}: "
+                   "a rank hangs, the network is partitioned or the job is dead; check the workers' logs and "
+                   "the hosts' connectivity",
+                   {"rank": rank, "last_step": last_step, "seconds": silent_seconds, "limit": limit_seconds,
+                    "seen_by": seen_by})
+
+
+def judge(records: Iterable[Mapping[str, Any]], cfg: HealthConfig, attempt: str | None = None) -> Verdict:
+    """The verdict on one attempt's records: `attempt`, or else the attempt that started last (a resumed
+    run appends to the same health.jsonl, and an earlier attempt's trouble is not this one's)."""
+    records = [r for r in records if attempt is None or r.get("attempt") == attempt]
     starts = [i for i, r in enumerate(records) if r.get("type") == "start"]
     if starts:
-        records = records[starts[-1]:]
-    steps = [r for r in records if r.get("type") == "step"]
-    for check in (_nonfinite, _diverged):
-        verdict = check(records, cfg)
+        own = records[starts[-1]].get("attempt")
+        records = [records[starts[-1]]] + [r for r in records[starts[-1] + 1:] if _same_attempt(r, own)]
+    for rule in (_nonfinite_in, _diverged_in, _stall_in):
+        verdict = next(filter(None, (rule(r, cfg) for r in records)), None)
         if verdict:
             return verdict
-    verdict = _stalled(records, cfg, now)
-    if verdict:
-        return verdict
-    window = steps[-cfg.window_steps:]
+    steps = [r for r in records if r.get("type") == "step"]
+    return _window_verdict(steps[-cfg.window_steps:], len(steps), cfg)
+
+
+class HealthJudge:
+    """`judge` kept up to date a few records at a time: fed records in order, in any chunks, its verdict
+    equals judge() on all of them. It keeps the first NONFINITE/DIVERGED/STALLED finding and the last
+    window_steps step records, so memory and time per record stay flat however long the run.
+
+    It follows the attempt that started last (`attempt`); a watcher that knows which attempt is its own
+    uses the verdict only once that attempt's `start` has been fed."""
+
+    def __init__(self, cfg: HealthConfig):
+        self.cfg = cfg
+        self._begin(None)
+
+    def _begin(self, attempt: str | None) -> None:
+        self.attempt = attempt
+        self.started = attempt is not None
+        self.ended = False
+        self._first: dict[str, Verdict] = {}
+        self._window: deque = deque(maxlen=self.cfg.window_steps)
+        self._steps = 0
+
+    def feed(self, records: Iterable[Mapping[str, Any]]) -> "HealthJudge":
+        for r in records:
+            kind = r.get("type")
+            if kind == "start":
+                self._begin(r.get("attempt"))
+                self.started = True
+            elif not _same_attempt(r, self.attempt):
+                continue  # a late write of an earlier attempt
+            elif kind == "end":
+                self.ended = True
+            elif kind == "step":
+                self._window.append(r)
+                self._steps += 1
+            for status, rule in ((NONFINITE, _nonfinite_in), (DIVERGED, _diverged_in), (STALLED, _stall_in)):
+                if status not in self._first:
+                    verdict = rule(r, self.cfg)
+                    if verdict:
+                        self._first[status] = verdict
+        return self
+
+    def verdict(self) -> Verdict:
+        for status in (NONFINITE, DIVERGED, STALLED):
+            if status in self._first:
+                return self._first[status]
+        return _window_verdict(list(self._window), self._steps, self.cfg)
+
+
+def thresholds(records: Iterable[Mapping[str, Any]]) -> HealthConfig | None:
+    """The HealthConfig the attempt that started last ran with (its `start` record), or None for a run
+    written before runs stored their thresholds."""
+    stored = None
+    for r in records:
+        if r.get("type") == "start":
+            stored = r.get("health")
+    if not isinstance(stored, Mapping):
+        return None
+    known = {f.name for f in dataclasses.fields(HealthConfig)}
+    return HealthConfig(**{k: v for k, v in stored.items() if k in known})
+
+
+def _same_attempt(r: Mapping[str, Any], attempt: str | None) -> bool:
+    # Records of runs from before attempts were recorded carry none: they belong to whatever started last.
+    return attempt is None or r.get("attempt") in (None, attempt)
+
+
+def _window_verdict(window: list, steps_measured: int, cfg: HealthConfig) -> Verdict:
     if len(window) >= min(MIN_STEPS_FOR_DEGRADED, cfg.window_steps):
         for check in (_straggler, _sync_bound):
             verdict = check(window, cfg)
             if verdict:
                 return verdict
-    last = steps[-1]["step"] if steps else None
-    return Verdict(HEALTHY, "no sign of trouble", {"last_step": last, "steps_measured": len(steps)})
+    last = window[-1]["step"] if window else None
+    return Verdict(HEALTHY, "no sign of trouble", {"last_step": last, "steps_measured": steps_measured})
 
 
-def _nonfinite(records, cfg) -> Verdict | None:
-    for r in records:
-        if r.get("type") == "checksum" and not all(_finite(s) for s in r["checksums"]):
-            # A NaN/Inf gradient applied between two measurements (health.nonfinite_every_step off).
-            ranks = [rank for rank, s in enumerate(r["checksums"]) if not _finite(s)]
-            return Verdict(NONFINITE,
-                           f"NaN/Inf in the parameters of rank(s) {ranks} at step {r['step']}: lower the learning "
-                           "rate, check the input data for NaN/Inf, or clip gradients; resume from the last "
-                           "checkpoint (it was written before)", {"step": r["step"], "ranks": ranks})
-        if r.get("type") == "step" and (r.get("nonfinite_ranks") or not _finite(r.get("grad_norm"))):
-            ranks, step = r.get("nonfinite_ranks") or [], r["step"]
-            # Where it began: the earliest step at which a rank's own loss went NaN/Inf (between measurements
-            # the others catch it a step later, from the shared parameters).
-            firsts = {rank: s for rank, s in enumerate(r.get("first_nonfinite_step") or []) if s is not None}
-            if firsts:
-                step = min(firsts.values())
-                ranks = sorted(rank for rank, s in firsts.items() if s == step)
-            where = f"rank(s) {ranks}" if ranks else "the averaged gradient"
-            return Verdict(NONFINITE,
-                           f"NaN/Inf in {where} at step {step}: lower the learning rate, check the input "
-                           "data for NaN/Inf, or clip gradients",
-                           {"step": step, "ranks": ranks, "grad_norm": r.get("grad_norm"), "loss": r.get("loss"),
-                            "detected_at_step": r["step"]})
+def _nonfinite_in(r, cfg) -> Verdict | None:
+    if r.get("type") == "checksum" and not all(_finite(s) for s in r["checksums"]):
+        # A NaN/Inf gradient applied between two measurements (health.nonfinite_every_step off).
+        ranks = [rank for rank, s in enumerate(r["checksums"]) if not _finite(s)]
+        return Verdict(NONFINITE,
+                       f"NaN/Inf in the parameters of rank(s) {ranks} at step {r['step']}: lower the learning "
+                       "rate, check the input data for NaN/Inf, or clip gradients; resume from the last "
+                       "checkpoint (it was written before)", {"step": r["step"], "ranks": ranks})
+    if r.get("type") == "step" and (r.get("nonfinite_ranks") or not _finite(r.get("grad_norm"))):
+        ranks, step = r.get("nonfinite_ranks") or [], r["step"]
+        # Where it began: the earliest step at which a rank's own loss went NaN/Inf (between measurements
+        # the others catch it a step later, from the shared parameters).
+        firsts = {rank: s for rank, s in enumerate(r.get("first_nonfinite_step") or []) if s is not None}
+        if firsts:
+            step = min(firsts.values())
+            ranks = sorted(rank for rank, s in firsts.items() if s == step)
+        where = f"rank(s) {ranks}" if ranks else "the averaged gradient"
+        return Verdict(NONFINITE,
+                       f"NaN/Inf in {where} at step {step}: lower the learning rate, check the input "
+                       "data for NaN/Inf, or clip gradients",
+                       {"step": step, "ranks": ranks, "grad_norm": r.get("grad_norm"), "loss": r.get("loss"),
+                        "detected_at_step": r["step"]})
     return None
 
 
-def _diverged(records, cfg) -> Verdict | None:
-    for r in records:
-        if r.get("type") != "checksum":
-            continue
-        sums = r["checksums"]
-        diffs = [abs(s - sums[0]) / max(1.0, abs(sums[0])) for s in sums]
-        worst = max(range(len(diffs)), key=diffs.__getitem__)
-        if diffs[worst] > cfg.divergence_tolerance:
-            return Verdict(DIVERGED,
-                           f"replica on rank {worst} differs from rank 0 at step {r['step']} (relative "
-                           f"difference {diffs[worst]:.3g} > {cfg.divergence_tolerance:g}): parameters were "
-                           "changed outside the synchronized optimizer step; restart from the last checkpoint",
-                           {"step": r["step"], "rank": worst, "checksums": sums, "relative_difference": diffs[worst]})
+def _diverged_in(r, cfg) -> Verdict | None:
+    sums = r.get("checksums") if r.get("type") == "checksum" else None
+    if not sums or not all(_finite(s) for s in sums):
+        return None  # NaN/Inf parameters are NONFINITE's finding, and outrank this one
+    diffs = [abs(s - sums[0]) / max(1.0, abs(sums[0])) for s in sums]
+    worst = max(range(len(diffs)), key=diffs.__getitem__)
+    if diffs[worst] > cfg.divergence_tolerance:
+        return Verdict(DIVERGED,
+                       f"replica on rank {worst} differs from rank 0 at step {r['step']} (relative "
+                       f"difference {diffs[worst]:.3g} > {cfg.divergence_tolerance:g}): parameters were "
+                       "changed outside the synchronized optimizer step; restart from the last checkpoint",
+                       {"step": r["step"], "rank": worst, "checksums": sums, "relative_difference": diffs[worst]})
     return None
 
 
-def _stalled(records, cfg, now) -> Verdict | None:
-    for r in records:
-        if r.get("type") == "stall":
-            return Verdict(STALLED,
-                           f"no step completed for {r['seconds']:.0f}s after step {r.get('last_step')} "
-                           f"(seen by rank {r.get('rank')}): a rank hangs or the network is partitioned; "
-                           "check that rank's log and the hosts' connectivity",
-                           {"rank": r.get("rank"), "last_step": r.get("last_step"), "seconds": r["seconds"]})
-    if now is not None and records and not any(r.get("type") == "end" for r in records):
-        last = records[-1]
-        silent = now - last["time"]
-        if silent > cfg.stall_seconds:
-            return Verdict(STALLED,
-                           f"the job wrote no health record for {silent:.0f}s (limit {cfg.stall_seconds:g}s): "
-                           "it is hung or dead; check the workers' logs",
-                           {"last_step": last.get("step"), "seconds": silent})
-    return None
+def _stall_in(r, cfg) -> Verdict | None:
+    if r.get("type") != "stall":
+        return None
+    rank = r.get("rank")
+    return stalled(r["seconds"], r.get("limit"), r.get("last_step"), f"the watchdog of rank {rank}", rank=rank)
 
 
 def _straggler(window, cfg) -> Verdict | None:

@@ -1,35 +1,38 @@
-"""Notices when no training step completes for too long.
+"""Notices when no training step completes for too long, on every rank.
 
 A thread, not a timer on the loop: the loop itself is what hangs (a rank blocked in all-reduce waiting for
-a dead peer). Horovod releases the GIL while it waits, so this thread still runs.
+a dead peer). Horovod releases the GIL while it waits, so this thread still runs. It judges the loop's
+Progress with verdict.stalled, the rule the watcher outside the job applies to rank 0's heartbeat.
 """
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable
+
+from ringflow.training.health.progress import Progress
+from ringflow.training.health.verdict import Verdict, stall_limit, stalled
 
 
 class StallWatchdog(threading.Thread):
-    def __init__(self, stall_seconds: float, on_stall: Callable[[float, int | None], None]):
+    def __init__(self, progress: Progress, stall_seconds: float, rank: int,
+                 on_stall: Callable[[Verdict], None]):
         super().__init__(name="ringflow-stall-watchdog", daemon=True)
+        self._progress = progress
         self._stall_seconds = stall_seconds
+        self._rank = rank
         self._on_stall = on_stall
-        self._last_beat = time.monotonic()
-        self._last_step: int | None = None
         self._stopped = threading.Event()
-
-    def beat(self, step: int) -> None:
-        self._last_beat = time.monotonic()
-        self._last_step = step
 
     def stop(self) -> None:
         self._stopped.set()
 
     def run(self) -> None:
+        # A poll a quarter of the limit (at most 1 s) notices a stall within stall_seconds * 1.25.
         poll = min(1.0, self._stall_seconds / 4)
         while not self._stopped.wait(poll):
-            silent = time.monotonic() - self._last_beat
-            if silent > self._stall_seconds:
-                self._on_stall(silent, self._last_step)
+            step, silent, _ = self._progress.read()
+            verdict = stalled(silent, stall_limit(self._stall_seconds, step), step,
+                              f"the watchdog of rank {self._rank}", rank=self._rank)
+            if verdict is not None:
+                self._on_stall(verdict)
                 return

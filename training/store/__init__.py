@@ -1,7 +1,7 @@
 """Object stores behind one interface, chosen by URI.
 
     /data/ringflow  or  file:///data/ringflow   -> LocalFolderStore (the embedded default)
-    s3://bucket/prefix                          -> MinioStore, settings from the environment
+    s3://bucket/prefix                          -> S3Store, settings from the environment
 
 Pipelines pass URIs around (XCom, job specs), never store objects or credentials, so a task on any
 machine can reopen the same store with its own environment.
@@ -11,19 +11,22 @@ from __future__ import annotations
 import os
 import urllib.parse
 
-from .base import InvalidKey, ObjectInfo, ObjectNotFound, ObjectStore, StoreConfigError
+from .base import (InvalidKey, ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed, StoreConfigError,
+                   StoreUnavailable)
 from .local import LocalFolderStore
-from .s3 import MinioStore, S3Settings
+from .s3 import S3Settings, S3Store
 
 __all__ = [
     "InvalidKey",
     "LocalFolderStore",
-    "MinioStore",
     "ObjectInfo",
     "ObjectNotFound",
     "ObjectStore",
+    "PreconditionFailed",
     "S3Settings",
+    "S3Store",
     "StoreConfigError",
+    "StoreUnavailable",
     "open_store",
     "split_uri",
 ]
@@ -50,8 +53,8 @@ def open_store(uri: str, s3: S3Settings | None = None) -> ObjectStore:
         parts = urllib.parse.urlsplit(uri)
         if not parts.netloc:
             raise StoreConfigError(f"{uri!r} names no bucket; use s3://bucket/prefix")
-        return MinioStore.from_settings(parts.netloc, urllib.parse.unquote(parts.path).strip("/"),
-                                        s3 or S3Settings.from_env())
+        return S3Store.from_settings(parts.netloc, urllib.parse.unquote(parts.path).strip("/"),
+                                     s3 or S3Settings.from_env())
     if scheme == "file":
         return LocalFolderStore(_local_path(uri))
     if scheme and len(scheme) > 1:  # one letter would be a Windows drive, i.e. a plain path

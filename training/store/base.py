@@ -1,4 +1,4 @@
-"""The object-store contract every backend honours (local folder, MinIO/S3).
+"""The object-store contract every backend honours (local folder, S3/MinIO).
 
 Keys are '/'-separated relative paths. A store is rooted at a prefix, so the same code writes
 `run-1/checkpoints/...` whether that lands in a folder or under `s3://bucket/prefix/`.
@@ -23,6 +23,16 @@ class StoreConfigError(ValueError):
 
 class InvalidKey(ValueError):
     """The key is not a safe relative '/'-separated name."""
+
+
+class PreconditionFailed(Exception):
+    """A conditional write lost: the key already exists (create) or changed since it was read
+    (replace). Read again and retry, or give up."""
+
+
+class StoreUnavailable(OSError):
+    """The store kept failing after every retry (server errors, resets, timeouts). The message says
+    what failed, how often it was tried and what to check; nothing was half-written."""
 
 
 def check_key(key: str) -> str:
@@ -106,6 +116,28 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def copy(self, src_key: str, dst_key: str) -> None:
         """Server-side copy inside the store: no bytes pass through this process on S3."""
+
+    # -- conditional writes: how concurrent writers (promoters of one model) agree --------------
+    #
+    # An etag is an opaque string naming one version of an object's content; equal contents may
+    # share an etag. Pass it back unchanged. Plain `put_bytes` on the same key is not coordinated
+    # with these: a key written conditionally should only ever be written conditionally.
+    # Put something unique to the writer in `data` (an id, a timestamp): after a lost response the
+    # S3 store decides "did my write land?" by comparing contents.
+
+    @abc.abstractmethod
+    def get_bytes_tagged(self, key: str) -> tuple[bytes, str]:
+        """(data, etag) of one version, read together. Raises ObjectNotFound."""
+
+    @abc.abstractmethod
+    def put_bytes_if_absent(self, key: str, data: bytes) -> str:
+        """Create `key`; returns the new etag. Raises PreconditionFailed if the key exists, so of
+        many concurrent creators exactly one wins."""
+
+    @abc.abstractmethod
+    def put_bytes_if_match(self, key: str, data: bytes, etag: str) -> str:
+        """Replace `key` if its current etag is `etag`; returns the new etag. Raises
+        PreconditionFailed if it changed since it was read, or is missing: no update is lost."""
 
     def delete_prefix(self, prefix: str) -> None:
         for info in list(self.list(prefix)):

@@ -4,20 +4,34 @@ Keys map to files under the root. Every write lands in a temporary file in the d
 directory and is then renamed over the target, so readers (another rank, the promote step, a
 restarted task) see the old object or the new one, never a half-written file. Renames are only
 atomic inside one filesystem, which is why the temporary file is never put in /tmp.
+
+Conditional writes: a create links the finished temporary file to the target (`os.link` fails if
+the target exists, atomically, even across processes and NFS clients), so a half-written object is
+never visible and of many creators exactly one wins. A replace-if-unchanged holds an exclusive
+`flock` on a hidden lock file beside the target while it compares and renames; every replacer of
+that key takes the same lock. The etag is the sha256 of the content.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
 import pathlib
 import secrets
 import shutil
 from typing import Callable, Iterator
 
-from .base import InvalidKey, ObjectInfo, ObjectNotFound, ObjectStore, check_key, check_prefix, join_key
+from .base import (InvalidKey, ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed, check_key,
+                   check_prefix, join_key)
 
 # Temporary files end with this, so `list` can skip the leftovers of a writer that crashed, and keys
 # may not end with it (a real object could otherwise hide from listings).
 TMP_SUFFIX = ".ringflow-tmp"
+# Lock files of conditional replaces end with this. They stay after use: removing one while another
+# writer waits on it would let two writers hold "the" lock at once.
+LOCK_SUFFIX = ".ringflow-lock"
+_RESERVED_SUFFIXES = (TMP_SUFFIX, LOCK_SUFFIX)
 _CHUNK = 1 << 20
 
 
@@ -58,6 +72,29 @@ class LocalFolderStore(ObjectStore):
         except FileNotFoundError as exc:  # deleted between the check and the open
             raise ObjectNotFound(f"{src_key!r} not found in {self.uri}") from exc
 
+    def put_bytes_if_absent(self, key: str, data: bytes) -> str:
+        target = self._path(key)
+        tmp = self._write_temp(target, lambda f: f.write(data))
+        try:
+            os.link(tmp, target)
+        except FileExistsError as exc:
+            raise PreconditionFailed(f"{key!r} already exists in {self.uri}") from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+        return _etag(data)
+
+    def put_bytes_if_match(self, key: str, data: bytes, etag: str) -> str:
+        target = self._path(key)
+        with self._locked(key, target):
+            try:
+                current = target.read_bytes()
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+                raise PreconditionFailed(f"{key!r} no longer exists in {self.uri}") from exc
+            if _etag(current) != etag:
+                raise PreconditionFailed(f"{key!r} in {self.uri} changed since it was read (etag {etag[:12]}…)")
+            self._atomic_write(target, lambda f: f.write(data))
+        return _etag(data)
+
     def delete(self, key: str) -> None:
         path = self._path(key)
         try:
@@ -76,6 +113,10 @@ class LocalFolderStore(ObjectStore):
             return path.read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
             raise ObjectNotFound(f"{key!r} not found in {self.uri}") from exc
+
+    def get_bytes_tagged(self, key: str) -> tuple[bytes, str]:
+        data = self.get_bytes(key)
+        return data, _etag(data)
 
     def get_file(self, key: str, path: str) -> None:
         src = self._path(key)
@@ -105,7 +146,7 @@ class LocalFolderStore(ObjectStore):
         for dirpath, _dirs, files in os.walk(top):
             rel_dir = os.path.relpath(dirpath, self._root).replace(os.sep, "/")
             for name in files:
-                if name.endswith(TMP_SUFFIX):
+                if name.endswith(_RESERVED_SUFFIXES):
                     continue
                 key = name if rel_dir == "." else f"{rel_dir}/{name}"
                 if not key.startswith(prefix):
@@ -122,8 +163,9 @@ class LocalFolderStore(ObjectStore):
 
     def _path(self, key: str) -> pathlib.Path:
         check_key(key)
-        if key.endswith(TMP_SUFFIX):
-            raise InvalidKey(f"object key {key!r} ends with {TMP_SUFFIX!r}, which is reserved for temporary files")
+        if key.endswith(_RESERVED_SUFFIXES):
+            raise InvalidKey(f"object key {key!r} ends with one of {_RESERVED_SUFFIXES}, which are reserved for "
+                             f"temporary and lock files")
         return self._root.joinpath(*key.split("/"))
 
     def _existing(self, key: str) -> pathlib.Path:
@@ -133,6 +175,30 @@ class LocalFolderStore(ObjectStore):
         return path
 
     def _atomic_write(self, target: pathlib.Path, write: Callable, fsync: bool = True) -> None:
+        tmp = self._write_temp(target, write, fsync)
+        try:
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    @contextlib.contextmanager
+    def _locked(self, key: str, target: pathlib.Path) -> Iterator[None]:
+        if not target.is_file():  # checked again under the lock; this only avoids stray lock files
+            raise PreconditionFailed(f"{key!r} does not exist in {self.uri}")
+        lock = target.parent / f".{target.name}{LOCK_SUFFIX}"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except (FileNotFoundError, NotADirectoryError) as exc:  # no folder, so no object to replace
+            raise PreconditionFailed(f"{key!r} does not exist in {self.uri}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _write_temp(self, target: pathlib.Path, write: Callable, fsync: bool = True) -> pathlib.Path:
+        """A finished temporary file beside `target`, for the caller to rename or link."""
         tmp = target.parent / f".{target.name}.{secrets.token_hex(6)}{TMP_SUFFIX}"
         for attempt in range(3):
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -152,10 +218,10 @@ class LocalFolderStore(ObjectStore):
                     # checkpoint MANIFEST would claim data that never reached the disk.
                     f.flush()
                     os.fsync(f.fileno())
-            os.replace(tmp, target)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        return tmp
 
     def _prune_empty_dirs(self, folder: pathlib.Path) -> None:
         # S3 has no folders; removing empty ones keeps `ls` of a pruned checkpoint tree honest.
@@ -165,3 +231,7 @@ class LocalFolderStore(ObjectStore):
             except OSError:
                 return
             folder = folder.parent
+
+
+def _etag(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,11 +1,11 @@
 """health.jsonl and its sealed segments: bounded rewrites, nothing lost or doubled, resume continues."""
-from ringflow.training.health.records import HealthLog, read_health, record
+from ringflow.training.health.records import HealthLog, HealthReader, read_health, record
 from ringflow.training.run_layout import HEALTH
 from ringflow.training.store import LocalFolderStore
 
 
 def log(store, **kwargs):
-    return HealthLog(store, flush_seconds=0.0, segment_lines=3, **kwargs)
+    return HealthLog(store, flush_seconds=0.0, **({"segment_lines": 3} | kwargs))
 
 
 def test_long_run_seals_segments_and_reads_back_in_order(tmp_path):
@@ -45,3 +45,61 @@ def test_rank_without_the_log_writes_nothing(tmp_path):
     store = LocalFolderStore(str(tmp_path))
     log(store, enabled=False).append(record("step", step=1), force_flush=True)
     assert read_health(store) == [] and not list(store.list())
+
+
+class CountingStore(LocalFolderStore):
+    """Counts the objects read, to show what a poll costs."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.reads = []
+
+    def get_bytes(self, key):
+        self.reads.append(key)
+        return super().get_bytes(key)
+
+
+def test_records_carry_their_attempt(tmp_path):
+    store = LocalFolderStore(str(tmp_path))
+    log(store, attempt="a1").append(record("start"))
+    log(store, attempt="a2").append(record("start"))
+    assert [r["attempt"] for r in read_health(store)] == ["a1", "a2"]
+
+
+def test_reader_returns_each_record_once_and_reads_each_segment_once(tmp_path):
+    store = CountingStore(str(tmp_path))
+    health, reader = log(store), HealthReader()
+    seen = []
+    for step in range(20):
+        health.append(record("step", step=step))
+        if step % 4 == 0:
+            store.reads.clear()
+            seen += reader.poll(store)
+            # health.jsonl, the segments sealed since the last poll, and one probe for the next segment
+            assert len(store.reads) <= 2 + 2, store.reads
+    seen += reader.poll(store)
+    assert [r["step"] for r in seen] == list(range(20)) == [r["step"] for r in read_health(store)]
+    store.reads.clear()
+    assert reader.poll(store) == [] and store.reads == [HEALTH, "health/000006.jsonl"]
+
+
+def test_reader_between_seal_and_restart_sees_each_record_once(tmp_path):
+    store = LocalFolderStore(str(tmp_path))
+    health, reader = log(store), HealthReader()
+    for step in range(3):
+        health.append(record("step", step=step))
+    store.put_bytes(HEALTH, store.get_bytes("health/000000.jsonl"))  # health.jsonl not started over yet
+    assert [r["step"] for r in reader.poll(store)] == [0, 1, 2]
+    health.append(record("step", step=3))
+    assert [r["step"] for r in reader.poll(store)] == [3]
+
+
+def test_reader_skips_a_line_cut_short(tmp_path):
+    store = LocalFolderStore(str(tmp_path))
+    health, reader = log(store, segment_lines=100), HealthReader()
+    for step in range(2):
+        health.append(record("step", step=step))
+    store.put_bytes(HEALTH, store.get_bytes(HEALTH) + b'{"type": "step", "seq": 2, "st')
+    assert [r["step"] for r in reader.poll(store)] == [0, 1]
+    health.append(record("step", step=2))
+    assert [r["step"] for r in reader.poll(store)] == [2]

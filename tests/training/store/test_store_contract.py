@@ -5,13 +5,18 @@ marked slow because they need the moto server.
 """
 from __future__ import annotations
 
+import concurrent.futures
+import json
+import multiprocessing
 import os
+import threading
+import time
 
 import pytest
 
-from ringflow.training.store import (InvalidKey, LocalFolderStore, MinioStore, ObjectInfo, ObjectNotFound,
-                                     S3Settings, StoreConfigError, open_store, split_uri)
-from ringflow.training.store.local import TMP_SUFFIX
+from ringflow.training.store import (InvalidKey, LocalFolderStore, ObjectInfo, ObjectNotFound, PreconditionFailed,
+                                     S3Settings, S3Store, StoreConfigError, open_store, split_uri)
+from ringflow.training.store.local import LOCK_SUFFIX, TMP_SUFFIX
 
 BIG = 20 * 1024 * 1024  # over the 16 MiB part size: the S3 upload goes multipart
 
@@ -45,9 +50,9 @@ def test_big_file_round_trip(object_store, tmp_path):
     dst = tmp_path / "downloads" / "big.out"
     object_store.get_file("big/big.bin", str(dst))
     assert dst.read_bytes() == src.read_bytes()
-    if isinstance(object_store, MinioStore):
-        etag = object_store._client.stat_object(object_store.bucket, "run-1/big/big.bin").etag
-        assert etag.endswith("-2"), f"expected a 2-part multipart upload, etag {etag}"
+    if isinstance(object_store, S3Store):
+        etag = object_store._client.head_object(Bucket=object_store.bucket, Key="run-1/big/big.bin")["ETag"]
+        assert etag.strip('"').endswith("-2"), f"expected a 2-part multipart upload, etag {etag}"
     assert os.listdir(tmp_path / "downloads") == ["big.out"]  # no download leftovers
 
 
@@ -92,17 +97,150 @@ def test_copy(object_store):
 
 @pytest.mark.slow
 def test_s3_copy_is_server_side(s3_server, monkeypatch):
-    store = MinioStore.from_settings(s3_server.new_bucket(), "p", s3_server.settings())
+    store = S3Store.from_settings(s3_server.new_bucket(), "p", s3_server.settings())
     store.put_bytes("a", b"payload")
 
     def no_transfer(*args, **kwargs):
         raise AssertionError("copy moved bytes through this process")
 
-    for method in ("get_object", "fget_object", "put_object", "fput_object"):
+    for method in ("get_object", "put_object", "upload_part", "download_file", "upload_file", "upload_fileobj"):
         monkeypatch.setattr(store._client, method, no_transfer)
     store.copy("a", "b")
     monkeypatch.undo()
     assert store.get_bytes("b") == b"payload"
+
+
+# -- conditional writes ----------------------------------------------------------------------------
+
+def test_get_bytes_tagged_names_the_version(object_store):
+    object_store.put_bytes("p/ptr", b"one")
+    data, etag = object_store.get_bytes_tagged("p/ptr")
+    assert data == b"one" and isinstance(etag, str) and etag
+    assert object_store.get_bytes_tagged("p/ptr")[1] == etag  # unchanged content, same tag
+    object_store.put_bytes("p/ptr", b"two")
+    assert object_store.get_bytes_tagged("p/ptr") != (b"one", etag)
+    with pytest.raises(ObjectNotFound, match="p/nope"):
+        object_store.get_bytes_tagged("p/nope")
+
+
+def test_put_if_absent_creates_once(object_store):
+    etag = object_store.put_bytes_if_absent("v/1/CLAIM", b"writer-a")
+    assert object_store.get_bytes_tagged("v/1/CLAIM") == (b"writer-a", etag)
+    with pytest.raises(PreconditionFailed, match="v/1/CLAIM"):
+        object_store.put_bytes_if_absent("v/1/CLAIM", b"writer-b")
+    assert object_store.get_bytes("v/1/CLAIM") == b"writer-a"
+    object_store.delete("v/1/CLAIM")
+    object_store.put_bytes_if_absent("v/1/CLAIM", b"writer-c")  # absent again: a create succeeds
+    assert object_store.get_bytes("v/1/CLAIM") == b"writer-c"
+    assert [i.key for i in object_store.list()] == ["v/1/CLAIM"]  # no temp or lock files listed
+
+
+def test_put_if_match_is_compare_and_swap(object_store):
+    first = object_store.put_bytes_if_absent("ptr", b"v1")
+    second = object_store.put_bytes_if_match("ptr", b"v2", first)
+    assert object_store.get_bytes_tagged("ptr") == (b"v2", second) and second != first
+    with pytest.raises(PreconditionFailed, match="ptr"):
+        object_store.put_bytes_if_match("ptr", b"v3-stale", first)  # read before v2 was written
+    assert object_store.get_bytes("ptr") == b"v2"
+    with pytest.raises(PreconditionFailed, match="missing"):
+        object_store.put_bytes_if_match("missing", b"x", second)
+    object_store.delete("ptr")
+    with pytest.raises(PreconditionFailed):
+        object_store.put_bytes_if_match("ptr", b"v3", second)
+    assert not object_store.exists("ptr") and not object_store.exists("missing")
+    assert [i.key for i in object_store.list()] == []
+
+
+def test_concurrent_creators_exactly_one_wins(object_store):
+    n = 8
+    barrier = threading.Barrier(n)
+
+    def claim(i: int) -> str:
+        barrier.wait()
+        try:
+            object_store.put_bytes_if_absent("race/v1", f"writer-{i}".encode())
+            return f"writer-{i}"
+        except PreconditionFailed:
+            return "lost"
+
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(claim, range(n)))
+    winners = [r for r in results if r != "lost"]
+    assert len(winners) == 1, results
+    assert object_store.get_bytes("race/v1") == winners[0].encode()
+
+
+def _increment(store, key: str, times: int, writer: str) -> int:
+    """Read-modify-write a JSON counter with compare-and-swap; returns how many races it lost."""
+    lost = 0
+    for _ in range(times):
+        while True:
+            data, etag = store.get_bytes_tagged(key)
+            doc = json.loads(data)
+            doc = {"n": doc["n"] + 1, "by": doc["by"] + [writer]}
+            try:
+                store.put_bytes_if_match(key, json.dumps(doc).encode(), etag)
+                break
+            except PreconditionFailed:
+                lost += 1
+    return lost
+
+
+def test_concurrent_counter_loses_no_update(object_store):
+    n, times = 6, 5
+    object_store.put_bytes_if_absent("counter", json.dumps({"n": 0, "by": []}).encode())
+    barrier = threading.Barrier(n)
+
+    def run(i: int) -> int:
+        barrier.wait()
+        return _increment(object_store, "counter", times, f"w{i}")
+
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        lost = sum(pool.map(run, range(n)))
+    doc = json.loads(object_store.get_bytes("counter"))
+    assert doc["n"] == n * times and sorted(doc["by"]) == sorted(f"w{i}" for i in range(n) for _ in range(times))
+    assert lost > 0, "the writers never raced; the test proved nothing"
+
+
+def _process_claim(root: str, i: int, start: float) -> bool:
+    time.sleep(max(0.0, start - time.time()))
+    try:
+        LocalFolderStore(root).put_bytes_if_absent("race/v1", f"p{i}".encode())
+        return True
+    except PreconditionFailed:
+        return False
+
+
+def _process_count(root: str, i: int, times: int, start: float) -> int:
+    time.sleep(max(0.0, start - time.time()))
+    return _increment(LocalFolderStore(root), "counter", times, f"p{i}")
+
+
+@pytest.mark.slow
+def test_local_conditional_writes_across_processes(tmp_path):
+    """The local store's guarantees hold between processes (link, flock), not only threads."""
+    root, n = str(tmp_path / "store"), 4
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(n, mp_context=ctx) as pool:
+        list(pool.map(abs, range(n)))  # start the workers before the race
+        start = time.time() + 0.5
+        wins = list(pool.map(_process_claim, [root] * n, range(n), [start] * n))
+        assert wins.count(True) == 1, wins
+        LocalFolderStore(root).put_bytes_if_absent("counter", json.dumps({"n": 0, "by": []}).encode())
+        start = time.time() + 0.5
+        list(pool.map(_process_count, [root] * n, range(n), [20] * n, [start] * n))
+    assert json.loads(LocalFolderStore(root).get_bytes("counter"))["n"] == n * 20
+
+
+def test_local_lock_files_are_hidden_and_reserved(tmp_path):
+    store = LocalFolderStore(tmp_path)
+    etag = store.put_bytes_if_absent("m/ptr", b"1")
+    store.put_bytes_if_match("m/ptr", b"2", etag)
+    assert [p.name for p in (tmp_path / "m").iterdir() if p.name.endswith(LOCK_SUFFIX)]  # it exists ...
+    assert [i.key for i in store.list()] == ["m/ptr"]  # ... but is no object
+    with pytest.raises(InvalidKey, match="reserved"):
+        store.put_bytes(f"m/.ptr{LOCK_SUFFIX}", b"")
+    assert not list(tmp_path.glob(f"**/*{TMP_SUFFIX}"))
 
 
 def test_missing_objects_raise_object_not_found(object_store, tmp_path):
@@ -136,7 +274,7 @@ def test_child_store(object_store):
 
 def test_uri_reopens_the_same_store(object_store, request):
     object_store.put_bytes("k", b"v")
-    settings = request.getfixturevalue("s3_server").settings() if isinstance(object_store, MinioStore) else None
+    settings = request.getfixturevalue("s3_server").settings() if isinstance(object_store, S3Store) else None
     assert open_store(object_store.uri, s3=settings).get_bytes("k") == b"v"
     parent, name = split_uri(object_store.uri + "/k")
     assert (parent, name) == (object_store.uri, "k")
@@ -196,7 +334,7 @@ def test_split_uri_rejects_non_objects(uri):
 def test_open_store_s3_forms():
     settings = S3Settings(endpoint="https://s3.example.com", access_key="k", secret_key="s")
     store = open_store("s3://bucket/some/prefix/", s3=settings)
-    assert isinstance(store, MinioStore)
+    assert isinstance(store, S3Store)
     assert (store.bucket, store.prefix, store.uri) == ("bucket", "some/prefix", "s3://bucket/some/prefix")
     assert open_store("s3://bucket", s3=settings).uri == "s3://bucket"
 
@@ -237,6 +375,24 @@ def test_s3_settings_from_env(monkeypatch):
         open_store("s3://bucket/x")  # settings default to the environment
 
 
+def test_s3_retry_and_timeout_settings(monkeypatch):
+    base = {"RINGFLOW_S3_ENDPOINT": "http://m:9000", "AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "s"}
+    defaults = S3Settings.from_env(base)
+    assert (defaults.max_attempts, defaults.connect_timeout, defaults.read_timeout) == (10, 10.0, 60.0)
+    assert defaults.to_env() == base  # defaults are not spelled out in job environments
+    tuned = S3Settings.from_env(base | {"RINGFLOW_S3_MAX_ATTEMPTS": "3", "RINGFLOW_S3_CONNECT_TIMEOUT": "2.5",
+                                        "RINGFLOW_S3_READ_TIMEOUT": "7"})
+    assert (tuned.max_attempts, tuned.connect_timeout, tuned.read_timeout) == (3, 2.5, 7.0)
+    assert S3Settings.from_env(tuned.to_env()) == tuned  # a job process gets the same settings
+    config = S3Store.from_settings("bucket", "", tuned)._client.meta.config
+    assert config.retries == {"mode": "standard", "total_max_attempts": 3}
+    assert (config.connect_timeout, config.read_timeout) == (2.5, 7.0)
+    for var, value in (("RINGFLOW_S3_MAX_ATTEMPTS", "0"), ("RINGFLOW_S3_MAX_ATTEMPTS", "three"),
+                       ("RINGFLOW_S3_READ_TIMEOUT", "-1"), ("RINGFLOW_S3_CONNECT_TIMEOUT", "soon")):
+        with pytest.raises(StoreConfigError, match=f"fix {var}"):
+            S3Settings.from_env(base | {var: value})
+
+
 @pytest.mark.slow
 def test_open_store_reads_s3_settings_from_env(s3_server, monkeypatch):
     for var, value in s3_server.env().items():
@@ -250,7 +406,7 @@ def test_open_store_reads_s3_settings_from_env(s3_server, monkeypatch):
 @pytest.mark.slow
 def test_unknown_bucket_is_a_config_error(s3_server):
     for region in (None, "us-east-1"):  # with no region the SDK asks the bucket's location first
-        store = MinioStore.from_settings("no-such-bucket", "p", s3_server.settings(region=region))
+        store = S3Store.from_settings("no-such-bucket", "p", s3_server.settings(region=region))
         for call in (lambda: store.put_bytes("k", b""), lambda: store.get_bytes("k"),
                      lambda: list(store.list()), lambda: store.exists("k"), store.check):
             with pytest.raises(StoreConfigError, match="bucket 'no-such-bucket' does not exist.*create it"):
@@ -260,8 +416,8 @@ def test_unknown_bucket_is_a_config_error(s3_server):
 @pytest.mark.slow
 def test_unreachable_endpoint_is_a_config_error():
     settings = S3Settings(endpoint=f"http://127.0.0.1:{_closed_port()}", access_key="k", secret_key="s",
-                          region="us-east-1")
-    store = MinioStore.from_settings("bucket", "", settings)
+                          region="us-east-1", max_attempts=2)  # retrying a closed port proves nothing more
+    store = S3Store.from_settings("bucket", "", settings)
     with pytest.raises(StoreConfigError, match="cannot reach the S3 endpoint.*RINGFLOW_S3_ENDPOINT"):
         store.get_bytes("k")
 
@@ -270,7 +426,7 @@ def test_unreachable_endpoint_is_a_config_error():
 def test_bad_credentials_are_config_errors(s3_server_with_auth):
     server = s3_server_with_auth
     bucket = server.new_bucket()
-    good = MinioStore.from_settings(bucket, "p", server.settings())
+    good = S3Store.from_settings(bucket, "p", server.settings())
     good.put_bytes("k", b"v")
     assert good.get_bytes("k") == b"v"
 
@@ -281,7 +437,7 @@ def test_bad_credentials_are_config_errors(s3_server_with_auth):
     ]
     for overrides, message in cases:
         for region in (None, "us-east-1"):
-            store = MinioStore.from_settings(bucket, "p", server.settings(region=region, **overrides))
+            store = S3Store.from_settings(bucket, "p", server.settings(region=region, **overrides))
             for call in (lambda: store.get_bytes("k"), lambda: store.put_bytes("k2", b""),
                          lambda: list(store.list())):
                 with pytest.raises(StoreConfigError, match=message):

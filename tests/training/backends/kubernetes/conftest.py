@@ -1,0 +1,33 @@
+"""Fixtures for the Kubernetes backend tests: a kmock API emulator and settings that point at it."""
+from __future__ import annotations
+
+import pytest
+
+from kmock_cluster import Cluster
+
+NAMESPACE = "training"
+IMAGE = "registry.example/ringflow-training:0.1.0"
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A fresh Kubernetes API emulator on 127.0.0.1 (the MPIJob, Pod and ConfigMap APIs) per test."""
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def settings_dict():
+    return {"image": IMAGE, "namespace": NAMESPACE, "s3_secret_name": "ringflow-minio",
+            "s3_endpoint": "http://minio.ringflow:9000"}
+
+
+@pytest.fixture
+def backend(cluster, settings_dict):
+    from ringflow.training.backends.kubernetes.backend import MPIJobBackend
+
+    # Tiny backoff: retries are tested for happening, not for their timing.
+    return MPIJobBackend(settings_dict, kubeconfig_path=str(cluster.kubeconfig), backoff_s=0.01)

@@ -1,0 +1,104 @@
+"""2-process DDP runs on CPU under torchrun: the same training as Horovod's, kill-and-resume equality, and
+checkpoints that resume under the other engine."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+def assert_same_parameters(actual, expected):
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-6, atol=1e-7)
+
+
+def test_ddp_trains_like_horovod_with_identical_replicas(jobs):
+    """Same partitions, order, scaled learning rate and averaging: the same parameters as Horovod's."""
+    ddp = jobs.config("learn-ddp", epochs=3, engine="ddp")
+    code, out = jobs.run(ddp)
+    assert code == 0, out
+    steps = [r for r in jobs.health(ddp) if r["type"] == "step"]
+    assert len(steps) == 3 * 22
+    first, last = sum(s["loss"] for s in steps[:5]) / 5, sum(s["loss"] for s in steps[-5:]) / 5
+    assert last < first / 3, (first, last)
+    # The all-reduce time comes from the communication hook: measured on every rank, inside the step.
+    assert all(0 < s < t for r in steps for s, t in zip(r["sync_time"], r["step_time"])), steps[:3]
+    checksums = [r["checksums"] for r in jobs.health(ddp) if r["type"] == "checksum"]
+    assert checksums and all(len(c) == 2 and c[0] == c[1] for c in checksums)
+    assert [r["engine"] for r in jobs.health(ddp) if r["type"] == "start"] == ["ddp"]
+    result = jobs.result(ddp)
+    assert result.succeeded and result.world_size == 2
+    assert "step=10 epoch=1/3 loss=" in out and "on 2 workers with ddp (lr 0.004 = 0.002 x 2)" in out
+
+    horovod = jobs.config("learn-horovod", epochs=3)
+    assert jobs.run(horovod)[0] == 0
+    assert_same_parameters(jobs.final_parameters(ddp), jobs.final_parameters(horovod))
+
+
+def test_killed_ddp_worker_resumes_to_the_same_parameters(jobs):
+    reference = jobs.config("uninterrupted", epochs=3, engine="ddp")
+    assert jobs.run(reference)[0] == 0
+
+    interrupted = jobs.config("interrupted", epochs=3, engine="ddp",
+                              faults=[{"kind": "crash", "rank": 1, "step": 37}])
+    code, out = jobs.run(interrupted)
+    assert code != 0 and "SIGKILL at step 37" in out
+    del interrupted["faults"]
+    code, out = jobs.run(interrupted)
+    assert code == 0, out
+    assert "resuming from checkpoint ckpt-000000030" in out
+    assert jobs.result(interrupted).resumed_from == "ckpt-000000030"
+    assert_same_parameters(jobs.final_parameters(interrupted), jobs.final_parameters(reference))
+
+
+@pytest.mark.parametrize("first, then", [("horovod", "ddp"), ("ddp", "horovod")])
+def test_a_checkpoint_resumes_under_the_other_engine(jobs, first, then):
+    """Killed at step 37 under one engine, resumed under the other from step 30 (model, optimizer, cursor):
+    it ends where an uninterrupted run of the first engine ends."""
+    reference = jobs.config(f"whole-{first}", epochs=3, engine=first)
+    code, out = jobs.run(reference)
+    assert code == 0, out
+
+    switched = jobs.config(f"{first}-then-{then}", epochs=3, engine=first,
+                           faults=[{"kind": "crash", "rank": 0, "step": 37}])
+    code, out = jobs.run(switched)
+    assert code != 0 and "SIGKILL at step 37" in out
+    del switched["faults"]
+    switched["engine"] = then
+    code, out = jobs.run(switched)
+    assert code == 0, out
+    assert "resuming from checkpoint ckpt-000000030 (step 30, epoch 1, batch 8)" in out
+    result = jobs.result(switched)
+    assert result.succeeded and result.resumed_from == "ckpt-000000030" and result.step == 66
+    assert_same_parameters(jobs.final_parameters(switched), jobs.final_parameters(reference))
+
+
+def test_engine_flag_overrides_the_config(jobs):
+    """`ringflow train --engine ddp` on a config that says nothing: torchrun starts the ranks, DDP trains."""
+    cfg = jobs.config("flag", epochs=1)
+    path = jobs.root / "flag.json"
+    path.write_text(json.dumps(cfg))
+    proc = subprocess.run([sys.executable, "-m", "ringflow.training.cli", "train", str(path), "--np", "2",
+                           "--engine", "ddp"], capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "on 2 workers with ddp" in out
+    assert jobs.result(cfg).succeeded
+
+
+def test_accumulated_passes_match_horovods(jobs):
+    """Two backward passes per step: DDP runs the first under no_sync, Horovod's optimizer holds its
+    all-reduce back; either way one averaged step per two minibatches, the same parameters."""
+    runs = {}
+    for engine in ("ddp", "horovod"):
+        cfg = jobs.config(f"accumulate-{engine}", epochs=1, engine=engine,
+                          **{engine: {"backward_passes_per_step": 2}})
+        code, out = jobs.run(cfg)
+        assert code == 0, out
+        assert jobs.result(cfg).step == 11  # 22 minibatches per epoch
+        runs[engine] = jobs.final_parameters(cfg)
+    assert_same_parameters(runs["ddp"], runs["horovod"])

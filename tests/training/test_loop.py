@@ -1,0 +1,174 @@
+"""The training loop and its callback seam, in one process: a stand-in engine (what a single rank would
+do) and a stand-in for PartitionData's interface. The loop's behaviour with Horovod underneath is covered
+by test_horovod_training.py and test_health_faults.py."""
+import pytest
+import torch
+
+from ringflow.training.callbacks.base import Callback
+from ringflow.training.callbacks.checkpointing import Checkpointing
+from ringflow.training.checkpoint import CheckpointStore
+from ringflow.training.data import Cursor
+from ringflow.training.engine import Engine
+from ringflow.training.health.verdict import Verdict
+from ringflow.training.loop import TrainingLoop
+from ringflow.training.store import LocalFolderStore
+from ringflow.training.training_state import STATE_FILE, TrainingState
+
+
+class OneRank(Engine):
+    """A world of one: nothing to average, gathers return the rank's own tensor."""
+
+    rank, size = 0, 1
+
+    def __init__(self, accumulation_steps=1):
+        self.accumulation_steps = accumulation_steps
+
+    def distribute(self, model, optimizer):
+        return optimizer
+
+    def broadcast_state(self, model, optimizer):
+        pass
+
+    def sync_gradients(self, optimizer):
+        pass
+
+    def apply_gradients(self, optimizer):
+        optimizer.step()
+
+    def allgather(self, tensor, name):
+        return tensor
+
+    def allgather_async(self, tensor, name):
+        return tensor
+
+    def wait(self, handle):
+        return handle
+
+
+class Batches:
+    """PartitionData's interface: `batches_per_epoch`, and `batches(seed, cursor)` from the cursor on."""
+
+    def __init__(self, batches_per_epoch=3, batch_size=4):
+        self.batches_per_epoch, self.batch_size = batches_per_epoch, batch_size
+
+    def batches(self, seed, cursor):
+        for b in range(cursor.batch, self.batches_per_epoch):
+            g = torch.Generator().manual_seed(seed * 1000 + cursor.epoch * 100 + b)
+            yield b, torch.randn(self.batch_size, 3, generator=g), torch.randn(self.batch_size, 1, generator=g)
+
+
+class Recorder(Callback):
+    def __init__(self, stop_at=None, hook="on_gradients_ready", verdict="NONFINITE"):
+        self.calls, self.stop_at, self.hook, self.verdict = [], stop_at, hook, verdict
+
+    def _stop(self, hook, loop):
+        if hook == self.hook and loop.step == self.stop_at:
+            return Verdict(self.verdict, "stop here")
+        return None
+
+    def on_train_start(self, loop):
+        self.calls.append(("on_train_start", loop.step))
+
+    def before_backward(self, loop, loss):
+        self.calls.append(("before_backward", loop.step + 1))
+        return loss
+
+    def on_gradients_ready(self, loop, timing):
+        self.calls.append(("on_gradients_ready", timing.step, timing.samples))
+        return self._stop("on_gradients_ready", loop)
+
+    def after_optimizer_step(self, loop, timing):
+        self.calls.append(("after_optimizer_step", timing.step))
+        return self._stop("after_optimizer_step", loop)
+
+    def on_step_end(self, loop, timing):
+        self.calls.append(("on_step_end", timing.step, loop.cursor))
+        return self._stop("on_step_end", loop)
+
+    def on_train_end(self, loop):
+        self.calls.append(("on_train_end", loop.step))
+
+
+def make_loop(callbacks, epochs=2, k=1, stop_on_degraded=False, data=None, **kwargs):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    return TrainingLoop(OneRank(k), model, torch.nn.functional.mse_loss, torch.optim.SGD(model.parameters(), lr=0.1),
+                        data or Batches(), epochs=epochs, seed=0, stop_on_degraded=stop_on_degraded,
+                        callbacks=callbacks, **kwargs)
+
+
+def test_every_step_goes_through_the_hooks_in_order():
+    rec = Recorder()
+    loop = make_loop([rec])
+    assert loop.run() is None
+    assert rec.calls[:6] == [("on_train_start", 0), ("before_backward", 1), ("on_gradients_ready", 1, 4),
+                             ("after_optimizer_step", 1), ("on_step_end", 1, Cursor(0, 1)), ("before_backward", 2)]
+    assert [c[1:] for c in rec.calls if c[0] == "on_step_end"][-1] == (6, Cursor(2, 0))
+    assert rec.calls[-1] == ("on_train_end", 6) and loop.finished and loop.last_step == 6
+
+
+def test_gradients_of_k_micro_batches_make_one_step():
+    rec = Recorder()
+    loop = make_loop([rec], k=2, data=Batches(batches_per_epoch=4))
+    loop.run()
+    assert [c for c in rec.calls if c[0] == "on_gradients_ready"] == [("on_gradients_ready", s, 8) for s in (1, 2, 3, 4)]
+    assert sum(c[0] == "before_backward" for c in rec.calls) == 8
+
+
+def test_a_resumed_loop_starts_at_its_cursor():
+    rec = Recorder()
+    loop = make_loop([rec], step=4, cursor=Cursor(1, 1))
+    loop.run()
+    steps = [c[1] for c in rec.calls if c[0] == "on_step_end"]
+    assert steps == [5, 6] and rec.calls[0] == ("on_train_start", 4)
+
+
+def test_a_stop_before_the_update_keeps_the_gradients_out_of_the_model():
+    rec, later = Recorder(stop_at=2), Recorder()
+    loop = make_loop([rec, later])
+    before = {}
+
+    class Snapshot(Callback):
+        def on_step_end(self, loop, timing):
+            before.update({k: v.clone() for k, v in loop.model.state_dict().items()})
+
+    loop.callbacks.append(Snapshot())
+    stop = loop.run()
+    assert stop.status == "NONFINITE" and loop.step == 2 and loop.cursor == Cursor(0, 1)
+    assert all(torch.equal(before[k], v) for k, v in loop.model.state_dict().items())  # step 2 never applied
+    assert ("on_gradients_ready", 2, 4) not in later.calls  # a stop ends the hook for the callbacks after it
+    assert not [c for c in rec.calls if c[0] in ("after_optimizer_step", "on_step_end") and c[1] == 2]
+    assert not [c for c in rec.calls if c[0] == "on_train_end"]
+
+
+@pytest.mark.parametrize("verdict, stop_on_degraded, stops", [
+    ("NONFINITE", False, True), ("DIVERGED", False, True), ("STALLED", False, True),
+    ("DEGRADED", False, False), ("DEGRADED", True, True), ("HEALTHY", True, False),
+])
+def test_which_verdicts_stop_the_loop(verdict, stop_on_degraded, stops):
+    loop = make_loop([Recorder(stop_at=3, hook="on_step_end", verdict=verdict)], stop_on_degraded=stop_on_degraded)
+    stop = loop.run()
+    assert (stop is not None) == stops and loop.step == (3 if stops else 6)
+
+
+def test_checkpointing_writes_on_its_cadence_and_a_final_one_with_what_callbacks_add(tmp_path):
+    store = CheckpointStore(LocalFolderStore(tmp_path), keep_last=None)
+    seen = []
+
+    class Adds(Callback):
+        def before_checkpoint(self, loop, meta, final):
+            meta["note"] = "final" if final else "periodic"
+
+        def on_checkpoint(self, loop, name, final):
+            seen.append((name, final))
+
+    checkpointing = Checkpointing(store, every_steps=4, rank=0, world_size=1, run_meta={"manifest_uri": "m"})
+    loop = make_loop([Adds(), checkpointing])
+    assert loop.run() is None
+    assert seen == [("ckpt-000000004", False), ("ckpt-000000006", True)] and checkpointing.final == "ckpt-000000006"
+    meta = store.read_manifest("ckpt-000000006").meta
+    assert meta["final"] and meta["note"] == "final" and meta["cursor"] == [2, 0] and meta["manifest_uri"] == "m"
+    state = TrainingState.from_bytes(store.load("ckpt-000000004").files[STATE_FILE], "ckpt-000000004")
+    assert state.step == 4 and state.cursor == (1, 1)
+    other_rank = Checkpointing(store, every_steps=4, rank=1, world_size=2, run_meta={})
+    assert other_rank.save(loop) == "ckpt-000000006"  # the name rank 0 writes; rank 1 writes nothing

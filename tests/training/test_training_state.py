@@ -1,0 +1,94 @@
+"""state.pt loads with weights_only: tensors and plain data only, so a planted pickle runs nothing."""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+
+import pytest
+import torch
+
+from ringflow.training.checkpoint import CheckpointStore
+from ringflow.training.store import LocalFolderStore
+from ringflow.training.training_state import STATE_FILE, TrainingState, UnsafeCheckpoint
+
+
+class _RunsAShellCommand:
+    """What an attacker with write access to the bucket would plant: unpickling it runs `touch <marker>`."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def _planted_state(marker) -> bytes:
+    buf = io.BytesIO()
+    torch.save({"model": {}, "optimizer": {}, "cursor": [0, 0], "step": 0, "torch_rng": torch.get_rng_state(),
+                "payload": _RunsAShellCommand(str(marker))}, buf)
+    return buf.getvalue()
+
+
+def _real_state() -> TrainingState:
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.randn(8, 4)).sum().backward()
+    optimizer.step()
+    return TrainingState(model=model.state_dict(), optimizer=optimizer.state_dict(), cursor=(2, 5), step=17,
+                         torch_rng=torch.get_rng_state())
+
+
+def test_the_state_ringflow_writes_loads_back_with_weights_only():
+    state = _real_state()
+    loaded = TrainingState.from_bytes(state.to_bytes(), "test")
+    assert (loaded.cursor, loaded.step) == ((2, 5), 17)
+    torch.testing.assert_close(loaded.model, state.model)
+    assert loaded.optimizer["param_groups"] == state.optimizer["param_groups"]
+    torch.testing.assert_close(loaded.optimizer["state"], state.optimizer["state"])
+    assert torch.equal(loaded.torch_rng, state.torch_rng)
+
+
+def test_a_planted_pickle_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    planted = _planted_state(marker)
+    with pytest.raises(UnsafeCheckpoint, match=r"refused to load .*nothing in it was run"):
+        TrainingState.from_bytes(planted, "s3://b/run/checkpoints/ckpt-000000010/state.pt")
+    assert not marker.exists()
+    # The control: the same bytes loaded the old way run the command, so the test above can fail.
+    torch.load(io.BytesIO(planted), weights_only=False)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("doc, problem", [
+    ([1, 2, 3], "holds a list"),
+    ({"model": {}}, "not a ringflow training state"),
+])
+def test_plain_data_that_is_not_a_training_state_is_refused(doc, problem):
+    buf = io.BytesIO()
+    torch.save(doc, buf)
+    with pytest.raises(UnsafeCheckpoint, match=problem):
+        TrainingState.from_bytes(buf.getvalue(), "here")
+
+
+def test_a_plain_pickle_that_is_no_torch_file_is_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    with pytest.raises((UnsafeCheckpoint, pickle.UnpicklingError, RuntimeError)):
+        TrainingState.from_bytes(pickle.dumps(_RunsAShellCommand(str(marker))), "here")
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_planted_checkpoint_whose_manifest_was_fixed_up(jobs, tmp_path):
+    """The attack from the issue: a state.pt that runs a shell command, MANIFEST sha256 made to match."""
+    cfg = jobs.config("planted", epochs=1)
+    assert jobs.run(cfg)[0] == 0
+    checkpoints = CheckpointStore(LocalFolderStore(cfg["run_uri"]), keep_last=None)
+    newest = checkpoints.latest_valid()
+    marker = tmp_path / "pwned"
+    checkpoints.save(newest.step + 1, {STATE_FILE: _planted_state(marker)}, dict(newest.manifest.meta))
+    cfg["epochs"] = 2
+    code, out = jobs.run(cfg)
+    assert code != 0, out
+    assert "refused to load" in out and "ckpt-" in out
+    assert not marker.exists()

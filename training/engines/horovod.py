@@ -1,0 +1,66 @@
+"""The Horovod engine: hvd.init with the config's knobs, the DistributedOptimizer, Horovod's allgather.
+
+Started by horovodrun (local runs) or mpirun (an MPIJob); see launcher.py.
+"""
+from __future__ import annotations
+
+import os
+
+from ringflow.training.config import HorovodConfig, JobConfig
+from ringflow.training.engine import Engine, share_host_cores
+from ringflow.training.sync_wait import wait_for_allreduce
+
+
+class HorovodEngine(Engine):
+    name = "horovod"
+
+    def __init__(self, hvd, cfg: HorovodConfig):
+        self.hvd, self.cfg = hvd, cfg
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.accumulation_steps = cfg.backward_passes_per_step
+
+    @classmethod
+    def start(cls, cfg: JobConfig) -> "HorovodEngine":
+        """Initialize Horovod for this rank with the config's knobs."""
+        # Set by the rank itself: mpirun under an MPIJob starts ranks with just the variables it forwards,
+        # and Horovod and Open MPI read these once, in hvd.init().
+        os.environ.update(cfg.horovod.environment())
+        import horovod.torch as hvd
+
+        hvd.init()
+        share_host_cores(hvd.local_size())
+        return cls(hvd, cfg.horovod)
+
+    def distribute(self, model, optimizer):
+        hvd = self.hvd
+        compression = hvd.Compression.fp16 if self.cfg.fp16_compression else hvd.Compression.none
+        # Wrap before loading any state: DistributedOptimizer builds a fresh optimizer from the param groups.
+        return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                        compression=compression,
+                                        backward_passes_per_step=self.accumulation_steps)
+
+    def broadcast_state(self, model, optimizer) -> None:
+        self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        # Optimizer state travels pickled, so every rank gets rank 0's exact values and types (Adam's
+        # tensor `step` included), and a resumed run matches an uninterrupted one bit for bit.
+        state = self.hvd.broadcast_object(optimizer.state_dict() if self.rank == 0 else None, root_rank=0,
+                                          name="ringflow.optimizer_state")
+        optimizer.load_state_dict(state)
+
+    def sync_gradients(self, optimizer) -> None:
+        if self.cfg.wait == "sleep":
+            wait_for_allreduce(self.hvd, optimizer)
+        optimizer.synchronize()
+
+    def apply_gradients(self, optimizer) -> None:
+        with optimizer.skip_synchronize():
+            optimizer.step()
+
+    def allgather(self, tensor, name):
+        return self.hvd.allgather(tensor, name=name)
+
+    def allgather_async(self, tensor, name):
+        return self.hvd.allgather_async(tensor, name=name)
+
+    def wait(self, handle):
+        return self.hvd.synchronize(handle)

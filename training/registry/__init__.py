@@ -1,0 +1,1 @@
+"""Platform core: versioned models in a store and the production pointer (model_registry). No Airflow."""

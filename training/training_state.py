@@ -1,0 +1,64 @@
+"""`state.pt`, the training state inside a checkpoint: model, optimizer, data cursor, step, RNG.
+
+It holds tensors and plain data only (dicts, lists, tuples, numbers, strings), so it loads with
+`torch.load(weights_only=True)`: the unpickler builds tensors and containers and nothing else. A checkpoint
+comes from a bucket, and the sha256 manifest beside it is in the same bucket, so anyone who can write the
+bucket could otherwise plant a pickle that runs code on every worker and on the Airflow worker that evaluates
+it. Anything richer than plain data (model config, schema, world size) goes in the checkpoint manifest's JSON
+`meta`, never in here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import pickle
+from typing import Any
+
+import torch
+
+STATE_FILE = "state.pt"
+
+
+class UnsafeCheckpoint(ValueError):
+    """state.pt holds something other than tensors and plain data: refused, nothing in it was run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingState:
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    cursor: tuple[int, int]  # (epoch, next minibatch in that epoch)
+    step: int
+    torch_rng: torch.Tensor
+
+    def to_bytes(self) -> bytes:
+        buf = io.BytesIO()
+        torch.save({"model": self.model, "optimizer": self.optimizer, "cursor": list(self.cursor),
+                    "step": self.step, "torch_rng": self.torch_rng}, buf)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> "TrainingState":
+        doc = load_plain(data, where)
+        try:
+            epoch, batch = doc["cursor"]
+            return cls(model=doc["model"], optimizer=doc["optimizer"], cursor=(int(epoch), int(batch)),
+                       step=int(doc["step"]), torch_rng=doc["torch_rng"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UnsafeCheckpoint(f"{where} is not a ringflow training state ({exc!r}); "
+                                   "resume from another checkpoint") from exc
+
+
+def load_plain(data: bytes, where: str) -> dict[str, Any]:
+    """Unpickle `data` allowing tensors and plain data only; anything else is refused before it runs."""
+    try:
+        doc = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as exc:
+        raise UnsafeCheckpoint(
+            f"refused to load {where}: it holds objects other than tensors and plain data, which could run "
+            f"code when unpickled; nothing in it was run. Someone or something other than ringflow wrote "
+            f"it: check who can write the bucket, then delete that checkpoint or resume from another "
+            f"({str(exc).splitlines()[0][:200]})") from None
+    if not isinstance(doc, dict):
+        raise UnsafeCheckpoint(f"{where} holds a {type(doc).__name__}, not a training state; resume from another checkpoint")
+    return doc
