@@ -72,9 +72,9 @@ def run_job(root: Path, index: int, steps: int, block: int, health: dict) -> lis
            "batch_size": BATCH, "model": {"hidden": [256, 256]}, "log_every_steps": 10**6, "health": health}
     cfg_path, out = root / f"run-{index}.json", root / f"blocks-{index}.json"
     cfg_path.write_text(json.dumps(cfg))
-    from ringflow.training.launcher import horovodrun_command, job_environment
+    from ringflow.training.launcher import horovodrun_command, rank_environment
 
-    env = job_environment() | {"RINGFLOW_TORCH_THREADS": "1"}  # one core per rank, as bench/throughput.py
+    env = rank_environment() | {"RINGFLOW_TORCH_THREADS": "1"}  # one core per rank, as bench/throughput.py
 
     command = horovodrun_command(str(cfg_path), 2)
     command = command[:command.index("-m")] + [str(Path(__file__).resolve()), "--worker", str(cfg_path),

@@ -1,4 +1,4 @@
-"""Retrain the digits classifier: validate >> shard >> train (Horovod) >> evaluate >> promote.
+"""Retrain the digits classifier: validate >> shard >> train (Horovod or DDP) >> evaluate >> promote.
 
 Two DAGs, one pipeline:
   ringflow_retrain           weekly, or triggered by hand from the form the Params below describe
@@ -18,6 +18,7 @@ import datetime as dt
 from airflow.sdk import DAG, Asset, Param
 
 from ringflow.operators.pipeline import JOB_OVERRIDES_SCHEMA, ringflow_pipeline
+from ringflow.training.config import DEFAULT_ENGINE, ENGINES
 from ringflow.training.runs import store_layout
 
 STORE = store_layout.default_store_uri()
@@ -41,11 +42,14 @@ def params(dataset_default: str) -> dict[str, Param]:
                                          "by suites/digits.json"),
         "model_name": Param("digits-mlp", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
                             title="Model name", description="registry name: models/<name>/ in the store"),
-        "num_workers": Param(2, type="integer", minimum=1, maximum=16, title="Horovod workers"),
+        "num_workers": Param(2, type="integer", minimum=1, maximum=16, title="Workers"),
         "epochs": Param(5, type="integer", minimum=1, maximum=1000, title="Epochs"),
         "batch_size": Param(32, type="integer", minimum=1, maximum=4096, title="Batch size per worker"),
         "learning_rate": Param(0.002, type="number", exclusiveMinimum=0, maximum=10, title="Learning rate",
                                description="per worker; scaled by the number of workers"),
+        "engine": Param(DEFAULT_ENGINE, type="string", enum=list(ENGINES), title="Engine",
+                        description="horovod: Horovod under horovodrun (or an MPIJob); ddp: PyTorch "
+                                    "DistributedDataParallel under torchrun (local backend only for now)"),
         "gate_metric": Param("accuracy", type="string", enum=["accuracy", "loss"], title="Promotion metric",
                              section="Promotion gate"),
         "gate_mode": Param("max", type="string", enum=["max", "min"], title="Better is",
@@ -58,7 +62,7 @@ def params(dataset_default: str) -> dict[str, Param]:
                                description="merged into the training job config, e.g. {\"checkpoint\": "
                                            "{\"every_steps\": 20}, \"health\": {\"stall_seconds\": 300}}: "
                                            "checkpoint (every_steps, keep_last), model (mlp: hidden, dropout), "
-                                           "optimizer, seed, log_every_steps, health, horovod",
+                                           "optimizer, seed, log_every_steps, health, horovod, ddp",
                                section="Advanced"),
     }
 
@@ -77,6 +81,7 @@ def pipeline() -> None:
         gate={"metric": "{{ params.gate_metric }}", "mode": "{{ params.gate_mode }}",
               "threshold": "{{ params.gate_threshold }}"},
         job_config="{{ params.job_overrides }}",
+        engine="{{ params.engine }}",
     )
 
 

@@ -66,7 +66,7 @@ JOB_OVERRIDES_SCHEMA: Mapping[str, Any] = {
                   "properties": {"kind": {"const": "mlp"}, "hidden": {"type": "array", "items": {"type": "integer"}},
                                  "dropout": {"type": "number"}}},
         "optimizer": {"type": "string"}, "seed": {"type": "integer"}, "log_every_steps": {"type": "integer"},
-        "health": {"type": "object"}, "horovod": {"type": "object"},
+        "health": {"type": "object"}, "horovod": {"type": "object"}, "ddp": {"type": "object"},
     },
 }
 
@@ -83,8 +83,9 @@ def default_suite_for(target: str) -> dict[str, Any]:
 def pipeline_tasks(*, dataset_uri: Any, model_name: Any, store_uri: str | None = None, num_workers: Any = 2,
                    epochs: Any, batch_size: Any, learning_rate: Any,
                    suite: Sequence[Mapping] | Mapping | str | None = None, gate: Mapping[str, Any] | None = None,
-                   job_config: Any = None, conn_id: str | None = DEFAULT_CONN_ID, backend: Any = None,
-                   target: str = "target", seed: Any = 0, eval_fraction: Any = 0.2, controller: str = DEFAULT_CONTROLLER,
+                   job_config: Any = None, engine: Any = None, conn_id: str | None = DEFAULT_CONN_ID,
+                   backend: Any = None, target: str = "target", seed: Any = 0, eval_fraction: Any = 0.2,
+                   controller: str = DEFAULT_CONTROLLER,
                    train_retries: int = 1, train_retry_delay: dt.timedelta = dt.timedelta(seconds=30),
                    job_timeout: dt.timedelta | None = None) -> dict[str, Any]:
     """The five operators, wired (validate >> shard >> train >> evaluate >> promote), in the current DAG or
@@ -104,7 +105,7 @@ def pipeline_tasks(*, dataset_uri: Any, model_name: Any, store_uri: str | None =
         manifest_uri=f"{{{{ ti.xcom_pull(task_ids='{shard.task_id}')['manifest_uri'] }}}}",
         store_uri=store,  # the run folder: runs/<dag_id>/<run_id>/<group_id>/, derived when the task runs
         num_workers=num_workers, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-        job_config=job_config,
+        engine=engine, job_config=job_config,
         # No backend given: what the deployment configured (MPIJobs via $RINGFLOW_MPIJOB_SETTINGS), else local.
         backend=backend if backend is not None else backend_from_env(), controller=controller, conn_id=conn,
         job_timeout=job_timeout, retries=train_retries, retry_delay=train_retry_delay,
@@ -125,7 +126,7 @@ def pipeline_tasks(*, dataset_uri: Any, model_name: Any, store_uri: str | None =
 def ringflow_pipeline(group_id: str, *, dataset_uri: Any, model_name: Any, store_uri: str | None = None,
                       num_workers: Any = 2, epochs: Any, batch_size: Any, learning_rate: Any,
                       suite: Sequence[Mapping] | Mapping | str | None = None,
-                      gate: Mapping[str, Any] | None = None, job_config: Any = None,
+                      gate: Mapping[str, Any] | None = None, job_config: Any = None, engine: Any = None,
                       conn_id: str | None = DEFAULT_CONN_ID,
                       backend: Any = None, tooltip: str | None = None, **options: Any) -> TaskGroup:
     """validate >> shard >> train >> evaluate >> promote as the TaskGroup `group_id`.
@@ -139,6 +140,8 @@ def ringflow_pipeline(group_id: str, *, dataset_uri: Any, model_name: Any, store
     gate: {"metric", "mode" ("max"|"min"), "threshold", "compare_to_production", "allowed_verdicts",
         "fail_on_gate"}; metric, mode and threshold may be templates.
     job_config: overrides of the training config, applied last (a dict, or a template rendering to one).
+    engine: "horovod" or "ddp" (PyTorch DDP under torchrun), or a template rendering to one; None: the
+        config's default (horovod), or what job_config says.
     backend: where training runs (default: MPIJobs when $RINGFLOW_MPIJOB_SETTINGS is set, as the Helm
         values in deploy/ do; else local horovodrun processes).
     options: target, seed, eval_fraction, controller, train_retries (default 1: a crashed job resumes from
@@ -148,5 +151,6 @@ def ringflow_pipeline(group_id: str, *, dataset_uri: Any, model_name: Any, store
                                                          f"({group_id})") as group:
         pipeline_tasks(dataset_uri=dataset_uri, model_name=model_name, store_uri=store_uri,
                        num_workers=num_workers, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-                       suite=suite, gate=gate, job_config=job_config, conn_id=conn_id, backend=backend, **options)
+                       suite=suite, gate=gate, job_config=job_config, engine=engine, conn_id=conn_id,
+                       backend=backend, **options)
     return group

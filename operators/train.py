@@ -120,11 +120,21 @@ def worker_count(value: Any) -> int:
     return count
 
 
+def rendered_text(value: Any) -> str | None:
+    """An operator argument that may have come from a template as text; empty or "None" is None (the
+    config's default)."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    return None if text in ("", "None") else text
+
+
 def build_job_config(*, manifest_uri: str, run_uri: str, overrides: Any = None, epochs: Any = None,
-                     batch_size: Any = None, learning_rate: Any = None, try_number: int = 1) -> dict[str, Any]:
-    """The checked job config of one try: where it reads and writes (the operator's), epochs, batch size
-    and learning rate, then `overrides` on top. Injected faults (tests only) stay on the first try: a retry
-    resumes from the last checkpoint and shows the recovery instead of failing at the same step again."""
+                     batch_size: Any = None, learning_rate: Any = None, engine: Any = None,
+                     try_number: int = 1) -> dict[str, Any]:
+    """The checked job config of one try: where it reads and writes (the operator's), epochs, batch size,
+    learning rate and engine, then `overrides` on top. Injected faults (tests only) stay on the first try: a
+    retry resumes from the last checkpoint and shows the recovery instead of failing at the same step again."""
     from ringflow.training.config import JobConfig
 
     overrides = job_overrides(overrides)
@@ -135,6 +145,8 @@ def build_job_config(*, manifest_uri: str, run_uri: str, overrides: Any = None, 
         value = rendered_number(name, value, kind)
         if value is not None:
             base[name] = value
+    if rendered_text(engine) is not None:
+        base["engine"] = rendered_text(engine)  # JobConfig checks it: "horovod" or "ddp"
     config = merge(base, overrides)
     if try_number > 1:
         config.pop("faults", None)
@@ -151,6 +163,8 @@ class HorovodTrainOperator(BaseOperator):
     :param store_uri: the store the run folder is derived in, when run_uri is not given (templated).
     :param epochs, batch_size, learning_rate: the config's fields (templated; text from a template is read
         as a number); None leaves the config's default, or what job_config says.
+    :param engine: the config's `engine`, "horovod" (horovodrun) or "ddp" (PyTorch DDP under torchrun)
+        (templated; checked when the task runs); None leaves the config's default, or what job_config says.
     :param job_config: overrides of the training config (model, health, horovod, ...; see
         ringflow.training.config.JobConfig), applied last (templated: a dict, or JSON / a dict literal).
         Injected `faults` (tests only) apply on the first try only.
@@ -161,13 +175,14 @@ class HorovodTrainOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("manifest_uri", "run_uri", "store_uri", "job_config", "num_workers",
-                                      "epochs", "batch_size", "learning_rate")
+                                      "epochs", "batch_size", "learning_rate", "engine")
     template_fields_renderers = {"job_config": "json"}
     ui_color = "#f4a261"
 
     def __init__(self, *, manifest_uri: str, run_uri: str | None = None, store_uri: str | None = None,
                  num_workers: int | str = 2, epochs: int | str | None = None, batch_size: int | str | None = None,
-                 learning_rate: float | str | None = None, job_config: dict[str, Any] | str | None = None,
+                 learning_rate: float | str | None = None, engine: str | None = None,
+                 job_config: dict[str, Any] | str | None = None,
                  backend: Backend | None = None, controller: str = DEFAULT_CONTROLLER,
                  conn_id: str | None = DEFAULT_CONN_ID, poll_interval: float = 2.0,
                  job_timeout: dt.timedelta | None = None, **kwargs):
@@ -177,6 +192,7 @@ class HorovodTrainOperator(BaseOperator):
                              f"is then runs/<dag_id>/<run_id>/<task group>/ under it)")
         self.manifest_uri, self.run_uri, self.store_uri = manifest_uri, run_uri, store_uri
         self.num_workers, self.epochs, self.batch_size, self.learning_rate = num_workers, epochs, batch_size, learning_rate
+        self.engine = engine
         self.job_config = job_config or {}
         if isinstance(self.job_config, dict):  # a plain dict is checked now, when the DAG is parsed
             check_overrides(self.job_config)
@@ -200,12 +216,13 @@ class HorovodTrainOperator(BaseOperator):
         if self.run_uri:
             return str(self.run_uri)
         ti = context["ti"]
-        return store_layout.run_uri(str(self.store_uri), ti.dag_id, ti.run_id, getattr(self.task_group, "group_id", None))
+        return store_layout.run_uri(str(self.store_uri), ti.dag_id, ti.run_id, getattr(self.task_group, "group_id", None),
+                                    map_index=getattr(ti, "map_index", None))
 
     def build_config(self, run_uri: str, try_number: int = 1) -> dict[str, Any]:
         return build_job_config(manifest_uri=self.manifest_uri, run_uri=run_uri, overrides=self.job_config,
                                 epochs=self.epochs, batch_size=self.batch_size, learning_rate=self.learning_rate,
-                                try_number=try_number)
+                                engine=self.engine, try_number=try_number)
 
     def execute(self, context) -> None:
         ti = context["ti"]
@@ -214,12 +231,14 @@ class HorovodTrainOperator(BaseOperator):
         num_workers = worker_count(self.num_workers)
         backend = self._get_backend()
         self._preflight(config, num_workers, backend)
-        labels = {"dag": ti.dag_id, "run": ti.run_id, "task": ti.task_id}
+        # a mapped copy (a sweep candidate) is its own job: never reattach to, or reuse the name of, a sibling's
+        task = ti.task_id if getattr(ti, "map_index", None) in (None, -1) else f"{ti.task_id}.m{ti.map_index}"
+        labels = {"dag": ti.dag_id, "run": ti.run_id, "task": task}
         job_id = backend.find(labels)
         if job_id:
             self.log.info("reattaching to live job %s from an earlier try (labels %s)", job_id, labels)
         else:
-            name = job_name(ti.dag_id, ti.run_id, ti.task_id, ti.try_number)
+            name = job_name(ti.dag_id, ti.run_id, task, ti.try_number)
             # The job id names the attempt (worker_env.ATTEMPT_ENV): its records and result.json say it, so
             # the trigger judges this job on its own, not on an earlier try's in the same run folder.
             spec = JobSpec(name=name, config=config, num_workers=num_workers, controller=self.controller,

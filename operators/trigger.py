@@ -90,11 +90,11 @@ class HorovodJobTrigger(BaseTrigger):
             now = time.time() if running_since is not None and not status.finished else None
             verdict = await asyncio.to_thread(watch.poll, now, running_since)
             if status.finished:
-                status = with_result(status, await asyncio.to_thread(self._result, watch.attempt))
+                status = with_result(status, await asyncio.to_thread(self._result, run, watch.attempt))
                 return self._finished(status, verdict, watch)
             action = None
             if verdict and verdict.get("fatal"):
-                result = await asyncio.to_thread(self._result, watch.attempt)
+                result = await asyncio.to_thread(self._result, run, watch.attempt)
                 action = on_fatal_verdict(result, grace_used)
             if action == WAIT:
                 grace_used = True
@@ -118,14 +118,15 @@ class HorovodJobTrigger(BaseTrigger):
                                    f"job {self.job_id} ran past its timeout and was stopped", "trigger")
             await asyncio.sleep(self.poll_interval)
 
-    def _result(self, attempt: str | None):
+    @staticmethod
+    def _result(run, attempt: str | None):
         """This attempt's RunResult, or None (not written yet, or the attempt is not known: then a result
         in the run folder may be an earlier attempt's, which is not this job's)."""
         if attempt is None:
             return None
         from ringflow.training.run_result import read_result
 
-        return read_result(open_store_for(self.run_uri, self.conn_id), attempt)
+        return read_result(run, attempt)
 
     def _finished(self, status: JobStatus, verdict: dict | None, watch) -> dict[str, Any]:
         result = status.result

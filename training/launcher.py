@@ -58,7 +58,7 @@ def launch_command(engine: str, config_path: str, num_workers: int, controller: 
     return horovodrun_command(config_path, num_workers, controller, python)
 
 
-def job_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+def rank_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     # The Horovod/Open MPI knobs are not here: each rank sets them from the config (engines/horovod.py).
     env = dict(os.environ if base is None else base)
     # OpenMPI refuses root unless told; containers and CI run as root.
@@ -81,7 +81,7 @@ def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONT
     # A caller that watches the job (the Airflow operator: its job id) names the attempt; else one is made.
     attempt = (extra_env or {}).get(ATTEMPT_ENV) or os.environ.get(ATTEMPT_ENV) or uuid.uuid4().hex
     # Every rank starts the engine its launcher was chosen for, whatever the config says.
-    env = job_environment() | (extra_env or {}) | {ATTEMPT_ENV: attempt, ENGINE_ENV: engine}
+    env = rank_environment() | (extra_env or {}) | {ATTEMPT_ENV: attempt, ENGINE_ENV: engine}
     proc = subprocess.Popen(launch_command(engine, config_path, num_workers, controller), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 

@@ -13,7 +13,7 @@ PIPELINE = ["validate", "shard", "train", "evaluate", "promote"]
 
 def test_dags_import_without_errors(dagbag):
     assert set(dagbag.dag_ids) == {"ringflow_retrain", "ringflow_retrain_on_asset", "ringflow_two_models",
-                                   "ringflow_images"}
+                                   "ringflow_images", "ringflow_sweep"}
     for dag_id in ("ringflow_retrain", "ringflow_retrain_on_asset"):
         dag = dagbag.dags[dag_id]
         assert sorted(dag.task_ids) == sorted(f"digits.{step}" for step in PIPELINE)
@@ -55,10 +55,11 @@ def test_dag_files_import_neither_torch_nor_great_expectations(dags_env):
 def test_params_have_defaults_the_form_shows(dagbag):
     params = dagbag.dags["ringflow_retrain"].params
     assert {k: params[k] for k in ("dataset_uri", "model_name", "num_workers", "epochs", "batch_size",
-                                   "learning_rate", "gate_metric", "gate_mode", "job_overrides")} == {
+                                   "learning_rate", "gate_metric", "gate_mode", "job_overrides", "engine")} == {
         "dataset_uri": "builtin:digits", "model_name": "digits-mlp", "num_workers": 2, "epochs": 5,
         "batch_size": 32, "learning_rate": 0.002, "gate_metric": "accuracy", "gate_mode": "max",
-        "job_overrides": {}}
+        "job_overrides": {}, "engine": "horovod"}
+    assert params.get_param("engine").schema["enum"] == ["horovod", "ddp"]
     schema = params.get_param("num_workers").schema
     assert (schema["type"], schema["minimum"], schema["maximum"]) == ("integer", 1, 16)
 
@@ -67,7 +68,7 @@ def test_params_have_defaults_the_form_shows(dagbag):
     {"num_workers": 0}, {"num_workers": 17}, {"num_workers": 1.5}, {"epochs": 0}, {"epochs": 1001},
     {"batch_size": 0}, {"batch_size": 5000}, {"learning_rate": 0}, {"learning_rate": -0.1},
     {"gate_mode": "median"}, {"gate_metric": "f1"}, {"model_name": "no spaces/allowed"},
-    {"job_overrides": "not an object"}, {"dataset_uri": ""},
+    {"job_overrides": "not an object"}, {"dataset_uri": ""}, {"engine": "deepspeed"}, {"engine": ""},
     # Only datasets the DAG's digits suite passes, and only files training can read.
     {"dataset_uri": "builtin:wine"}, {"dataset_uri": "builtin:diabetes"}, {"dataset_uri": "/data/digits.json"},
     # Production form: no fault injection, nothing that changes where the run reads or writes, no code to import.
@@ -94,10 +95,12 @@ def test_params_accept_good_values(dagbag):
 
     params = copy.deepcopy(dagbag.dags["ringflow_retrain"].params)
     params.update({"num_workers": 16, "epochs": 1, "batch_size": 4096, "learning_rate": 0.5, "gate_mode": "min",
+                   "engine": "ddp",
                    "gate_metric": "loss", "gate_threshold": 0.3, "dataset_uri": "s3://data/in/digits v2.parquet",
                    "job_overrides": {"checkpoint": {"every_steps": 10, "keep_last": 2}, "seed": 4,
-                                     "health": {"stall_seconds": 300}, "model": {"hidden": [32], "dropout": 0.1}}})
-    assert params.validate()["num_workers"] == 16
+                                     "health": {"stall_seconds": 300}, "model": {"hidden": [32], "dropout": 0.1},
+                                     "ddp": {"bucket_cap_mb": 4}}})
+    assert params.validate()["num_workers"] == 16 and params.validate()["engine"] == "ddp"
     for uri in ("builtin:digits", "/data/digits.csv", "file:///data/digits.parquet"):
         params.update({"dataset_uri": uri})
         assert params.validate()["dataset_uri"] == uri
@@ -222,10 +225,13 @@ def test_the_tasks_turn_the_form_into_a_job_and_a_gate(dagbag, store):
     config = build_job_config(manifest_uri=rendered(train, "manifest_uri"), run_uri="/r",
                               overrides=rendered(train, "job_config"), epochs=rendered(train, "epochs"),
                               batch_size=rendered(train, "batch_size"),
-                              learning_rate=rendered(train, "learning_rate"))
-    assert {k: config[k] for k in ("manifest_uri", "epochs", "batch_size", "learning_rate", "seed", "faults")} == {
+                              learning_rate=rendered(train, "learning_rate"), engine=rendered(train, "engine"))
+    assert {k: config[k] for k in ("manifest_uri", "epochs", "batch_size", "learning_rate", "seed", "faults",
+                                   "engine")} == {
         "manifest_uri": "/s/manifest.json", "epochs": 3, "batch_size": 32, "learning_rate": 0.01, "seed": 4,
-        "faults": []}
+        "faults": [], "engine": "horovod"}
+    assert build_job_config(manifest_uri="/s/manifest.json", run_uri="/r",
+                            engine=rendered(train, "engine", engine="ddp"))["engine"] == "ddp"
     assert config["checkpoint"]["every_steps"] == 10
     assert worker_count(rendered(train, "num_workers")) == 4
 

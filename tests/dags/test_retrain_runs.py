@@ -57,6 +57,20 @@ def test_success_promotes_version_1(airflow_db, dagbag, store):
     assert len(manifests) == 1
 
 
+def test_ddp_engine_from_the_form_trains_under_torchrun_and_promotes(airflow_db, dagbag, store):
+    """engine=ddp from the form reaches the job config, and the local backend launches torchrun for it: the
+    DDP engine refuses to start in ranks torchrun did not start (engines/ddp.py), so a success proves it."""
+    import os
+
+    dr, tis = run(dagbag.dags[DAG_ID], {"epochs": 1, "model_name": "digits-ddp", "engine": "ddp"})
+    assert dr.state == "success", states(tis)
+    jobs = pathlib.Path(os.environ["RINGFLOW_LOCAL_JOBS"])
+    [job_config] = [json.loads(p.read_text()) for p in jobs.glob("*/job.json")
+                    if json.loads(p.read_text())["run_uri"] == str(run_folder(store, dr))]
+    assert job_config["engine"] == "ddp"
+    assert json.loads((store / "models" / "digits-ddp" / "production.json").read_text())["version"] == 1
+
+
 def test_broken_dataset_fails_at_validate_and_writes_nothing(airflow_db, dagbag, store, tmp_path):
     from ringflow.training.datasets import load_builtin
 

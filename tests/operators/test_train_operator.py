@@ -55,6 +55,16 @@ def test_preflight_fails_before_launch(tmp_path, digits_manifest, job_config, nu
     assert not (tmp_path / "jobs").exists()
 
 
+def test_an_unknown_engine_fails_in_execute_before_launch(tmp_path, digits_manifest):
+    op = operator(tmp_path, digits_manifest, engine="{{ params.engine }}")
+    assert "engine" in op.template_fields
+    op.engine = "horovd"  # what the template rendered to
+    with pytest.raises(ConfigError, match="engine.*'horovd'.*\"horovod\".*\"ddp\"") as err:
+        op.execute(context())
+    assert err.value.field == "engine"
+    assert not (tmp_path / "jobs").exists()
+
+
 def test_preflight_runs_for_mpijobs_too(tmp_path, digits_manifest):
     """The same check before an MPIJob is submitted: nothing reaches the cluster."""
     from ringflow.operators.connections import AirflowConnections
@@ -171,6 +181,12 @@ FAULT = {"kind": "crash", "rank": 1, "step": 7}
     # injected faults on the first try only: a retry resumes and shows the recovery
     ({"overrides": {"faults": [FAULT], "seed": 4}}, 1, {"faults": [FAULT | {"seconds": 0.0}], "seed": 4}),
     ({"overrides": {"faults": [FAULT], "seed": 4}}, 2, {"faults": [], "seed": 4}),
+    # the engine: the config's default, the argument (text from a template), or the overrides on top
+    ({}, 1, {"engine": "horovod"}),
+    ({"engine": "ddp"}, 1, {"engine": "ddp"}),
+    ({"engine": " ddp "}, 1, {"engine": "ddp"}),
+    ({"engine": "None"}, 1, {"engine": "horovod"}),
+    ({"engine": "ddp", "overrides": {"engine": "horovod"}}, 1, {"engine": "horovod"}),
 ])
 def test_build_job_config(args, try_number, expect):
     config = build_job_config(manifest_uri="/s/manifest.json", run_uri="/r", try_number=try_number, **args)
@@ -191,6 +207,7 @@ def test_build_job_config(args, try_number, expect):
     ({"overrides": '{"run_uri": "/elsewhere"}'}, "run_uri", "cannot be overridden"),
     ({"overrides": '{"checkpoint": {"uri": "/elsewhere"}}'}, "checkpoint.uri", "moved to run_uri"),
     ({"batch_size": "0"}, "batch_size", ">= 1"),
+    ({"engine": "deepspeed"}, "engine", "is 'deepspeed'; use \"horovod\" .* or \"ddp\""),
 ])
 def test_rendered_values_are_checked(args, field, says):
     with pytest.raises(ConfigError, match=says) as err:

@@ -7,6 +7,7 @@ Under one base store URI (a folder, file:// or s3://bucket/prefix):
     runs/<dag_id>/<run_id>/<pipeline>/             one training run: checkpoints/, health.jsonl,
                                                    result.json, eval.json, health.png (run_layout.py);
                                                    <pipeline> is the TaskGroup id (a DAG may hold several)
+    runs/<dag_id>/<run_id>/<pipeline>/m<i>/        map index i of a mapped train task (a sweep's candidate)
     models/<name>/v<N>/, models/<name>/production.json   the model registry (model_registry.py)
 
 The base is `RINGFLOW_STORE` if set, else the folder `ringflow-data` under AIRFLOW_HOME: the embedded
@@ -86,11 +87,17 @@ def manifest_uri(shard_folder_uri: str) -> str:
     return join(shard_folder_uri, MANIFEST_NAME)
 
 
-def run_uri(base: str, dag_id: str, run_id: str, pipeline: str | None = None) -> str:
+def run_uri(base: str, dag_id: str, run_id: str, pipeline: str | None = None, map_index: int | None = None) -> str:
     """The training run folder of one DAG run: `runs/<dag_id>/<run_id>/`, plus `<pipeline>/` (the id of the
-    train task's TaskGroup) when one DAG holds several pipelines, so that each has its own run folder. No
-    try number: every try of the task uses the same folder, so a retry resumes from its checkpoints."""
-    return join(base, RUNS, safe_segment(dag_id), safe_segment(run_id), safe_segment(pipeline) if pipeline else "")
+    train task's TaskGroup) when one DAG holds several pipelines, so that each has its own run folder, plus
+    `m<map_index>/` for a mapped train task (a sweep), so each mapped copy has its own; Airflow gives an
+    unmapped task map index -1, which adds nothing. No try number: every try of the task uses the same
+    folder, so a retry resumes from its checkpoints."""
+    if map_index is not None and (isinstance(map_index, bool) or not isinstance(map_index, int) or map_index < -1):
+        raise ValueError(f"map_index is {map_index!r}; use the task instance's map index (-1 or None: not mapped)")
+    mapped = f"m{map_index}" if map_index is not None and map_index >= 0 else ""
+    return join(base, RUNS, safe_segment(dag_id), safe_segment(run_id), safe_segment(pipeline) if pipeline else "",
+                mapped)
 
 
 def production_pointer_uri(base: str, name: str) -> str:

@@ -7,7 +7,7 @@ import pytest
 
 from ringflow.training.backends.base import JobNotFound, backend_from_dict
 from ringflow.training.backends.job_spec import JobSpec, JobSpecError
-from ringflow.training.backends.local import LocalProcessBackend
+from ringflow.training.backends.local import LocalProcessBackend, job_environment
 
 pytestmark = pytest.mark.slow
 
@@ -96,3 +96,18 @@ def test_unknown_job_and_round_trip(tmp_path):
 def test_job_spec_checks(kwargs, message):
     with pytest.raises(JobSpecError, match=message):
         JobSpec(**({"name": "ok", "config": {}, "num_workers": 2} | kwargs))
+
+
+@pytest.mark.parametrize("worker, spec, s3, expected", [
+    # Airflow's own settings and connections never reach a job; everything else is inherited.
+    ({"PATH": "/bin", "AIRFLOW_HOME": "/a", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://u:pw@db/af",
+      "AIRFLOW_CONN_RINGFLOW_S3": '{"password": "secret"}', "_AIRFLOW_PROCESS_CONTEXT": "x"}, {}, {},
+     {"PATH": "/bin", "PYTHONUNBUFFERED": "1"}),
+    # The connection's S3 settings win over whatever the worker had; the spec's variables over the worker's.
+    ({"AWS_ACCESS_KEY_ID": "worker-key", "OMP_NUM_THREADS": "8"}, {"OMP_NUM_THREADS": "1"},
+     {"AWS_ACCESS_KEY_ID": "conn-key", "AWS_SECRET_ACCESS_KEY": "conn-secret"},
+     {"AWS_ACCESS_KEY_ID": "conn-key", "AWS_SECRET_ACCESS_KEY": "conn-secret", "OMP_NUM_THREADS": "1",
+      "PYTHONUNBUFFERED": "1"}),
+])
+def test_job_environment(worker, spec, s3, expected):
+    assert job_environment(worker, spec, s3) == expected

@@ -19,6 +19,23 @@ def test_run_uri(base, dag_id, run_id, group, expect):
     assert store_layout.run_uri(base, dag_id, run_id, group) == expect
 
 
+@pytest.mark.parametrize("group, map_index, expect", [
+    ("sweep.candidate", None, "/d/runs/dag/r/sweep.candidate"),
+    ("sweep.candidate", -1, "/d/runs/dag/r/sweep.candidate"),  # Airflow's map index of an unmapped task
+    ("sweep.candidate", 0, "/d/runs/dag/r/sweep.candidate/m0"),
+    ("sweep.candidate", 12, "/d/runs/dag/r/sweep.candidate/m12"),
+    (None, 3, "/d/runs/dag/r/m3"),
+])
+def test_run_uri_of_a_mapped_task_has_one_folder_per_map_index(group, map_index, expect):
+    assert store_layout.run_uri("/d", "dag", "r", group, map_index=map_index) == expect
+
+
+@pytest.mark.parametrize("map_index", [-2, 1.0, "0", True])
+def test_run_uri_refuses_a_map_index_that_is_not_one(map_index):
+    with pytest.raises(ValueError, match="map_index"):
+        store_layout.run_uri("/d", "dag", "r", "g", map_index=map_index)
+
+
 def test_file_names_come_from_their_owners():
     from ringflow.training.registry.model_registry import POINTER_FILE
     from ringflow.training.manifest import MANIFEST_NAME

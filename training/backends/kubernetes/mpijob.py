@@ -54,6 +54,18 @@ def _check_env(spec: JobSpec, settings: MPIJobSettings) -> None:
             raise JobSpecError(f"env sets {name}, which the backend manages; remove it from the job spec")
 
 
+def _check_engine(spec: JobSpec) -> None:
+    # An MPIJob runs mpirun over the workers' sshd: that launches Horovod ranks, never torchrun's.
+    engine = spec.config.get("engine", "horovod") if isinstance(spec.config, dict) else "horovod"
+    if engine != "horovod":
+        raise JobSpecError(
+            f"engine {engine!r} cannot run as an MPIJob: an MPIJob launches Horovod ranks with mpirun. Until the "
+            f"TrainJob backend exists (issue 10), run the DDP engine with the local backend (unset "
+            f"$RINGFLOW_MPIJOB_SETTINGS, or pass backend=LocalProcessBackend()), or set engine to \"horovod\" to "
+            f"train on Kubernetes"
+        )
+
+
 def _check_name(spec: JobSpec) -> None:
     # The MPI Operator's own validation (v0.8.2 validation.go): every worker's hostname
     # "<name>-worker-<i>" must be a DNS-1035 label, else it rejects the job after we submitted it.
@@ -170,6 +182,7 @@ def build_mpijob(spec: JobSpec, settings: MPIJobSettings) -> dict[str, Any]:
     """The MPIJob for this spec: one launcher running mpirun, spec.num_workers workers running sshd."""
     if not isinstance(settings, MPIJobSettings):
         raise SettingsError("settings must be an MPIJobSettings (use MPIJobSettings.from_dict for JSON)")
+    _check_engine(spec)
     _check_name(spec)
     _check_env(spec, settings)
     labels = L.job_labels(spec.labels)

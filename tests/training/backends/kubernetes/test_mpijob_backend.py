@@ -12,7 +12,7 @@ import pytest
 import strict_schema
 from kmock_cluster import CONFIGMAPS, MPIJOBS
 from ringflow.training.backends.base import FAILED, PENDING, RUNNING, SUCCEEDED, JobNotFound, backend_from_dict
-from ringflow.training.backends.job_spec import JobSpec
+from ringflow.training.backends.job_spec import JobSpec, JobSpecError
 from ringflow.training.backends.kubernetes.client import AlreadyExistsError
 
 pytestmark = pytest.mark.slow
@@ -128,6 +128,13 @@ def test_create_conflict_with_a_foreign_object(cluster, backend):
     with pytest.raises(AlreadyExistsError, match="already exists.*labels differ"):
         backend.launch(spec())
     assert cluster.get(MPIJOBS, NS, "retrain-1")["metadata"]["labels"] == {"app": "someone-else"}
+    assert cluster.get(CONFIGMAPS, NS, "retrain-1-ringflow") is None
+
+
+def test_ddp_engine_is_refused_before_anything_is_submitted(cluster, backend):
+    with pytest.raises(JobSpecError, match="engine 'ddp' cannot run as an MPIJob"):
+        backend.launch(spec(config={"epochs": 2, "engine": "ddp"}))
+    assert cluster.get(MPIJOBS, NS, "retrain-1") is None
     assert cluster.get(CONFIGMAPS, NS, "retrain-1-ringflow") is None
 
 

@@ -165,6 +165,19 @@ def test_names_the_operator_would_reject_fail_early():
         build_mpijob(spec(name="1-job"), settings)
 
 
+@pytest.mark.parametrize("config, refused", [
+    ({"epochs": 3}, False), ({"engine": "horovod"}, False), ({"engine": "ddp"}, True),
+])
+def test_only_the_horovod_engine_runs_as_an_mpijob(config, refused):
+    settings = MPIJobSettings(image=IMAGE)
+    if not refused:
+        assert build_mpijob(spec(config=config), settings)["kind"] == "MPIJob"
+        return
+    with pytest.raises(JobSpecError, match="engine 'ddp' cannot run as an MPIJob.*TrainJob backend.*local backend"
+                                           ".*\"horovod\" to train on Kubernetes"):
+        build_mpijob(spec(config=config), settings)
+
+
 def test_backend_from_env():
     from ringflow.training.backends.kubernetes.backend import backend_from_env
 

@@ -1,0 +1,289 @@
+"""A sweep: train N configurations of one model, promote the best healthy one.
+
+    from ringflow.operators.sweep import ringflow_sweep
+
+    with DAG("my_sweep", params={"configurations": Param([...], **SWEEP_CONFIGURATIONS_PARAM)}):
+        ringflow_sweep("digits", dataset_uri="builtin:digits", model_name="digits-mlp", epochs=5,
+                       batch_size=32, learning_rate=0.002, configurations="{{ params.configurations }}")
+
+validate >> shard run once; then `configurations` (one `plan` task that checks the list) is expanded over a
+mapped TaskGroup `candidate` (Airflow dynamic task mapping) holding train >> evaluate, one copy per
+configuration. Each configuration is a job_config override applied last (`{"learning_rate": 0.01}`,
+`{"batch_size": 16}`, `{"model": {"hidden": [128]}}`), so every candidate trains on the same shards, in its own
+run folder (`runs/<dag_id>/<run_id>/<group>.candidate/m<i>/`, store_layout.run_uri with the map index) with its
+own health verdict. A failed candidate fails only its own copy. Then `select_and_promote` (trigger rule
+all_done: it runs whatever the candidates did) reads each candidate's result.json and eval.json, picks the best
+eligible one by the gate's metric (`select_best`) and promotes it through the registry, asking promote's Gate
+again against production inside the registry's compare-and-swap. An unhealthy or failed candidate is never
+eligible; when none is, nothing is promoted and the task's XCom and log give the reason for each candidate.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import math
+from typing import Any, Mapping, Sequence
+
+from airflow.sdk import BaseOperator, TaskGroup, task, task_group
+
+from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
+from ringflow.operators.evaluate import EvaluateModelOperator
+from ringflow.operators.pipeline import DEFAULT_GATE, JOB_OVERRIDES_SCHEMA, default_suite_for
+from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, Gate, build_gate
+from ringflow.operators.shard import ShardDatasetOperator
+from ringflow.operators.train import HorovodTrainOperator, check_overrides
+from ringflow.operators.validate import ValidateDatasetOperator
+from ringflow.training import run_layout
+from ringflow.training.backends.kubernetes.backend import backend_from_env
+from ringflow.training.registry.model_registry import ModelRegistry, run_key_in
+from ringflow.training.run_result import ResultError, RunResult
+from ringflow.training.runs import store_layout
+from ringflow.training.store.base import ObjectNotFound, ObjectStore, join_key
+
+CANDIDATE_GROUP = "candidate"
+
+# A trigger form's `configurations` Param: a list of job_config overrides, each what a production form may
+# override (pipeline.JOB_OVERRIDES_SCHEMA) plus the fields a sweep usually varies.
+SWEEP_CONFIGURATIONS_PARAM: Mapping[str, Any] = {
+    "type": "array", "minItems": 1, "maxItems": 32,
+    "items": {**JOB_OVERRIDES_SCHEMA, "properties": {
+        **JOB_OVERRIDES_SCHEMA["properties"],
+        "learning_rate": {"type": "number", "exclusiveMinimum": 0},
+        "batch_size": {"type": "integer", "minimum": 1},
+        "epochs": {"type": "integer", "minimum": 1},
+    }},
+    "title": "Configurations", "description": "one training-config override per candidate, e.g. "
+                                              '[{"learning_rate": 0.01}, {"learning_rate": 0.002, "batch_size": 16}]',
+}
+
+
+def checked_configurations(value: Any) -> list[dict[str, Any]]:
+    """The list of configurations as the plan task got it (a list, or the text a template rendered it to:
+    JSON or a Python literal), checked: a non-empty list of dicts none of which sets what the train operator
+    owns (manifest_uri, run_uri). The values themselves are checked by each candidate's train task."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                raise ValueError(f"configurations rendered to {value!r}, neither JSON nor a Python literal; give "
+                                 f"a list of dicts, e.g. [{{\"learning_rate\": 0.01}}]") from None
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"configurations is {value!r}; give a non-empty list of job_config overrides, one per "
+                         f"candidate, e.g. [{{\"learning_rate\": 0.01}}, {{\"learning_rate\": 0.002}}]")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise ValueError(f"configuration {i} is {item!r}; each configuration is a dict of job_config overrides")
+        check_overrides(item)
+    return [dict(item) for item in value]
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """What one candidate left in its run folder. problem: why it could not be judged (no result.json, ...)."""
+
+    index: int
+    run_uri: str
+    status: str | None = None
+    checkpoint: str | None = None
+    verdict: str | None = None
+    metrics: Mapping[str, Any] | None = None
+    problem: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.index, bool) or not isinstance(self.index, int) or self.index < 0:
+            raise ValueError(f"candidate index is {self.index!r}; use the map index (0, 1, ...)")
+        if self.problem is None and self.status is None:
+            raise ValueError(f"candidate {self.index}: give its result's status, or the problem that left none")
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """The eligible candidate with the best metric (None: none is eligible), and why each other one lost."""
+
+    winner: int | None
+    reasons: Mapping[int, str]
+
+
+def ineligible_reason(candidate: Candidate, gate: Gate) -> str | None:
+    """None if the candidate may compete, else why not. Production is not asked here: the registry asks the
+    gate against production when the winner is promoted."""
+    if candidate.problem is not None:
+        return candidate.problem
+    if candidate.status != "succeeded" or not candidate.checkpoint:
+        return f"training did not succeed (status {candidate.status!r}, verdict {candidate.verdict!r})"
+    metrics = candidate.metrics or {}
+    if gate.metric not in metrics:
+        return f"eval.json has no metric {gate.metric!r} (metrics: {sorted(metrics)})"
+    value = metrics[gate.metric]
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isinf(value):
+        return f"metric {gate.metric!r} is {value!r}, not a finite number"
+    return dataclasses.replace(gate, compare_to_production=False).check(candidate.verdict, dict(metrics), None)
+
+
+def select_best(candidates: Sequence[Candidate], gate: Gate) -> Selection:
+    """The eligible candidate with the best gate metric (the lowest index on a tie), and a reason for each
+    candidate that did not win. Pure: no I/O."""
+    reasons: dict[int, str] = {}
+    eligible: list[Candidate] = []
+    for candidate in candidates:
+        reason = ineligible_reason(candidate, gate)
+        if reason is None:
+            eligible.append(candidate)
+        else:
+            reasons[candidate.index] = reason
+    if not eligible:
+        return Selection(winner=None, reasons=reasons)
+    sign = 1 if gate.mode == "max" else -1
+    best = max(eligible, key=lambda c: (sign * c.metrics[gate.metric], -c.index))
+    for candidate in eligible:
+        if candidate is not best:
+            reasons[candidate.index] = (f"{gate.metric} {candidate.metrics[gate.metric]:g} is not the best: candidate "
+                                        f"{best.index} has {best.metrics[gate.metric]:g} ({gate.mode} is better)")
+    return Selection(winner=best.index, reasons=reasons)
+
+
+def read_candidate(store: ObjectStore, store_uri: str, index: int, run_uri: str) -> Candidate:
+    """One candidate from its run folder: result.json (train) and eval.json (evaluate)."""
+    run_key = run_key_in(store_uri, run_uri)
+    try:
+        result = RunResult.from_json(store.get_bytes(join_key(run_key, run_layout.RESULT)), run_uri)
+    except ObjectNotFound:
+        return Candidate(index, run_uri, problem="no result.json: its train task failed before the job finished "
+                                                 "(see that task's log)")
+    except ResultError as exc:
+        return Candidate(index, run_uri, problem=f"unreadable result.json: {exc}")
+    verdict = result.verdict.status if result.verdict else None
+    base = dict(index=index, run_uri=run_uri, status=result.status, checkpoint=result.checkpoint, verdict=verdict)
+    if not result.succeeded:
+        return Candidate(**base)
+    try:
+        doc = json.loads(store.get_bytes(join_key(run_key, run_layout.EVAL)))
+    except ObjectNotFound:
+        return Candidate(**base, problem="no eval.json: its evaluate task did not finish (see that task's log)")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return Candidate(**base, problem=f"unreadable eval.json ({exc})")
+    metrics = doc.get("metrics") if isinstance(doc, dict) else None
+    if not isinstance(metrics, dict):
+        return Candidate(**base, problem="eval.json has no metrics object")
+    return Candidate(**base, metrics=metrics)
+
+
+class SelectAndPromoteOperator(BaseOperator):
+    """Pick the best healthy candidate of a sweep and promote it (see the module docstring).
+
+    configurations: the list the candidates were mapped over (its length is the number of candidates).
+    group_id: the mapped TaskGroup whose train tasks derived the run folders (store_layout.run_uri).
+    Returns (XCom) `{"promoted", "winner", "reason", "version", "previous", "metric", "value", "candidates":
+    [{"index", "run_uri", "verdict", "value", "reason"}]}`.
+    """
+
+    template_fields: Sequence[str] = ("name", "store_uri", "configurations", "conn_id", "metric", "mode", "threshold")
+
+    def __init__(self, *, name: str, store_uri: str, configurations: Any, group_id: str,
+                 conn_id: str | None = DEFAULT_CONN_ID, metric: str = "accuracy", mode: str = "max",
+                 threshold: float | str | None = None, compare_to_production: bool = True,
+                 allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS, **kwargs: Any) -> None:
+        kwargs.setdefault("trigger_rule", "all_done")  # judge failed candidates too: they are reasons, not errors
+        super().__init__(**kwargs)
+        self.name, self.store_uri, self.configurations, self.group_id = name, store_uri, configurations, group_id
+        self.conn_id, self.metric, self.mode, self.threshold = conn_id, metric, mode, threshold
+        self.compare_to_production = compare_to_production
+        self.allowed_verdicts = tuple(allowed_verdicts) if allowed_verdicts is not None else None
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        ti = context["ti"]
+        gate = build_gate(metric=self.metric, mode=self.mode, threshold=self.threshold,
+                          compare_to_production=self.compare_to_production, allowed_verdicts=self.allowed_verdicts)
+        count = len(checked_configurations(self.configurations))
+        store = open_store_for(self.store_uri, self.conn_id)
+        candidates = [read_candidate(store, self.store_uri, i,
+                                     store_layout.run_uri(self.store_uri, ti.dag_id, ti.run_id, self.group_id, map_index=i))
+                      for i in range(count)]
+        selection = select_best(candidates, gate)
+        table = [{"index": c.index, "run_uri": c.run_uri, "verdict": c.verdict,
+                  "value": (c.metrics or {}).get(gate.metric), "reason": selection.reasons.get(c.index, "best")}
+                 for c in candidates]
+        for row in table:
+            self.log.info("candidate %d (%s): verdict %s, %s %s: %s", row["index"], row["run_uri"], row["verdict"],
+                          gate.metric, row["value"], row["reason"])
+        outcome: dict[str, Any] = {"metric": gate.metric, "winner": selection.winner, "candidates": table,
+                                   "version": None, "previous": None, "value": None}
+        if selection.winner is None:
+            reason = "no candidate is eligible: " + "; ".join(f"{i}: {r}" for i, r in sorted(selection.reasons.items()))
+            self.log.warning("not promoting model %r: %s", self.name, reason)
+            return {**outcome, "promoted": False, "reason": reason}
+        best = candidates[selection.winner]
+        metrics = dict(best.metrics or {})
+        registry = ModelRegistry(store)
+        promotion = registry.promote(self.name, run_uri=best.run_uri, checkpoint=best.checkpoint, metrics=metrics,
+                                     decide=lambda current: gate.check(best.verdict, metrics, current))
+        outcome.update(value=metrics[gate.metric], version=promotion.version, previous=promotion.previous)
+        if not promotion.promoted:
+            self.log.warning("not promoting candidate %d of model %r: %s", best.index, self.name, promotion.reason)
+            return {**outcome, "promoted": False, "reason": promotion.reason}
+        self.log.info("model %r version %d (candidate %d, %s %g) is in production (previous: %s)", self.name,
+                      promotion.version, best.index, gate.metric, metrics[gate.metric], promotion.previous)
+        return {**outcome, "promoted": True, "reason": f"candidate {best.index} is the best and passed the gate"}
+
+
+def ringflow_sweep(group_id: str, *, dataset_uri: Any, model_name: Any, configurations: Any,
+                   store_uri: str | None = None, num_workers: Any = 2, epochs: Any, batch_size: Any,
+                   learning_rate: Any, suite: Sequence[Mapping] | Mapping | str | None = None,
+                   gate: Mapping[str, Any] | None = None, conn_id: str | None = DEFAULT_CONN_ID, backend: Any = None,
+                   target: str = "target", seed: Any = 0, eval_fraction: Any = 0.2,
+                   train_retries: int = 1, **train_options: Any) -> TaskGroup:
+    """validate >> shard >> plan >> candidate[i](train >> evaluate) >> select_and_promote, as TaskGroup `group_id`.
+
+    configurations: a list of job_config overrides, one per candidate, or a template rendering to one
+        (`"{{ params.configurations }}"`; SWEEP_CONFIGURATIONS_PARAM is a form schema for it).
+    epochs, batch_size, learning_rate: every candidate's defaults; batch_size is also the shards' (a candidate's
+        batch size must divide it: the train task's preflight says so).
+    gate: as ringflow_pipeline's (metric, mode, threshold, compare_to_production, allowed_verdicts).
+    Other arguments as ringflow_pipeline's; train_options go to every train task (controller, job_timeout, ...).
+    """
+    store = store_uri or store_layout.default_store_uri()
+    gate = {**DEFAULT_GATE, **(gate or {})}
+    with TaskGroup(group_id=group_id, tooltip=f"sweep: validate >> shard >> N x (train >> evaluate) >> "
+                                              f"select_and_promote ({group_id})") as group:
+        validate = ValidateDatasetOperator(task_id="validate", dataset_uri=dataset_uri,
+                                           suite=suite if suite is not None else default_suite_for(target),
+                                           target=target, conn_id=conn_id)
+        shard = ShardDatasetOperator(task_id="shard", dataset_uri=dataset_uri,
+                                     output_uri=store_layout.shards_root(store), num_workers=num_workers,
+                                     batch_size=batch_size, seed=seed, eval_fraction=eval_fraction, target=target,
+                                     conn_id=conn_id)
+
+        @task(task_id="plan")
+        def plan(value: Any) -> list[dict[str, Any]]:
+            """The configurations, checked once, as the list the candidates are mapped over."""
+            return checked_configurations(value)
+
+        planned = plan(configurations)
+
+        @task_group(group_id=CANDIDATE_GROUP)
+        def candidate(job_config: Any) -> None:
+            train = HorovodTrainOperator(
+                task_id="train", manifest_uri=f"{{{{ ti.xcom_pull(task_ids='{shard.task_id}')['manifest_uri'] }}}}",
+                store_uri=store,  # run folder: runs/<dag_id>/<run_id>/<group>.candidate/m<map index>/
+                num_workers=num_workers, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+                job_config=job_config, backend=backend if backend is not None else backend_from_env(),
+                conn_id=conn_id, retries=train_retries, **train_options)
+            # this copy's own train task: the same map index (an XComArg's ["key"] would name an XCom key)
+            run_uri = (f"{{{{ ti.xcom_pull(task_ids='{train.task_id}', map_indexes=ti.map_index)['run_uri'] }}}}")
+            evaluate = EvaluateModelOperator(task_id="evaluate", run_uri=run_uri, conn_id=conn_id)
+            train >> evaluate
+
+        candidates = candidate.expand(job_config=planned)
+        select = SelectAndPromoteOperator(
+            task_id="select_and_promote", name=model_name, store_uri=store, configurations=planned,
+            group_id=candidates.group_id, conn_id=conn_id, metric=gate["metric"], mode=gate["mode"],
+            threshold=gate.get("threshold"), compare_to_production=gate.get("compare_to_production", True),
+            allowed_verdicts=gate.get("allowed_verdicts", DEFAULT_ALLOWED_VERDICTS))
+        validate >> shard >> planned
+        candidates >> select
+    return group

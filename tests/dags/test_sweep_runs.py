@@ -1,0 +1,59 @@
+"""The ringflow_sweep DAG with `dag.test()`: validate and shard once, three mapped candidates (real 2-worker
+Horovod jobs on this machine, the local folder store), one of them made unhealthy by an injected NaN gradient;
+the best healthy candidate is promoted."""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from ringflow.training.run_layout import RESULT
+from ringflow.training.run_result import RunResult
+from ringflow.training.runs import store_layout
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+DAG_ID = "ringflow_sweep"
+GROUP = "digits.candidate"
+NAN = {"kind": "nan_gradient", "rank": 1, "step": 10}
+CONFIGURATIONS = [{"learning_rate": 0.002}, {"learning_rate": 0.02, "faults": [NAN]}, {"learning_rate": 0.02}]
+
+
+def allow_faults(dag) -> None:
+    """Tests only: let the parsed DAG's configurations Param take injected faults (the deployed form refuses
+    them, SWEEP_CONFIGURATIONS_PARAM); `dag.test()` runs this DAG object."""
+    for params in [dag.params, *(task.params for task in dag.tasks)]:  # each task holds its own copy
+        params.get_param("configurations").schema["items"] = {"type": "object"}
+
+
+def test_sweep_promotes_the_best_healthy_candidate(airflow_db, dagbag, store):
+    dag = dagbag.dags[DAG_ID]
+    allow_faults(dag)
+    dr = dag.test(run_conf={"configurations": CONFIGURATIONS, "epochs": 2, "model_name": "digits-sweep"})
+    tis = {(ti.task_id, ti.map_index): ti for ti in dr.get_task_instances()}
+    states = {key: str(ti.state) for key, ti in tis.items()}
+    for step in ("digits.validate", "digits.shard", "digits.plan", "digits.select_and_promote"):
+        assert states[(step, -1)] == "success", states
+    # one shard folder for all candidates
+    assert len(list((store / "shards" / "digits").glob("*/manifest.json"))) == 1
+
+    folders = [pathlib.Path(store_layout.run_uri(str(store), DAG_ID, dr.run_id, GROUP, map_index=i)) for i in range(3)]
+    results = [RunResult.from_json((f / RESULT).read_bytes()) for f in folders]
+    assert len({str(f) for f in folders}) == 3 and all((f / "health.png").is_file() for f in folders)
+    # the NaN: its own verdict, its own failed train task, its evaluate never ran
+    assert results[1].verdict.status == "NONFINITE" and not results[1].succeeded, results[1]
+    assert states[("digits.candidate.train", 1)] == "failed", states
+    assert states[("digits.candidate.evaluate", 1)] == "upstream_failed", states
+    for i in (0, 2):
+        assert results[i].succeeded and results[i].verdict.status in ("HEALTHY", "DEGRADED"), results[i]
+        assert states[("digits.candidate.evaluate", i)] == "success", states
+
+    accuracy = {i: json.loads((folders[i] / "eval.json").read_text())["metrics"]["accuracy"] for i in (0, 2)}
+    best = max(accuracy, key=lambda i: (accuracy[i], -i))
+    outcome = tis[("digits.select_and_promote", -1)].xcom_pull(task_ids="digits.select_and_promote")
+    assert outcome["promoted"] is True and outcome["winner"] == best, outcome
+    assert "did not succeed" in outcome["candidates"][1]["reason"], outcome
+    pointer = json.loads((store / "models" / "digits-sweep" / "production.json").read_text())
+    assert pointer["version"] == 1 and pointer["run_uri"] == str(folders[best])
+    assert pointer["metrics"]["accuracy"] == accuracy[best]

@@ -1,0 +1,30 @@
+"""Kill-and-resume equality for each engine: 2-process runs on CPU, rank 1 SIGKILLed at step 37, resumed
+from the step-30 checkpoint (model, optimizer, data cursor) to exactly the parameters of a run that was never
+interrupted. (Resuming under the other engine: test_ddp_training.py.)"""
+import pytest
+import torch
+
+from ringflow.training.config import ENGINES
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_killed_worker_resumes_to_the_same_parameters(jobs, engine):
+    reference = jobs.config("uninterrupted", epochs=3, engine=engine)
+    assert jobs.run(reference)[0] == 0
+
+    interrupted = jobs.config("interrupted", epochs=3, engine=engine, faults=[{"kind": "crash", "rank": 1, "step": 37}])
+    code, out = jobs.run(interrupted)
+    assert code != 0 and "SIGKILL at step 37" in out
+    del interrupted["faults"]
+    code, out = jobs.run(interrupted)
+    assert code == 0, out
+    assert "resuming from checkpoint ckpt-000000030" in out
+    assert jobs.result(interrupted).resumed_from == "ckpt-000000030"
+    assert [r["engine"] for r in jobs.health(interrupted) if r["type"] == "start"][-1] == engine
+
+    expected, actual = jobs.final_parameters(reference), jobs.final_parameters(interrupted)
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-6, atol=1e-7)
