@@ -1,15 +1,13 @@
-"""Data-driven runs, proven on a real Airflow (the api-server, scheduler, triggerer and dag-processor of
-test_rest_api.py, on 127.0.0.1): a new digits file lands at the dataset asset's URI, an asset event is posted
+"""Data-driven runs, proven on a real Airflow (real_airflow.py: api-server, scheduler, triggerer and
+dag-processor on 127.0.0.1): a new digits file lands at the dataset asset's URI, an asset event is posted
 through the REST API (`POST /api/v2/assets/events`, what an ingestion job outside Airflow would do), and
 ringflow_retrain_on_asset runs on its own and promotes the model."""
 from __future__ import annotations
 
 import json
-import os
-import secrets
 
 import pytest
-from test_rest_api import Airflow, _free_port
+from real_airflow import running_airflow
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -18,33 +16,10 @@ DAG_ID = "ringflow_retrain_on_asset"
 
 @pytest.fixture
 def airflow(airflow_db, dags_env, store, tmp_path):
-    """test_rest_api.py's Airflow, but with the scheduler creating runs (asset-triggered runs are made where
-    scheduled ones are); every DAG starts paused, so only the one unpaused here can run."""
-    port = _free_port()
-    passwords = tmp_path / "passwords.json"
-    env = {**os.environ, **dags_env,
-           "RINGFLOW_STORE": str(store),
-           "AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__WORKERS": "1",
-           "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-           "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
-           "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
-           "AIRFLOW__CORE__AUTH_MANAGER":
-               "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "ringflow:admin",
-           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-           "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-           "AIRFLOW__CORE__PARALLELISM": "3",
-           "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "True",
-           "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True"}
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    instance = Airflow(env, logs, port)
-    instance.passwords = passwords
-    instance.start()
-    try:
+    """With the scheduler creating runs: asset-triggered runs are made where scheduled ones are. Every DAG
+    starts paused, so only the one unpaused here can run."""
+    with running_airflow(dags_env, store, tmp_path, use_job_schedule=True) as instance:
         yield instance
-    finally:
-        instance.stop()
 
 
 def test_an_asset_event_runs_the_pipeline_and_promotes(airflow, store):
@@ -54,17 +29,8 @@ def test_an_asset_event_runs_the_pipeline_and_promotes(airflow, store):
     drop.parent.mkdir(parents=True)
     load_builtin("digits").to_parquet(drop, index=False)
 
-    airflow.wait_for("the API server", lambda: airflow.request("GET", "/api/v2/monitor/health", auth=False).ok,
-                     timeout=180)
-    password = airflow.wait_for("the generated password", lambda: airflow.passwords.exists() and json.loads(
-        airflow.passwords.read_text() or "{}").get("ringflow"), timeout=30)
-    response = airflow.request("POST", "/auth/token", {"username": "ringflow", "password": password}, auth=False)
-    assert response.status_code == 201, response.text
-    airflow.token = response.json()["access_token"]
-    airflow.wait_for("the DAG to be parsed", lambda: airflow.request("GET", f"/api/v2/dags/{DAG_ID}").ok,
-                     timeout=180, interval=2)
-    response = airflow.request("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
-    assert response.ok and response.json()["is_paused"] is False, response.text
+    airflow.log_in()
+    airflow.unpause(DAG_ID)
 
     uri = f"file://{drop}"
     def asset_id():

@@ -1,139 +1,28 @@
-"""ringflow_retrain triggered the way the UI does it: a real Airflow (api-server, scheduler, triggerer,
-dag-processor as separate processes) on 127.0.0.1, a token from the simple auth manager, the REST API.
-
-Every wait is bounded; every process started here is stopped at the end, with its process group.
+"""ringflow_retrain triggered the way the UI does it: a real Airflow (real_airflow.py: api-server, scheduler,
+triggerer, dag-processor as separate processes) on 127.0.0.1, a token from the simple auth manager, the REST API.
 """
 from __future__ import annotations
 
 import json
-import os
-import pathlib
-import secrets
-import signal
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
+from real_airflow import running_airflow
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 DAG_ID = "ringflow_retrain"
-COMPONENTS = ("api-server", "scheduler", "triggerer", "dag-processor")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Airflow:
-    def __init__(self, env: dict[str, str], logs: pathlib.Path, port: int) -> None:
-        self.env, self.logs, self.port = env, logs, port
-        self.base = f"http://127.0.0.1:{port}"
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.token: str | None = None
-
-    def start(self) -> None:
-        for name in COMPONENTS:
-            log = open(self.logs / f"{name}.log", "wb")
-            self.procs[name] = subprocess.Popen([sys.executable, "-m", "airflow", name], env=self.env, stdout=log,
-                                                stderr=subprocess.STDOUT, start_new_session=True)
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 30
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # stragglers in the group (workers, gunicorn children)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=10)
-
-    def tail(self) -> str:
-        return "\n".join(f"--- {p.name} ---\n" + p.read_text(errors="replace")[-3000:]
-                         for p in sorted(self.logs.glob("*.log")))
-
-    def check_alive(self) -> None:
-        dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
-        assert not dead, f"Airflow components exited: {dead}\n{self.tail()}"
-
-    def request(self, method: str, path: str, body=None, auth: bool = True):
-        import requests
-
-        headers = {"Authorization": f"Bearer {self.token}"} if auth and self.token else {}
-        return requests.request(method, self.base + path, json=body, headers=headers, timeout=30)
-
-    def wait_for(self, what: str, check, timeout: float, interval: float = 1.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.check_alive()
-            try:
-                result = check()
-            except OSError:  # not listening yet
-                result = None
-            if result:
-                return result
-            time.sleep(interval)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.tail()}")
 
 
 @pytest.fixture
 def airflow(airflow_db, dags_env, store, tmp_path):
-    port = _free_port()
-    passwords = tmp_path / "passwords.json"
-    env = {**os.environ, **dags_env,
-           "RINGFLOW_STORE": str(store),
-           "AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__WORKERS": "1",
-           "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-           "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
-           "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
-           "AIRFLOW__CORE__AUTH_MANAGER":
-               "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "ringflow:admin",
-           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-           "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-           "AIRFLOW__CORE__PARALLELISM": "3",
-           # Only the runs this test creates: no cron run when the DAG is unpaused.
-           "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
-           "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True"}
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    instance = Airflow(env, logs, port)
-    instance.passwords = passwords
-    instance.start()
-    try:
+    with running_airflow(dags_env, store, tmp_path, use_job_schedule=False) as instance:
         yield instance
-    finally:
-        instance.stop()
 
 
 def test_trigger_through_the_rest_api(airflow, store):
-    airflow.wait_for("the API server", lambda: airflow.request("GET", "/api/v2/monitor/health", auth=False).ok,
-                     timeout=180)
-    # The simple auth manager generates a password for each configured user into the passwords file.
-    password = airflow.wait_for("the generated password", lambda: airflow.passwords.exists() and json.loads(
-        airflow.passwords.read_text() or "{}").get("ringflow"), timeout=30)
+    airflow.log_in()
     assert airflow.request("GET", f"/api/v2/dags/{DAG_ID}", auth=False).status_code == 401
-    response = airflow.request("POST", "/auth/token", {"username": "ringflow", "password": password}, auth=False)
-    assert response.status_code == 201, response.text
-    airflow.token = response.json()["access_token"]
-
-    airflow.wait_for("the DAG to be parsed", lambda: airflow.request("GET", f"/api/v2/dags/{DAG_ID}").ok,
-                     timeout=180, interval=2)
-    response = airflow.request("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
-    assert response.ok and response.json()["is_paused"] is False, response.text
+    airflow.unpause(DAG_ID)
 
     refused = airflow.request("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
                               {"logical_date": None, "conf": {"num_workers": 0}})
