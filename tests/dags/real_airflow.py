@@ -29,6 +29,7 @@ class Airflow:
         self.base = f"http://127.0.0.1:{port}"
         self.procs: dict[str, subprocess.Popen] = {}
         self.token: str | None = None
+        self.unpaused: list[str] = []  # paused again on stop: the metadata database outlives this Airflow
 
     def start(self) -> None:
         for name in COMPONENTS:
@@ -37,6 +38,13 @@ class Airflow:
                                                 stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self) -> None:
+        # A DAG left unpaused in the shared test database would be scheduled by the next real Airflow (its cron
+        # run writing into that test's store).
+        for dag_id in self.unpaused:
+            try:
+                self.request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": True})
+            except OSError:
+                pass
         for proc in self.procs.values():
             if proc.poll() is None:
                 try:
@@ -97,7 +105,18 @@ class Airflow:
                       timeout=180, interval=2)
         response = self.request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
         assert response.ok and response.json()["is_paused"] is False, response.text
+        self.unpaused.append(dag_id)
 
+
+    def wait_for_run(self, dag_id: str, run_id: str, timeout: float) -> tuple[str, dict[str, str]]:
+        """Wait until the run ends; its state and each task's state."""
+        def finished():
+            state = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
+            return state if state in ("success", "failed") else None
+
+        state = self.wait_for(f"run {run_id} to finish", finished, timeout=timeout, interval=3)
+        tis = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+        return state, {ti["task_id"]: ti["state"] for ti in tis}
 
 @contextlib.contextmanager
 def running_airflow(dags_env: dict[str, str], store: pathlib.Path, tmp_path: pathlib.Path, *,

@@ -50,13 +50,7 @@ def test_an_asset_event_runs_the_pipeline_and_promotes(airflow, store):
     assert run["run_type"] == "asset_triggered", run
     run_id = run["dag_run_id"]
 
-    def finished():
-        state = airflow.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}").json()["state"]
-        return state if state in ("success", "failed") else None
-
-    state = airflow.wait_for(f"run {run_id} to finish", finished, timeout=600, interval=3)
-    tis = airflow.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
-    summary = {ti["task_id"]: ti["state"] for ti in tis}
+    state, summary = airflow.wait_for_run(DAG_ID, run_id, timeout=600)
     assert state == "success", f"{summary}\n{airflow.tail()}"
     xcom = airflow.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/digits.validate/"
                                   "xcomEntries/return_value").json()

@@ -34,13 +34,7 @@ def test_trigger_through_the_rest_api(airflow, store):
     assert response.ok, response.text
     run_id = response.json()["dag_run_id"]
 
-    def finished():
-        state = airflow.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}").json()["state"]
-        return state if state in ("success", "failed") else None
-
-    state = airflow.wait_for(f"run {run_id} to finish", finished, timeout=480, interval=3)
-    tis = airflow.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
-    summary = {ti["task_id"]: ti["state"] for ti in tis}
+    state, summary = airflow.wait_for_run(DAG_ID, run_id, timeout=480)
     assert state == "success", f"{summary}\n{airflow.tail()}"
     assert set(summary.values()) == {"success"} and len(summary) == 5
 
