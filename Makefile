@@ -13,8 +13,9 @@ pipeline: setup
 demo: setup
 	$(VENV)/bin/ringflow demo
 
+# The browser test's screenshots (tests/dags/ui) are kept in test-output/ui, one per step.
 test: setup
-	$(PY) -m pytest
+	RINGFLOW_UI_SCREENSHOTS=$(CURDIR)/test-output/ui $(PY) -m pytest
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow"
@@ -27,3 +28,9 @@ bench: setup
 	$(PY) bench/orchestration_overhead.py
 	$(PY) bench/data_scaling.py
 	$(PY) bench/watcher_cost.py
+
+# The GPU path in minutes where a GPU exists (one short job per engine; bench/results/gpu_check.md); without
+# one it says so and exits 0.
+.PHONY: bench-gpu
+bench-gpu: setup
+	$(PY) bench/gpu_check.py

@@ -5,7 +5,11 @@ Separate jobs with and without the monitor differ by ±10 % from run to run on t
 the health callback off and on in alternate blocks of steps; a block with it on is compared with the
 blocks on either side (off), under the same load.
 
-    .venv/bin/python bench/health_overhead.py [--jobs 8] [--steps 1600] [--block 100] [--health JSON] [--out NAME]
+    .venv/bin/python bench/health_overhead.py [--engine horovod|ddp] [--jobs 8] [--steps 1600] [--block 100]
+                                              [--health JSON] [--out NAME]
+
+(bench/throughput.py also measures the monitor's cost, for both engines at np=1 and np=2, in its in-job
+comparison with a plain loop.)
 
 Results: bench/results/health_overhead.json and .md (linked from the README).
 """
@@ -51,11 +55,11 @@ def alternating_health(block: int):
 
 def worker(config_path: str, block: int, out: str) -> None:
     from ringflow.training.config import load_job_config
-    from ringflow.training.engines.horovod import HorovodEngine
+    from ringflow.training.engines import start_engine
     from ringflow.training.worker import Trainer
 
     cfg = load_job_config(config_path)
-    engine = HorovodEngine.start(cfg)
+    engine = start_engine(cfg)  # the one its launcher was chosen for
     alternating = alternating_health(block)
     trainer = Trainer(cfg, engine, callbacks=[alternating])
     alternating.health = trainer.health
@@ -65,19 +69,23 @@ def worker(config_path: str, block: int, out: str) -> None:
         Path(out).write_text(json.dumps(alternating.blocks))
 
 
-def run_job(root: Path, index: int, steps: int, block: int, health: dict) -> list[tuple[bool, float]]:
+def run_job(root: Path, index: int, steps: int, block: int, health: dict, engine: str = "horovod") -> list[tuple[bool, float]]:
     run = root / f"run-{index}"
     cfg = {"manifest_uri": str(root / "shards2" / "manifest.json"),
            "run_uri": str(run), "checkpoint": {"every_steps": 10**6}, "epochs": max(1, round(steps / (8192 // BATCH))),
-           "batch_size": BATCH, "model": {"hidden": [256, 256]}, "log_every_steps": 10**6, "health": health}
+           "batch_size": BATCH, "model": {"hidden": [256, 256]}, "log_every_steps": 10**6, "health": health,
+           "engine": engine}
     cfg_path, out = root / f"run-{index}.json", root / f"blocks-{index}.json"
     cfg_path.write_text(json.dumps(cfg))
-    from ringflow.training.launcher import horovodrun_command, rank_environment
+    from ringflow.training.engines import ENGINE_ENV
+    from ringflow.training.launcher import launch_command, rank_environment
 
-    env = rank_environment() | {"RINGFLOW_TORCH_THREADS": "1"}  # one core per rank, as bench/throughput.py
+    # one core per rank, as bench/throughput.py
+    env = rank_environment() | {"RINGFLOW_TORCH_THREADS": "1", ENGINE_ENV: engine}
 
-    command = horovodrun_command(str(cfg_path), 2)
-    command = command[:command.index("-m")] + [str(Path(__file__).resolve()), "--worker", str(cfg_path),
+    command = launch_command(engine, str(cfg_path), 2)
+    last_m = len(command) - 1 - command[::-1].index("-m")  # torchrun's own `-m torch.distributed.run` comes first
+    command = command[:last_m] + [str(Path(__file__).resolve()), "--worker", str(cfg_path),
                                               "--block", str(block), "--blocks-out", str(out)]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:
@@ -87,6 +95,7 @@ def run_job(root: Path, index: int, steps: int, block: int, health: dict) -> lis
 
 def main() -> None:
     p = argparse.ArgumentParser()
+    p.add_argument("--engine", choices=["horovod", "ddp"], default="horovod")
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--steps", type=int, default=1600)
     p.add_argument("--block", type=int, default=100,
@@ -108,7 +117,7 @@ def main() -> None:
     ratios: list[float] = []
     on_total = off_total = 0.0
     for index in range(args.jobs):
-        blocks = run_job(root, index, args.steps, args.block, args.health)
+        blocks = run_job(root, index, args.steps, args.block, args.health, args.engine)
         # Each block with the monitor on against the mean of the blocks before and after it, which ran
         # without: a machine speeding up or slowing down during the job cancels out.
         pairs = [((blocks[i - 1][1] + blocks[i + 1][1]) / 2, blocks[i][1]) for i in range(1, len(blocks) - 1)
@@ -121,12 +130,12 @@ def main() -> None:
     if len(ratios) < 2:
         raise SystemExit(f"{len(ratios)} block pair(s) measured: raise --steps or --jobs, or lower --block")
     quartiles = statistics.quantiles(ratios, n=4)
-    summary = {"health": args.health, "jobs": args.jobs, "steps": args.steps, "block_steps": args.block, "pairs": len(ratios),
+    summary = {"engine": args.engine, "health": args.health, "jobs": args.jobs, "steps": args.steps, "block_steps": args.block, "pairs": len(ratios),
                "overhead_median": statistics.median(ratios) - 1, "overhead_total": on_total / off_total - 1,
                "overhead_quartiles": [quartiles[0] - 1, quartiles[2] - 1], "target": 0.03}
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / f"{args.out}.json").write_text(json.dumps(summary, indent=1))
-    lines = [f"Health monitoring overhead at np=2 (MLP 128->[256, 256]->10, {BATCH} rows per worker per step, one core "
+    lines = [f"Health monitoring overhead of the {args.engine} engine at np=2 (MLP 128->[256, 256]->10, {BATCH} rows per worker per step, one core "
              f"per rank, health settings {args.health or 'ringflow defaults'}): {args.jobs} jobs of {args.steps} steps, "
              f"the monitor off and on in alternate blocks of {args.block} steps, each 'on' block against the mean of "
              f"the 'off' blocks on either side.", "",

@@ -1,5 +1,10 @@
-"""The peers' way of training the same model: plain Horovod (Gloo or MPI) or torch DDP with Gloo, each with
-its own defaults. Prints one JSON line with samples/s measured after warm-up. Used by bench/throughput.py."""
+"""The peers' way of training the same model: plain Horovod (Gloo or MPI) or torch DDP with Gloo. Prints one
+JSON line with samples/s measured after warm-up. Used by bench/throughput.py, which gives every peer the
+settings ringflow's ranks run with (Open MPI's mpi_yield_when_idle, Horovod's fusion threshold and cycle
+time, one core per rank), so its ratios compare engines, not tuning.
+
+`PlainLoop` is that plain loop on its own model, optimizer and in-memory rows; bench/loop_vs_plain.py runs
+it inside a ringflow job, in blocks alternating with ringflow's own loop."""
 from __future__ import annotations
 
 import argparse
@@ -11,26 +16,63 @@ import torch
 
 from ringflow.training.models import TabularMLP
 
+CLASSES = 10
+# Per-worker learning rate (scaled by the world size, as ringflow scales it); ringflow's jobs in the benchmarks
+# are given the same, so both train alike (Adam's work per step depends a little on the values it sees).
+LEARNING_RATE = 1e-3
 
-def data(rank: int, rows: int, features: int, classes: int):
+
+def data(rank: int, rows: int, features: int, classes: int = CLASSES):
     g = torch.Generator().manual_seed(rank)
     return torch.randn(rows, features, generator=g), torch.randint(0, classes, (rows,), generator=g)
 
 
-def loop(model, optimizer, x, y, batch, steps, warmup, sync=lambda: None):
-    loss_fn = torch.nn.functional.cross_entropy
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-    for step in range(warmup + steps):
-        if step == warmup:
-            sync()
-            started = time.perf_counter()
-        # Shuffled minibatches, as ringflow (and any DataLoader with shuffle=True) takes them.
-        idx = order[(step * batch) % (len(x) - batch):][:batch]
-        optimizer.zero_grad()
-        loss_fn(model(x[idx]), y[idx]).backward()
-        optimizer.step()
+class PlainLoop:
+    """zero_grad, forward, backward, step over shuffled minibatches of rows held in memory: what a training
+    script without ringflow does, with nothing else per step."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                 batch: int):
+        self.model, self.optimizer, self.x, self.y, self.batch = model, optimizer, x, y, batch
+        self.order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+        self.step = 0
+
+    def run(self, steps: int) -> None:
+        loss_fn, x, y, batch = torch.nn.functional.cross_entropy, self.x, self.y, self.batch
+        for _ in range(steps):
+            # Shuffled minibatches, as ringflow (and any DataLoader with shuffle=True) takes them.
+            idx = self.order[(self.step * batch) % (len(x) - batch):][:batch]
+            self.optimizer.zero_grad()
+            loss_fn(self.model(x[idx]), y[idx]).backward()
+            self.optimizer.step()
+            self.step += 1
+
+
+def plain_horovod(hvd, rank: int, size: int, features: int, hidden, batch: int, prefix: str = "") -> PlainLoop:
+    """After hvd.init(). `prefix` names its tensors apart from another model's in the same job."""
+    torch.manual_seed(0)
+    model = TabularMLP(features, CLASSES, tuple(hidden))
+    optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=LEARNING_RATE * size),
+                                         named_parameters=[(prefix + n, p) for n, p in model.named_parameters()])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    return PlainLoop(model, optimizer, *data(rank, 8192, features), batch)
+
+
+def plain_ddp(rank: int, size: int, features: int, hidden, batch: int) -> PlainLoop:
+    """After dist.init_process_group (Gloo)."""
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(TabularMLP(features, CLASSES, tuple(hidden)))
+    return PlainLoop(ddp, torch.optim.Adam(ddp.parameters(), lr=LEARNING_RATE * size), *data(rank, 8192, features), batch)
+
+
+def timed(plain: PlainLoop, steps: int, warmup: int, sync) -> float:
+    """samples/s of this rank over `steps` after `warmup` steps, between two barriers."""
+    plain.run(warmup)
     sync()
-    return steps * batch / (time.perf_counter() - started)
+    started = time.perf_counter()
+    plain.run(steps)
+    sync()
+    return steps * plain.batch / (time.perf_counter() - started)
 
 
 def main() -> None:
@@ -42,31 +84,24 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=10)
     args = p.parse_args()
-    torch.manual_seed(0)
-    model = TabularMLP(args.features, 10, tuple(args.hidden))
+    threads = int(os.environ.get("RINGFLOW_TORCH_THREADS", "1"))
     if args.framework == "horovod":
         import horovod.torch as hvd
 
         hvd.init()
-        torch.set_num_threads(int(os.environ.get("RINGFLOW_TORCH_THREADS", "1")))
+        torch.set_num_threads(threads)
         rank, size = hvd.rank(), hvd.size()
-        optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3 * size),
-                                             named_parameters=model.named_parameters())
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        x, y = data(rank, 8192, args.features, 10)
-        rate = loop(model, optimizer, x, y, args.batch, args.steps, args.warmup,
-                    sync=lambda: hvd.allreduce(torch.zeros(1), name="bench.barrier"))
+        plain = plain_horovod(hvd, rank, size, args.features, args.hidden, args.batch)
+        rate = timed(plain, args.steps, args.warmup, lambda: hvd.allreduce(torch.zeros(1), name="bench.barrier"))
         rates = hvd.allgather_object(rate)
     else:
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
         rank, size = dist.get_rank(), dist.get_world_size()
-        torch.set_num_threads(int(os.environ.get("RINGFLOW_TORCH_THREADS", "1")))
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
-        optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3 * size)
-        x, y = data(rank, 8192, args.features, 10)
-        rate = loop(ddp, optimizer, x, y, args.batch, args.steps, args.warmup, sync=dist.barrier)
+        torch.set_num_threads(threads)
+        plain = plain_ddp(rank, size, args.features, args.hidden, args.batch)
+        rate = timed(plain, args.steps, args.warmup, dist.barrier)
         rates = [None] * size
         dist.all_gather_object(rates, rate)
     if rank == 0:

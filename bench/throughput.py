@@ -1,18 +1,23 @@
-"""Throughput at np=2 against np=1 on this machine: ringflow's defaults against the peers' defaults on the
-same model (Horovod+Gloo, Horovod+MPI, torch DDP+Gloo), and the alternatives ringflow's defaults were chosen
-from. Also ringflow with the health monitor off: a coarse reading of the monitor's cost, as separate jobs
-differ by ±10 % here (bench/health_overhead.py measures it inside one job). Runs each configuration side
-by side in one go and reports ratios.
+"""Throughput of ringflow's engines against the peers, at equal tuning, and the training loop's overhead.
 
-    .venv/bin/python bench/throughput.py [--steps 1600] [--repeats 3] [--only NAME ...] [--out NAME]
+1. The fair peer table: separate jobs at np=1 and np=2 of ringflow's Horovod and DDP engines and of the
+   peers (plain Horovod+MPI, Horovod+Gloo, torch DDP+Gloo; bench/peer_worker.py) on the same model. Every
+   peer runs with the settings ringflow's ranks run with (`environment()`: Open MPI's mpi_yield_when_idle,
+   Horovod's fusion threshold and cycle time from ringflow's HorovodConfig, the launcher's rank
+   environment, one core per rank), so the ratios compare engines, not tuning. Interleaved repeats.
+2. Each engine against a plain loop of its library, inside one job (bench/loop_vs_plain.py): ringflow's
+   loop with health monitoring on (and off) in blocks alternating with the plain loop's, at np=1 and np=2.
+   Separate jobs differ by ±10 % here; blocks side by side in one job see the same machine.
 
-Results: bench/results/throughput.json and bench/results/throughput.md (linked from the README).
+    .venv/bin/python bench/throughput.py [--steps 1600] [--repeats 3] [--jobs 3] [--only NAME ...]
+                                         [--alternatives] [--skip-table] [--skip-loop] [--out NAME]
+
+Results: bench/results/<out>.json and <out>.md (linked from the README).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -24,12 +29,23 @@ import numpy as np
 import pandas as pd
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from peer_worker import LEARNING_RATE  # noqa: E402  (the peers' and ringflow's jobs train with the same)
+
 PY = sys.executable
 BIN = Path(PY).parent
 FEATURES, HIDDEN, BATCH = 128, [256, 256], 256
-# One core per rank for every configuration, so np=1 measures one core and np=2 can reach at most 2.0x.
-ENV = os.environ | {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "PYTHONUNBUFFERED": "1",
-                    "RINGFLOW_TORCH_THREADS": "1"}
+TARGET_VS_PLAIN, TARGET_HEALTH = 0.97, 0.03
+
+
+def environment() -> dict[str, str]:
+    """What every job here runs with: the launcher's rank environment, ringflow's Horovod/Open MPI settings
+    (a ringflow rank sets them itself from its config; a peer gets them here), one core per rank so np=1
+    measures one core and np=2 can reach at most 2.0x."""
+    from ringflow.training.config import HorovodConfig
+    from ringflow.training.launcher import rank_environment
+
+    return rank_environment() | HorovodConfig().environment() | {"RINGFLOW_TORCH_THREADS": "1"}
 
 
 def peer(framework: str, controller: str | None, np_: int, steps: int) -> float:
@@ -38,8 +54,11 @@ def peer(framework: str, controller: str | None, np_: int, steps: int) -> float:
     if framework == "horovod":
         cmd = [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", f"--{controller}", *worker]
     else:
-        cmd = [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={np_}", *worker[1:]]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+        from ringflow.training.launcher import free_port
+
+        cmd = [PY, "-m", "torch.distributed.run", "--nnodes", "1", f"--nproc-per-node={np_}", "--rdzv-backend",
+               "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--local-addr", "127.0.0.1", *worker[1:]]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=environment(), timeout=600)
     for line in out.stdout.splitlines():
         if '"samples_per_sec"' in line:
             return json.loads(line[line.index("{"):line.index("}") + 1])["samples_per_sec"]
@@ -59,115 +78,154 @@ def shards(root: Path, np_: int) -> str:
     return str(root / f"shards{np_}" / "manifest.json")
 
 
-MONITOR_SHARE: dict[str, list[float]] = {}  # configuration -> the np=2 jobs' own share of time in the monitor
-
-
-def ringflow(root: Path, np_: int, steps: int, health: bool, tag: str, controller: str = "gloo",
+def ringflow(root: Path, np_: int, steps: int, engine: str, controller: str | None = None,
              horovod: dict | None = None) -> float:
     """samples/s after warm-up, as the job itself measured it (result.json), like the peers measure theirs."""
-    run = root / f"run-{tag}-{np_}-{time.monotonic_ns()}"
-    health_cfg = {} if health else {"enabled": False}
+    from ringflow.training.launcher import DEFAULT_CONTROLLER
+
+    run = root / f"run-{engine}-{np_}-{time.monotonic_ns()}"
     # One epoch is 8192 rows per rank; run as many epochs as reach `steps`.
-    cfg = {"manifest_uri": str(root / f"shards{np_}" / "manifest.json"),
+    cfg = {"manifest_uri": str(root / f"shards{np_}" / "manifest.json"), "engine": engine,
            "run_uri": str(run), "checkpoint": {"every_steps": 10**6}, "epochs": max(1, round(steps / (8192 // BATCH))),
-           "batch_size": BATCH, "model": {"hidden": HIDDEN}, "log_every_steps": 10**6, "health": health_cfg,
-           "horovod": horovod or {}}
+           "batch_size": BATCH, "learning_rate": LEARNING_RATE, "model": {"hidden": HIDDEN}, "log_every_steps": 10**6, "horovod": horovod or {}}
     cfg_path = root / f"{run.name}.json"
     cfg_path.write_text(json.dumps(cfg))
-    out = subprocess.run([str(BIN / "ringflow"), "train", str(cfg_path), "--np", str(np_), "--controller", controller],
-                         capture_output=True,
-                         text=True, env=ENV, timeout=900)
+    out = subprocess.run([str(BIN / "ringflow"), "train", str(cfg_path), "--np", str(np_), "--engine", engine,
+                          "--controller", controller or DEFAULT_CONTROLLER],
+                         capture_output=True, text=True, env=environment(), timeout=900)
     if out.returncode != 0:
         raise RuntimeError(out.stdout[-3000:])
     from ringflow.training.run_result import read_result
     from ringflow.training.store import LocalFolderStore
 
-    result = read_result(LocalFolderStore(str(run)))
-    if np_ == 2:
-        MONITOR_SHARE.setdefault(tag, []).append(result.health_monitor_share_after_warmup)
-    return result.samples_per_sec_after_warmup
+    return read_result(LocalFolderStore(str(run))).samples_per_sec_after_warmup
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=1600)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--only", nargs="+", help="run these configurations alone (names as in the table)")
-    p.add_argument("--out", default="throughput", help="results file name under bench/results/")
-    args = p.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="ringflow-bench-"))
-    for np_ in (1, 2):
-        shards(root, np_)
-    from ringflow.training.config import HorovodConfig
-    from ringflow.training.launcher import DEFAULT_CONTROLLER
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
 
+
+def peer_table(root: Path, args) -> tuple[dict, list[str]]:
     configs = {
-        "ringflow (defaults)": lambda n: ringflow(root, n, args.steps, True, "rf", DEFAULT_CONTROLLER),
-        "ringflow, health off": lambda n: ringflow(root, n, args.steps, False, "rf-nohealth", DEFAULT_CONTROLLER),
-        # the alternatives the defaults were chosen from
-        "ringflow gloo, cycle 1 ms": lambda n: ringflow(root, n, args.steps, True, "g1", "gloo", {"cycle_time_ms": 1}),
-        "ringflow mpi, busy polling": lambda n: ringflow(root, n, args.steps, True, "mb", "mpi",
-                                                         {"mpi_yield_when_idle": False}),
-        "horovod + gloo (defaults)": lambda n: peer("horovod", "gloo", n, args.steps),
-        "horovod + mpi (defaults)": lambda n: peer("horovod", "mpi", n, args.steps),
+        "ringflow horovod (defaults)": lambda n: ringflow(root, n, args.steps, "horovod"),
+        "ringflow ddp (defaults)": lambda n: ringflow(root, n, args.steps, "ddp"),
+        "horovod + mpi": lambda n: peer("horovod", "mpi", n, args.steps),
+        "horovod + gloo": lambda n: peer("horovod", "gloo", n, args.steps),
         "torch DDP + gloo": lambda n: peer("ddp", None, n, args.steps),
     }
+    if args.alternatives:  # the alternatives ringflow's Horovod defaults were chosen from
+        configs["ringflow horovod gloo, cycle 1 ms"] = lambda n: ringflow(root, n, args.steps, "horovod", "gloo",
+                                                                          {"cycle_time_ms": 1})
+        configs["ringflow horovod mpi, busy polling"] = lambda n: ringflow(root, n, args.steps, "horovod", "mpi",
+                                                                           {"mpi_yield_when_idle": False})
     if args.only:
         unknown = set(args.only) - set(configs)
         if unknown:
             raise SystemExit(f"unknown configurations {sorted(unknown)}; choose from {list(configs)}")
         configs = {name: run for name, run in configs.items() if name in args.only}
-        if "ringflow (defaults)" not in configs or all(name.startswith("ringflow") for name in configs):
-            raise SystemExit('--only needs "ringflow (defaults)" and at least one peer to compare it with')
     rates: dict[str, dict[int, list[float]]] = {name: {1: [], 2: []} for name in configs}
     for _ in range(args.repeats):  # interleaved, so drifting machine load hits every configuration alike
         for name, run in configs.items():
             for np_ in (1, 2):
                 rates[name][np_].append(run(np_))
                 print(f"{name} np={np_}: {rates[name][np_][-1]:.0f} samples/s", flush=True)
-    rows = []
-    for name in configs:
-        r1, r2 = statistics.median(rates[name][1]), statistics.median(rates[name][2])
-        rows.append({"config": name, "np1_samples_per_sec": r1, "np2_samples_per_sec": r2,
-                     "speedup_np2_vs_np1": r2 / r1, "np2_runs": rates[name][2]})
-    peers = [name for name in configs if not name.startswith("ringflow")]
-    # Ratios within each repeat, then their median: this machine's speed drifts between repeats, and runs
-    # side by side in one repeat see the same machine. The best peer is the one ringflow compares worst
-    # with. (Not each repeat's fastest peer: the largest of three noisy rates is biased high.)
-    per_peer = {p: [rates["ringflow (defaults)"][2][i] / rates[p][2][i] for i in range(args.repeats)] for p in peers}
-    best_peer = min(per_peer, key=lambda p: statistics.median(per_peer[p]))
-    vs_best_peer = per_peer[best_peer]
-    overhead = ([1 - rates["ringflow (defaults)"][2][i] / rates["ringflow, health off"][2][i]
-                 for i in range(args.repeats)] if "ringflow, health off" in configs else [float("nan")])
-    defaults = HorovodConfig()
-    summary = {"model": {"features": FEATURES, "hidden": HIDDEN, "batch_per_worker": BATCH},
-               "ringflow_defaults": {"controller": DEFAULT_CONTROLLER, "cycle_time_ms": defaults.cycle_time_ms,
-                                     "fusion_threshold_mb": defaults.fusion_threshold_mb, "wait": defaults.wait,
-                                     "mpi_yield_when_idle": defaults.mpi_yield_when_idle,
-                                     "fp16_compression": defaults.fp16_compression},
-               "steps": args.steps, "repeats": args.repeats, "cores": os.cpu_count(), "rows": rows,
-               "best_peer": best_peer, "ringflow_np2_vs_best_peer_np2": statistics.median(vs_best_peer),
-               "ringflow_np2_vs_each_peer_np2": {p: statistics.median(r) for p, r in per_peer.items()},
-               "health_monitor_share_np2": statistics.median(MONITOR_SHARE.get("rf", [float("nan")])),
-               "ringflow_np2_vs_best_peer_np2_per_repeat": vs_best_peer,
-               "health_overhead_np2": statistics.median(overhead), "health_overhead_np2_per_repeat": overhead}
+    # Each engine against its own library's plain loop; ratios within each repeat, then their median.
+    pairs = {"ringflow horovod (defaults)": "horovod + mpi", "ringflow ddp (defaults)": "torch DDP + gloo"}
+    vs = {f"{a} / {b} np={n}": [rates[a][n][i] / rates[b][n][i] for i in range(args.repeats)]
+          for a, b in pairs.items() if a in rates and b in rates for n in (1, 2)}
+    rows = [{"config": name, "np1_samples_per_sec": statistics.median(r[1]),
+             "np2_samples_per_sec": statistics.median(r[2]), "np1_runs": r[1], "np2_runs": r[2]}
+            for name, r in rates.items()]
+    lines = ["## The fair peer table (separate jobs, equal tuning)", "",
+             f"Every job runs with {json.dumps({k: v for k, v in environment().items() if k.startswith(('OMPI_MCA', 'HOROVOD', 'RINGFLOW', 'GLOO'))})}"
+             f"; median of {args.repeats} interleaved repeats (min–max in brackets).", "",
+             "| configuration | np=1 samples/s | np=2 samples/s | np=2 / np=1 |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['np1_samples_per_sec']:.0f} ({min(r['np1_runs']):.0f}–{max(r['np1_runs']):.0f}) | "
+                     f"{r['np2_samples_per_sec']:.0f} ({min(r['np2_runs']):.0f}–{max(r['np2_runs']):.0f}) | "
+                     f"{r['np2_samples_per_sec'] / r['np1_samples_per_sec']:.2f}x |")
+    lines += ["", "Engine / its plain peer, per repeat then median (min–max): " +
+              "; ".join(f"{k}: {spread(v)}" for k, v in vs.items()), ""]
+    return {"rows": rows, "engine_vs_peer": vs}, lines
+
+
+def loop_overhead(root: Path, args) -> tuple[dict, list[str]]:
+    import loop_vs_plain
+
+    results: dict[str, dict[str, list[float]]] = {}
+    for job in range(args.jobs):  # interleaved, as above
+        for engine in ("horovod", "ddp"):
+            for np_ in (1, 2):
+                blocks = loop_vs_plain.run_job(root, engine, np_, args.steps, args.block, {}, environment())
+                key = f"{engine} np={np_}"
+                for name, ratios in loop_vs_plain.job_ratios(blocks).items():
+                    results.setdefault(key, {}).setdefault(name, []).extend(ratios)
+                med = {k: round(statistics.median(v), 3) for k, v in loop_vs_plain.job_ratios(blocks).items()}
+                print(f"loop {key} job {job}: {med}", flush=True)
+    lines = ["## Each engine against a plain loop of its library, inside one job", "",
+             f"{args.jobs} jobs per row of {args.steps} ringflow steps; ringflow's loop (health on and off in turn) in "
+             f"blocks of {args.block} steps alternating with the same number of plain-loop steps "
+             "(bench/loop_vs_plain.py). Each ratio: a block's throughput over its neighbours'; median of all "
+             "blocks, quartiles in brackets. Wall: throughput; CPU: the job's CPU seconds per step, which other "
+             "work on the machine does not lengthen (plain's over ringflow's, so higher is cheaper). Target: ringflow "
+             f"with health on >= {TARGET_VS_PLAIN:.2f}x the plain loop; the monitor's cost <= {TARGET_HEALTH:.0%}.", "",
+             "| engine | ringflow (health on) / plain, wall | same, CPU | ringflow (health off) / plain, wall "
+             "| health monitor's cost (on vs off), wall | same, CPU | block pairs (on/off) |",
+             "|---|---|---|---|---|---|---|"]
+    summary = {}
+    for key, r in results.items():
+        def q(v):
+            qs = statistics.quantiles(v, n=4) if len(v) > 1 else [v[0]] * 3
+            return statistics.median(v), qs[0], qs[2]
+        on, off, cost = q(r["ringflow_vs_plain"]), q(r["ringflow_health_off_vs_plain"]), q(r["health_on_vs_off"])
+        on_cpu, cost_cpu = q(r["ringflow_vs_plain_cpu"]), q(r["health_on_vs_off_cpu"])
+        summary[key] = {"ringflow_vs_plain": on, "ringflow_vs_plain_cpu": on_cpu, "ringflow_health_off_vs_plain": off,
+                        "health_cost": [1 - c for c in cost], "health_cost_cpu": [1 - c for c in cost_cpu],
+                        "blocks": {k: len(v) for k, v in r.items()}, "ratios": r}
+        lines.append(f"| {key} | {on[0]:.3f} ({on[1]:.3f}–{on[2]:.3f}) | {on_cpu[0]:.3f} ({on_cpu[1]:.3f}–{on_cpu[2]:.3f}) | "
+                     f"{off[0]:.3f} ({off[1]:.3f}–{off[2]:.3f}) | {1 - cost[0]:.1%} ({1 - cost[2]:.1%} to {1 - cost[1]:.1%}) | "
+                     f"{1 - cost_cpu[0]:.1%} ({1 - cost_cpu[2]:.1%} to {1 - cost_cpu[1]:.1%}) | "
+                     f"{len(r['ringflow_vs_plain'])}/{len(r['ringflow_health_off_vs_plain'])} |")
+    return summary, lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=1600)
+    p.add_argument("--repeats", type=int, default=3, help="repeats of the peer table")
+    p.add_argument("--jobs", type=int, default=3, help="in-job comparisons per engine and np")
+    p.add_argument("--block", type=int, default=50,
+                   help="steps per block; at least checksum_every_steps, so every health-on block holds a checksum")
+    p.add_argument("--only", nargs="+", help="peer-table configurations to run (names as in the table)")
+    p.add_argument("--alternatives", action="store_true", help="also the Horovod settings ringflow's were chosen from")
+    p.add_argument("--skip-table", action="store_true")
+    p.add_argument("--skip-loop", action="store_true")
+    p.add_argument("--out", default="throughput", help="results file name under bench/results/")
+    args = p.parse_args()
+    sys.path.insert(0, str(HERE))
+    root = Path(tempfile.mkdtemp(prefix="ringflow-bench-"))
+    for np_ in (1, 2):
+        shards(root, np_)
+    from ringflow.training.config import HorovodConfig, DdpConfig
+    from ringflow.training.launcher import DEFAULT_CONTROLLER
+    import dataclasses
+    import os
+
+    summary = {"model": {"features": FEATURES, "hidden": HIDDEN, "batch_per_worker": BATCH}, "cores": os.cpu_count(),
+               "steps": args.steps, "ringflow_horovod": {"controller": DEFAULT_CONTROLLER, **dataclasses.asdict(HorovodConfig())},
+               "ringflow_ddp": dataclasses.asdict(DdpConfig())}
+    lines = [f"Model: MLP {FEATURES}->{HIDDEN}->10, {BATCH} rows per worker per step, one core per rank, "
+             f"{args.steps} steps after warm-up, {os.cpu_count()} cores shared with other work (noisy: read the "
+             f"spreads). ringflow Horovod defaults: controller {DEFAULT_CONTROLLER}, {HorovodConfig()}; "
+             f"DDP: {DdpConfig()}.", ""]
+    if not args.skip_loop:
+        summary["loop_vs_plain"], more = loop_overhead(root, args)
+        lines += more + [""]
+    if not args.skip_table:
+        summary["peer_table"], more = peer_table(root, args)
+        lines += more
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / f"{args.out}.json").write_text(json.dumps(summary, indent=1))
-    lines = [f"Model: MLP {FEATURES}->{HIDDEN}->10, {BATCH} rows per worker per step, one core per rank, "
-             f"{args.steps} steps after warm-up, median of {args.repeats} interleaved repeats; ringflow defaults: "
-             f"{summary['ringflow_defaults']}.", "",
-             "| configuration | np=1 samples/s | np=2 samples/s | np=2 / np=1 |", "|---|---|---|---|"]
-    lines += [f"| {r['config']} | {r['np1_samples_per_sec']:.0f} | {r['np2_samples_per_sec']:.0f} | "
-              f"{r['speedup_np2_vs_np1']:.2f}x |" for r in rows]
-    lines += ["", "ringflow np=2 / peer np=2 (median of per-repeat ratios): " + ", ".join(
-              f"{p} {statistics.median(r):.2f}" for p, r in per_peer.items()),
-              f"ringflow np=2 / best peer ({best_peer}) np=2: {summary['ringflow_np2_vs_best_peer_np2']:.2f} "
-              f"(per repeat: {', '.join(f'{r:.2f}' for r in vs_best_peer)}; target >= 1.00)",
-              f"health monitoring overhead at np=2 (median of per-repeat ratios): "
-              f"{summary['health_overhead_np2']:.1%} (per repeat: {', '.join(f'{o:.1%}' for o in overhead)}; "
-              f"target <= 3%)",
-              f"time the training thread spends in the health monitor, as the np=2 jobs measure it: "
-              f"{summary['health_monitor_share_np2']:.1%} of the time after warm-up (median)"]
     (HERE / "results" / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

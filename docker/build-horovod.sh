@@ -10,6 +10,11 @@
 # Horovod the same way.
 #
 # usage: build-horovod.sh OUT_DIR [EXTRA_ENV...]   (needs torch and cmake already installed in the python)
+#
+# GPU builds: HOROVOD_GPU_OPERATIONS=NCCL (with HOROVOD_CUDA_HOME, HOROVOD_NCCL_LINK) in the environment, as
+# the training image's GPU=1 build sets them; Horovod's setup reads them. A wheel already in OUT_DIR is reused
+# only when it was built for the same GPU operations (noted beside it), so a CPU wheel never stands in
+# for a GPU one or the other way round.
 set -euo pipefail
 out_dir=${1:?usage: build-horovod.sh OUT_DIR}
 python=${PYTHON:-python}
@@ -18,9 +23,17 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 source "$here/versions.env"
 
 mkdir -p "$out_dir"
+gpu_ops=${HOROVOD_GPU_OPERATIONS:-}
+# No note: a wheel from before notes were kept, or the wheelhouse's, both CPU builds.
+note="$out_dir/horovod-$HOROVOD_VERSION.gpu-operations"
+built_for=$(cat "$note" 2>/dev/null || true)
 if ls "$out_dir"/horovod-"$HOROVOD_VERSION"-*.whl >/dev/null 2>&1; then
-  echo "horovod wheel already built in $out_dir"
-  exit 0
+  if [ "$built_for" = "$gpu_ops" ]; then
+    echo "horovod wheel already built in $out_dir (GPU operations: ${gpu_ops:-none})"
+    exit 0
+  fi
+  echo "the horovod wheel in $out_dir was built for GPU operations '${built_for:-none}', not '${gpu_ops:-none}': rebuilding"
+  rm -f "$out_dir"/horovod-"$HOROVOD_VERSION"-*.whl
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -39,3 +52,4 @@ export CMAKE_POLICY_VERSION_MINIMUM=${CMAKE_POLICY_VERSION_MINIMUM:-3.5}
 export MAKEFLAGS="-j$(nproc)"
 # --no-build-isolation: the extension must compile against the torch already installed, not a fresh one.
 "$python" -m pip wheel --no-build-isolation --no-deps "$src" -w "$out_dir"
+printf '%s' "$gpu_ops" > "$note"

@@ -1,4 +1,4 @@
-"""Print ringflow's requirements for the Airflow image: the core and `airflow` extra, minus torch.
+"""Print ringflow's requirements for the Airflow image: the core, `airflow` and `mlflow` extras, minus torch.
 
 The Airflow image installs torch itself, the CPU build from the CPU wheel index (the evaluate step runs a
 forward pass in the Airflow worker); listed here, pip would take PyPI's build with gigabytes of CUDA
@@ -22,7 +22,9 @@ def name(requirement: str) -> str:
 
 def requirements(pyproject: dict) -> list[str]:
     project = pyproject["project"]
-    wanted = list(project["dependencies"]) + list(project["optional-dependencies"]["airflow"])
+    extras = project["optional-dependencies"]
+    # mlflow: the MLflow client the train/evaluate/promote tasks use when a pipeline has an mlflow_conn_id.
+    wanted = list(project["dependencies"]) + list(extras["airflow"]) + list(extras["mlflow"])
     return [r for r in wanted if name(r) not in EXCLUDED]
 
 

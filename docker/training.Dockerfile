@@ -60,7 +60,8 @@ RUN --mount=type=secret,id=ca_bundle \
     fi
 # Horovod exactly as scripts/setup.sh builds it (the C++17 patch, MPI and Gloo controllers); on CPU builds a
 # wheel from the wheelhouse is taken as already built (build-horovod.sh skips the build when OUT_DIR has
-# one); GPU builds always compile, with NCCL.
+# one); GPU builds always compile, with NCCL, and fail here unless Horovod came out NCCL-built (a rank on
+# a GPU refuses a Horovod without it: training/devices.py).
 COPY versions.env /src/versions.env
 COPY docker/build-horovod.sh /src/docker/build-horovod.sh
 RUN --mount=type=secret,id=ca_bundle \
@@ -73,7 +74,10 @@ RUN --mount=type=secret,id=ca_bundle \
     fi \
  && PYTHON=/opt/venv/bin/python bash /src/docker/build-horovod.sh /wheels \
  && pip install "/wheels/horovod-${HOROVOD_VERSION}-"*.whl \
- && horovodrun --check-build
+ && horovodrun --check-build \
+ && if [ "${GPU}" = "1" ]; then \
+      python -c "import horovod.torch as hvd; assert hvd.nccl_built(), 'Horovod was built without NCCL'"; \
+    fi
 COPY pyproject.toml README.md /src/
 COPY training /src/training
 COPY operators /src/operators

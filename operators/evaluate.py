@@ -10,14 +10,15 @@ them only for the duration of the call.
 from __future__ import annotations
 
 import contextlib
-import os
 import urllib.parse
 from typing import Any, Iterator, Sequence
 
 from airflow.sdk import BaseOperator
 
 from ringflow.operators.connections import DEFAULT_CONN_ID, s3_settings_from_connection
+from ringflow.operators.tracking import MlflowTracking
 from ringflow.training.runs import store_layout
+from ringflow.training.scoped_environ import scoped_environ
 
 
 @contextlib.contextmanager
@@ -28,17 +29,8 @@ def s3_env_for(uri: str, conn_id: str | None) -> Iterator[None]:
     if urllib.parse.urlsplit(uri).scheme != "s3" or conn_id is None:
         yield
         return
-    env = s3_settings_from_connection(conn_id).to_env()
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with scoped_environ(s3_settings_from_connection(conn_id).to_env()):
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def evaluate(run_uri: str, checkpoint: str | None = None,
@@ -57,19 +49,27 @@ class EvaluateModelOperator(BaseOperator):
 
     Returns (XCom) `{"metrics": {"accuracy": ..., "loss": ...} or {"mse", "mae", "r2", "loss"}, "checkpoint",
     "step", "rows", "task", "evaluated_at", "run_uri", "eval_uri"}`.
+
+    mlflow_conn_id: an MLflow server's Airflow connection (operators/tracking.py): the metrics (eval/<name> at
+    the checkpoint's step) and eval.json go to the run folder's MLflow run; None: no MLflow.
     """
 
     template_fields: Sequence[str] = ("run_uri", "checkpoint", "conn_id")
     ui_color = "#e6f4ea"
 
     def __init__(self, *, run_uri: str, checkpoint: str | None = None, conn_id: str | None = DEFAULT_CONN_ID,
-                 **kwargs: Any) -> None:
+                 mlflow_conn_id: str | None = None, mlflow_experiment: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.run_uri, self.checkpoint, self.conn_id = run_uri, checkpoint, conn_id
+        self.mlflow_conn_id, self.mlflow_experiment = mlflow_conn_id, mlflow_experiment
 
     def execute(self, context: Any) -> dict[str, Any]:
         result = evaluate(self.run_uri, self.checkpoint or None, self.conn_id)
         metrics = ", ".join(f"{k}={v:.4g}" for k, v in result["metrics"].items())
         self.log.info("checkpoint %s (step %s) on %d held-out rows: %s; written to %s",
                       result["checkpoint"], result["step"], result["rows"], metrics, result["eval_uri"])
+        tracking = MlflowTracking.optional(self.mlflow_conn_id, experiment=self.mlflow_experiment,
+                                           conn_id=self.conn_id)
+        if tracking is not None:
+            result["mlflow_run_id"] = tracking.log_evaluation(context, run_uri=self.run_uri, eval_doc=result)
         return result

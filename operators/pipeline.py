@@ -39,6 +39,7 @@ from typing import Any, Mapping, Sequence
 
 from airflow.sdk import TaskGroup
 
+from ringflow.operators.approval import DEFAULT_APPROVAL_TIMEOUT, PromotionApprovalOperator
 from ringflow.operators.connections import DEFAULT_CONN_ID
 from ringflow.operators.evaluate import EvaluateModelOperator
 from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, PromoteModelOperator
@@ -46,8 +47,10 @@ from ringflow.operators.shard import ShardDatasetOperator
 from ringflow.operators.train import HorovodTrainOperator
 from ringflow.operators.validate import ValidateDatasetOperator
 from ringflow.training.backends.kubernetes.backend import backend_from_env
+from ringflow.training.config import PRECISIONS
 from ringflow.training.launcher import DEFAULT_CONTROLLER
 from ringflow.training.runs import store_layout
+from ringflow.training.tracking.settings import DEFAULT_ALIAS
 
 DEFAULT_GATE: Mapping[str, Any] = {"metric": "accuracy", "mode": "max", "threshold": None,
                                    "compare_to_production": True}
@@ -66,6 +69,7 @@ JOB_OVERRIDES_SCHEMA: Mapping[str, Any] = {
                   "properties": {"kind": {"const": "mlp"}, "hidden": {"type": "array", "items": {"type": "integer"}},
                                  "dropout": {"type": "number"}}},
         "optimizer": {"type": "string"}, "seed": {"type": "integer"}, "log_every_steps": {"type": "integer"},
+        "precision": {"enum": list(PRECISIONS)},
         "health": {"type": "object"}, "horovod": {"type": "object"}, "ddp": {"type": "object"},
     },
 }
@@ -86,8 +90,11 @@ def pipeline_tasks(*, dataset_uri: Any, model_name: Any, store_uri: str | None =
                    job_config: Any = None, engine: Any = None, conn_id: str | None = DEFAULT_CONN_ID,
                    backend: Any = None, target: str = "target", seed: Any = 0, eval_fraction: Any = 0.2,
                    controller: str = DEFAULT_CONTROLLER,
+                   mlflow_conn_id: str | None = None, mlflow_alias: str = DEFAULT_ALIAS,
                    train_retries: int = 1, train_retry_delay: dt.timedelta = dt.timedelta(seconds=30),
-                   job_timeout: dt.timedelta | None = None) -> dict[str, Any]:
+                   job_timeout: dt.timedelta | None = None, require_approval: bool = False,
+                   approval_timeout: dt.timedelta | None = DEFAULT_APPROVAL_TIMEOUT,
+                   approvers: Sequence[str] | None = None) -> dict[str, Any]:
     """The five operators, wired (validate >> shard >> train >> evaluate >> promote), in the current DAG or
     TaskGroup context. Returns them by step name."""
     store = store_uri or store_layout.default_store_uri()
@@ -106,21 +113,35 @@ def pipeline_tasks(*, dataset_uri: Any, model_name: Any, store_uri: str | None =
         store_uri=store,  # the run folder: runs/<dag_id>/<run_id>/<group_id>/, derived when the task runs
         num_workers=num_workers, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
         engine=engine, job_config=job_config,
-        # No backend given: what the deployment configured (MPIJobs via $RINGFLOW_MPIJOB_SETTINGS), else local.
+        # No backend given: what the deployment configured ($RINGFLOW_MPIJOB_SETTINGS/_TRAINJOB_SETTINGS), else local.
         backend=backend if backend is not None else backend_from_env(), controller=controller, conn_id=conn,
         job_timeout=job_timeout, retries=train_retries, retry_delay=train_retry_delay,
+        mlflow_conn_id=mlflow_conn_id,
     )
     run_uri = f"{{{{ ti.xcom_pull(task_ids='{train.task_id}')['run_uri'] }}}}"
-    evaluate = EvaluateModelOperator(task_id="evaluate", run_uri=run_uri, conn_id=conn)
+    evaluate = EvaluateModelOperator(task_id="evaluate", run_uri=run_uri, conn_id=conn, mlflow_conn_id=mlflow_conn_id)
     promote = PromoteModelOperator(
         task_id="promote", name=model_name, store_uri=store, run_uri=run_uri, conn_id=conn,
         metric=gate["metric"], mode=gate["mode"], threshold=gate.get("threshold"),
         compare_to_production=gate.get("compare_to_production", True),
         allowed_verdicts=gate.get("allowed_verdicts", DEFAULT_ALLOWED_VERDICTS),
         fail_on_gate=gate.get("fail_on_gate", False),
+        mlflow_conn_id=mlflow_conn_id, mlflow_alias=mlflow_alias,
     )
-    validate >> shard >> train >> evaluate >> promote
-    return {"validate": validate, "shard": shard, "train": train, "evaluate": evaluate, "promote": promote}
+    if not require_approval:
+        validate >> shard >> train >> evaluate >> promote
+        return {"validate": validate, "shard": shard, "train": train, "evaluate": evaluate, "promote": promote}
+    # A person answers between evaluate and promote, shown the gate promote applies (approval.py).
+    approve = PromotionApprovalOperator(
+        task_id="approve", name=model_name, store_uri=store, run_uri=run_uri, conn_id=conn,
+        metric=gate["metric"], mode=gate["mode"], threshold=gate.get("threshold"),
+        compare_to_production=gate.get("compare_to_production", True),
+        allowed_verdicts=gate.get("allowed_verdicts", DEFAULT_ALLOWED_VERDICTS),
+        response_timeout=approval_timeout, approvers=approvers,
+    )
+    validate >> shard >> train >> evaluate >> approve >> promote
+    return {"validate": validate, "shard": shard, "train": train, "evaluate": evaluate, "approve": approve,
+            "promote": promote}
 
 
 def ringflow_pipeline(group_id: str, *, dataset_uri: Any, model_name: Any, store_uri: str | None = None,
@@ -142,13 +163,21 @@ def ringflow_pipeline(group_id: str, *, dataset_uri: Any, model_name: Any, store
     job_config: overrides of the training config, applied last (a dict, or a template rendering to one).
     engine: "horovod" or "ddp" (PyTorch DDP under torchrun), or a template rendering to one; None: the
         config's default (horovod), or what job_config says.
-    backend: where training runs (default: MPIJobs when $RINGFLOW_MPIJOB_SETTINGS is set, as the Helm
-        values in deploy/ do; else local horovodrun processes).
+    backend: where training runs (default: what the deployment configured: MPIJobs when
+        $RINGFLOW_MPIJOB_SETTINGS is set, as the Helm values in deploy/ do, Kubeflow Trainer TrainJobs when
+        $RINGFLOW_TRAINJOB_SETTINGS is; else local processes).
     options: target, seed, eval_fraction, controller, train_retries (default 1: a crashed job resumes from
-        its last checkpoint), train_retry_delay, job_timeout.
+        its last checkpoint), train_retry_delay, job_timeout,
+        require_approval (default False: evaluate >> promote; True: evaluate >> approve >> promote, a person
+        approves each promotion in the UI or through the REST API, see approval.py), approval_timeout (default
+        24 hours; no answer by then rejects, nothing is promoted; None waits for ever), approvers (user ids
+        allowed to answer; None: anyone who may edit the DAG's HITL details).
+        Also: mlflow_conn_id (an MLflow server's Airflow connection, type http: every training run becomes an MLflow
+        run, a promotion registers a model version and moves the alias; None, the default: no MLflow, not
+        imported; operators/tracking.py), mlflow_alias (default "champion").
     """
-    with TaskGroup(group_id=group_id, tooltip=tooltip or f"validate >> shard >> train >> evaluate >> promote "
-                                                         f"({group_id})") as group:
+    steps = "evaluate >> approve >> promote" if options.get("require_approval") else "evaluate >> promote"
+    with TaskGroup(group_id=group_id, tooltip=tooltip or f"validate >> shard >> train >> {steps} ({group_id})") as group:
         pipeline_tasks(dataset_uri=dataset_uri, model_name=model_name, store_uri=store_uri,
                        num_workers=num_workers, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
                        suite=suite, gate=gate, job_config=job_config, engine=engine, conn_id=conn_id,

@@ -26,6 +26,8 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
+from ringflow.operators.tracking import MlflowTracking
+from ringflow.training.tracking.settings import DEFAULT_ALIAS
 from ringflow.training import run_layout
 from ringflow.training.registry.model_registry import ModelRegistry, Pointer, ProductionMoved, run_key_in
 from ringflow.training.run_result import ResultError, RunResult
@@ -111,11 +113,12 @@ def build_gate(*, metric: Any = "accuracy", mode: Any = "max", threshold: Any = 
                 allowed_verdicts=tuple(allowed_verdicts) if allowed_verdicts is not None else None)
 
 
-def _is_template(value: Any) -> bool:
+def is_template(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
-def _read_json(store: ObjectStore, key: str, what: str) -> dict[str, Any]:
+def read_json_object(store: ObjectStore, key: str, what: str) -> dict[str, Any]:
+    """The JSON object at `key`; AirflowException saying `what` went missing, or what is wrong with it."""
     try:
         doc = json.loads(store.get_bytes(key))
     except ObjectNotFound as exc:
@@ -127,7 +130,8 @@ def _read_json(store: ObjectStore, key: str, what: str) -> dict[str, Any]:
     return doc
 
 
-def _read_result(store: ObjectStore, run_key: str) -> RunResult:
+def read_run_result(store: ObjectStore, run_key: str) -> RunResult:
+    """The run's result.json; AirflowException when the train task left none (or a broken one)."""
     key = join_key(run_key, run_layout.RESULT)
     try:
         return RunResult.from_json(store.get_bytes(key), f"{store.uri}/{key}")
@@ -135,6 +139,22 @@ def _read_result(store: ObjectStore, run_key: str) -> RunResult:
         raise AirflowException(f"{store.uri}/{key} does not exist: the train task did not finish this run") from exc
     except ResultError as exc:
         raise AirflowException(str(exc)) from exc
+
+
+def read_evaluated_run(store: ObjectStore, run_key: str, run_uri: str) -> tuple[RunResult, dict[str, Any]]:
+    """The result and eval metrics of a run that may be promoted (what promote and its approval read), or
+    AirflowException saying why it may not: training did not succeed, or the evaluate task did not run."""
+    result = read_run_result(store, run_key)
+    if not result.succeeded:
+        raise AirflowException(
+            f"run {run_uri} has status {result.status!r} (attempt {result.attempt}, verdict "
+            f"{result.verdict.status if result.verdict else None}): only a succeeded run with a checkpoint "
+            "can be promoted"
+        )
+    metrics = read_json_object(store, join_key(run_key, run_layout.EVAL), "the evaluate task did not run").get("metrics")
+    if not isinstance(metrics, dict):
+        raise AirflowException(f"{run_uri}/{run_layout.EVAL} has no 'metrics' object; rerun the evaluate task")
+    return result, metrics
 
 
 class PromoteModelOperator(BaseOperator):
@@ -147,6 +167,10 @@ class PromoteModelOperator(BaseOperator):
     run's checkpoint: None when the gate refused before copying; set but not promoted when another
     promotion landed first and the gate then refused against it. `previous` is the version in
     production when the gate last decided.
+
+    mlflow_conn_id: an MLflow server's Airflow connection (operators/tracking.py): a promotion also registers
+    the checkpoint as a version of MLflow model `name` and points `mlflow_alias` at it (XCom
+    "mlflow_version"); None: no MLflow. mlflow_experiment: where the run's MLflow run is (default: the DAG id).
     """
 
     template_fields: Sequence[str] = ("name", "store_uri", "run_uri", "conn_id", "metric", "mode", "threshold")
@@ -155,14 +179,17 @@ class PromoteModelOperator(BaseOperator):
                  metric: str = "accuracy", mode: str = "max", threshold: float | str | None = None,
                  compare_to_production: bool = True,
                  allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS,
-                 fail_on_gate: bool = False, **kwargs: Any) -> None:
+                 fail_on_gate: bool = False, mlflow_conn_id: str | None = None, mlflow_alias: str = DEFAULT_ALIAS,
+                 mlflow_experiment: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.name, self.store_uri, self.run_uri, self.conn_id = name, store_uri, run_uri, conn_id
+        self.mlflow_conn_id, self.mlflow_alias, self.mlflow_experiment = mlflow_conn_id, mlflow_alias, mlflow_experiment
+        MlflowTracking.optional(mlflow_conn_id, alias=mlflow_alias)  # a bad alias fails when the DAG is parsed
         self.metric, self.mode, self.threshold = metric, mode, threshold
         self.compare_to_production = compare_to_production
         self.allowed_verdicts = tuple(allowed_verdicts) if allowed_verdicts is not None else None
         self.fail_on_gate = fail_on_gate
-        if not any(_is_template(v) for v in (metric, mode, threshold)):
+        if not any(is_template(v) for v in (metric, mode, threshold)):
             self.gate  # noqa: B018 - plain values are checked when the DAG is parsed, not after a long run
 
     @property
@@ -175,18 +202,11 @@ class PromoteModelOperator(BaseOperator):
         gate = self.gate
         store = open_store_for(self.store_uri, self.conn_id)
         run_key = run_key_in(self.store_uri, self.run_uri)
-        result = _read_result(store, run_key)
-        if not result.succeeded:
+        result, metrics = read_evaluated_run(store, run_key, self.run_uri)
+        if gate.metric not in metrics:
             raise AirflowException(
-                f"run {self.run_uri} has status {result.status!r} (attempt {result.attempt}, verdict "
-                f"{result.verdict.status if result.verdict else None}): only a succeeded run with a checkpoint "
-                "can be promoted"
-            )
-        metrics = _read_json(store, join_key(run_key, run_layout.EVAL), "the evaluate task did not run").get("metrics")
-        if not isinstance(metrics, dict) or gate.metric not in metrics:
-            raise AirflowException(
-                f"{self.run_uri}/{run_layout.EVAL} has no metric {gate.metric!r} (metrics: "
-                f"{sorted(metrics) if isinstance(metrics, dict) else metrics!r}); set metric= to one it has"
+                f"{self.run_uri}/{run_layout.EVAL} has no metric {gate.metric!r} (metrics: {sorted(metrics)}); "
+                "set metric= to one it has"
             )
         registry = ModelRegistry(store)
         production = registry.production(self.name)
@@ -208,6 +228,12 @@ class PromoteModelOperator(BaseOperator):
         self.log.info("model %r version %d is in production (revision %s, previous: %s, new version: %s)",
                       self.name, promotion.version, promotion.pointer.revision if promotion.pointer else None,
                       promotion.previous, promotion.new_version)
+        tracking = MlflowTracking.optional(self.mlflow_conn_id, alias=self.mlflow_alias,
+                                           experiment=self.mlflow_experiment, conn_id=self.conn_id)
+        if tracking is not None:  # after the store's pointer moved: MLflow follows ringflow's registry
+            outcome["mlflow_version"] = tracking.register(context, run_uri=self.run_uri, checkpoint=result.checkpoint,
+                                                          model_name=self.name, store_version=promotion.version,
+                                                          metrics=metrics)
         return {**outcome, "promoted": True, "reason": "passed the gate"}
 
     def _refused(self, result: RunResult, reason: str, outcome: dict[str, Any]) -> dict[str, Any]:
@@ -231,10 +257,14 @@ class RollbackModelOperator(BaseOperator):
     template_fields: Sequence[str] = ("name", "store_uri", "conn_id")
 
     def __init__(self, *, name: str, store_uri: str, conn_id: str | None = DEFAULT_CONN_ID,
-                 to_version: int | None = None, from_version: int | None = None, **kwargs: Any) -> None:
+                 to_version: int | None = None, from_version: int | None = None, mlflow_conn_id: str | None = None,
+                 mlflow_alias: str = DEFAULT_ALIAS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.name, self.store_uri, self.conn_id, self.to_version = name, store_uri, conn_id, to_version
         self.from_version = from_version
+        # mlflow_conn_id: the alias moves back too, to the MLflow version of the restored one (operators/tracking.py)
+        self.mlflow_conn_id, self.mlflow_alias = mlflow_conn_id, mlflow_alias
+        MlflowTracking.optional(mlflow_conn_id, alias=mlflow_alias)  # a bad alias fails when the DAG is parsed
 
     def execute(self, context: Any) -> dict[str, Any]:
         registry = ModelRegistry(open_store_for(self.store_uri, self.conn_id))
@@ -243,4 +273,8 @@ class RollbackModelOperator(BaseOperator):
         except ProductionMoved as exc:
             raise AirflowFailException(str(exc)) from exc
         self.log.info("model %r: production is now version %d", self.name, pointer.version)
+        tracking = MlflowTracking.optional(self.mlflow_conn_id, alias=self.mlflow_alias, conn_id=self.conn_id)
+        if tracking is not None:
+            return {**dataclasses.asdict(pointer),
+                    "mlflow_version": tracking.rolled_back(model_name=self.name, store_version=pointer.version)}
         return dataclasses.asdict(pointer)

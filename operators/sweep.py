@@ -32,6 +32,7 @@ from ringflow.operators.evaluate import EvaluateModelOperator
 from ringflow.operators.pipeline import DEFAULT_GATE, JOB_OVERRIDES_SCHEMA, default_suite_for
 from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, Gate, build_gate
 from ringflow.operators.shard import ShardDatasetOperator
+from ringflow.operators.tracking import MlflowTracking
 from ringflow.operators.train import HorovodTrainOperator, check_overrides
 from ringflow.operators.validate import ValidateDatasetOperator
 from ringflow.training import run_layout
@@ -40,6 +41,7 @@ from ringflow.training.registry.model_registry import ModelRegistry, run_key_in
 from ringflow.training.run_result import ResultError, RunResult
 from ringflow.training.runs import store_layout
 from ringflow.training.store.base import ObjectNotFound, ObjectStore, join_key
+from ringflow.training.tracking.settings import DEFAULT_ALIAS
 
 CANDIDATE_GROUP = "candidate"
 
@@ -178,6 +180,7 @@ class SelectAndPromoteOperator(BaseOperator):
 
     configurations: the list the candidates were mapped over (its length is the number of candidates).
     group_id: the mapped TaskGroup whose train tasks derived the run folders (store_layout.run_uri).
+    mlflow_conn_id, mlflow_alias: as PromoteModelOperator's: the winner is also registered in MLflow.
     Returns (XCom) `{"promoted", "winner", "reason", "version", "previous", "metric", "value", "candidates":
     [{"index", "run_uri", "verdict", "value", "reason"}]}`.
     """
@@ -187,13 +190,15 @@ class SelectAndPromoteOperator(BaseOperator):
     def __init__(self, *, name: str, store_uri: str, configurations: Any, group_id: str,
                  conn_id: str | None = DEFAULT_CONN_ID, metric: str = "accuracy", mode: str = "max",
                  threshold: float | str | None = None, compare_to_production: bool = True,
-                 allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS, **kwargs: Any) -> None:
+                 allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS,
+                 mlflow_conn_id: str | None = None, mlflow_alias: str = DEFAULT_ALIAS, **kwargs: Any) -> None:
         kwargs.setdefault("trigger_rule", "all_done")  # judge failed candidates too: they are reasons, not errors
         super().__init__(**kwargs)
         self.name, self.store_uri, self.configurations, self.group_id = name, store_uri, configurations, group_id
         self.conn_id, self.metric, self.mode, self.threshold = conn_id, metric, mode, threshold
         self.compare_to_production = compare_to_production
         self.allowed_verdicts = tuple(allowed_verdicts) if allowed_verdicts is not None else None
+        self.mlflow_conn_id, self.mlflow_alias = mlflow_conn_id, mlflow_alias
 
     def execute(self, context: Any) -> dict[str, Any]:
         ti = context["ti"]
@@ -228,6 +233,11 @@ class SelectAndPromoteOperator(BaseOperator):
             return {**outcome, "promoted": False, "reason": promotion.reason}
         self.log.info("model %r version %d (candidate %d, %s %g) is in production (previous: %s)", self.name,
                       promotion.version, best.index, gate.metric, metrics[gate.metric], promotion.previous)
+        tracking = MlflowTracking.optional(self.mlflow_conn_id, alias=self.mlflow_alias, conn_id=self.conn_id)
+        if tracking is not None:  # after the store's pointer moved: MLflow follows ringflow's registry
+            outcome["mlflow_version"] = tracking.register(context, run_uri=best.run_uri, checkpoint=best.checkpoint,
+                                                          model_name=self.name, store_version=promotion.version,
+                                                          metrics=metrics)
         return {**outcome, "promoted": True, "reason": f"candidate {best.index} is the best and passed the gate"}
 
 
@@ -236,7 +246,8 @@ def ringflow_sweep(group_id: str, *, dataset_uri: Any, model_name: Any, configur
                    learning_rate: Any, suite: Sequence[Mapping] | Mapping | str | None = None,
                    gate: Mapping[str, Any] | None = None, conn_id: str | None = DEFAULT_CONN_ID, backend: Any = None,
                    target: str = "target", seed: Any = 0, eval_fraction: Any = 0.2,
-                   train_retries: int = 1, **train_options: Any) -> TaskGroup:
+                   train_retries: int = 1, mlflow_conn_id: str | None = None, mlflow_alias: str = DEFAULT_ALIAS,
+                   **train_options: Any) -> TaskGroup:
     """validate >> shard >> plan >> candidate[i](train >> evaluate) >> select_and_promote, as TaskGroup `group_id`.
 
     configurations: a list of job_config overrides, one per candidate, or a template rendering to one
@@ -244,6 +255,7 @@ def ringflow_sweep(group_id: str, *, dataset_uri: Any, model_name: Any, configur
     epochs, batch_size, learning_rate: every candidate's defaults; batch_size is also the shards' (a candidate's
         batch size must divide it: the train task's preflight says so).
     gate: as ringflow_pipeline's (metric, mode, threshold, compare_to_production, allowed_verdicts).
+    mlflow_conn_id, mlflow_alias: as ringflow_pipeline's: each candidate is an MLflow run, the winner a version.
     Other arguments as ringflow_pipeline's; train_options go to every train task (controller, job_timeout, ...).
     """
     store = store_uri or store_layout.default_store_uri()
@@ -272,10 +284,11 @@ def ringflow_sweep(group_id: str, *, dataset_uri: Any, model_name: Any, configur
                 store_uri=store,  # run folder: runs/<dag_id>/<run_id>/<group>.candidate/m<map index>/
                 num_workers=num_workers, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
                 job_config=job_config, backend=backend if backend is not None else backend_from_env(),
-                conn_id=conn_id, retries=train_retries, **train_options)
+                conn_id=conn_id, retries=train_retries, mlflow_conn_id=mlflow_conn_id, **train_options)
             # this copy's own train task: the same map index (an XComArg's ["key"] would name an XCom key)
             run_uri = (f"{{{{ ti.xcom_pull(task_ids='{train.task_id}', map_indexes=ti.map_index)['run_uri'] }}}}")
-            evaluate = EvaluateModelOperator(task_id="evaluate", run_uri=run_uri, conn_id=conn_id)
+            evaluate = EvaluateModelOperator(task_id="evaluate", run_uri=run_uri, conn_id=conn_id,
+                                             mlflow_conn_id=mlflow_conn_id)
             train >> evaluate
 
         candidates = candidate.expand(job_config=planned)
@@ -283,7 +296,8 @@ def ringflow_sweep(group_id: str, *, dataset_uri: Any, model_name: Any, configur
             task_id="select_and_promote", name=model_name, store_uri=store, configurations=planned,
             group_id=candidates.group_id, conn_id=conn_id, metric=gate["metric"], mode=gate["mode"],
             threshold=gate.get("threshold"), compare_to_production=gate.get("compare_to_production", True),
-            allowed_verdicts=gate.get("allowed_verdicts", DEFAULT_ALLOWED_VERDICTS))
+            allowed_verdicts=gate.get("allowed_verdicts", DEFAULT_ALLOWED_VERDICTS),
+            mlflow_conn_id=mlflow_conn_id, mlflow_alias=mlflow_alias)
         validate >> shard >> planned
         candidates >> select
     return group

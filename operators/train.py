@@ -14,6 +14,8 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ringflow.operators.connections import DEFAULT_CONN_ID, AirflowConnections
+from ringflow.operators.tracking import MlflowTracking
+from ringflow.operators.links import HealthPlotLink, RunFolderLink, RunLinks, api_base_path, run_links
 from ringflow.training.backends.base import Backend, backend_from_dict
 from ringflow.training.backends.job_spec import JobSpec
 from ringflow.training.health.verdict import DIVERGED, NONFINITE
@@ -168,16 +170,22 @@ class HorovodTrainOperator(BaseOperator):
     :param job_config: overrides of the training config (model, health, horovod, ...; see
         ringflow.training.config.JobConfig), applied last (templated: a dict, or JSON / a dict literal).
         Injected `faults` (tests only) apply on the first try only.
-    :param backend: where the job runs; local `horovodrun` processes by default, or
-        ringflow.training.backends.kubernetes.backend.MPIJobBackend for Kubeflow MPIJobs.
+    :param backend: where the job runs; local `horovodrun`/`torchrun` processes by default, or
+        ringflow.training.backends.kubernetes.backend.MPIJobBackend for Kubeflow MPIJobs (Horovod), or
+        ringflow.training.backends.kubernetes.trainjob_backend.TrainJobBackend for Kubeflow Trainer TrainJobs.
     :param conn_id: Airflow connection (type aws) for s3:// URIs; None: no connection (connections.py).
     :param job_timeout: stop the job and fail the task when it runs longer.
+    :param mlflow_conn_id: Airflow connection (type http) of an MLflow server: each attempt, whatever its
+        outcome, is logged to the run folder's MLflow run (operators/tracking.py); None: no MLflow.
+    :param mlflow_experiment: the MLflow experiment (default: the DAG id).
     """
 
     template_fields: Sequence[str] = ("manifest_uri", "run_uri", "store_uri", "job_config", "num_workers",
                                       "epochs", "batch_size", "learning_rate", "engine")
     template_fields_renderers = {"job_config": "json"}
     ui_color = "#f4a261"
+    # Shown on the task in the UI; their URLs are computed when the task runs (links.py).
+    operator_extra_links = (RunFolderLink(), HealthPlotLink())
 
     def __init__(self, *, manifest_uri: str, run_uri: str | None = None, store_uri: str | None = None,
                  num_workers: int | str = 2, epochs: int | str | None = None, batch_size: int | str | None = None,
@@ -185,7 +193,8 @@ class HorovodTrainOperator(BaseOperator):
                  job_config: dict[str, Any] | str | None = None,
                  backend: Backend | None = None, controller: str = DEFAULT_CONTROLLER,
                  conn_id: str | None = DEFAULT_CONN_ID, poll_interval: float = 2.0,
-                 job_timeout: dt.timedelta | None = None, **kwargs):
+                 job_timeout: dt.timedelta | None = None, mlflow_conn_id: str | None = None,
+                 mlflow_experiment: str | None = None, **kwargs):
         super().__init__(**kwargs)
         if not run_uri and not store_uri:
             raise ValueError(f"task {self.task_id!r}: give run_uri (the run folder) or store_uri (the run folder "
@@ -199,7 +208,9 @@ class HorovodTrainOperator(BaseOperator):
         self.backend = backend
         self.controller, self.conn_id, self.poll_interval = controller, conn_id, poll_interval
         self.job_timeout = job_timeout
+        self.mlflow_conn_id, self.mlflow_experiment = mlflow_conn_id, mlflow_experiment
         self._job_id: str | None = None
+        self.run_links: RunLinks | None = None  # what the extra links open, set when the task runs
 
     def _get_backend(self) -> Backend:
         """The backend, with Airflow's connections to resolve its conn_id (a DAG builds it without)."""
@@ -227,10 +238,15 @@ class HorovodTrainOperator(BaseOperator):
     def execute(self, context) -> None:
         ti = context["ti"]
         self.run_uri = self.run_folder(context)
-        config = self.build_config(self.run_uri, ti.try_number)
-        num_workers = worker_count(self.num_workers)
-        backend = self._get_backend()
-        self._preflight(config, num_workers, backend)
+        self._set_run_links(plot_saved=False)
+        try:
+            config = self.build_config(self.run_uri, ti.try_number)
+            num_workers = worker_count(self.num_workers)
+            backend = self._get_backend()
+            self._preflight(config, num_workers, backend)
+        except ValueError as exc:  # ConfigError, ManifestError, SettingsError, a bad worker count
+            # Nothing was launched, and a retry would meet the same config: fail now and say what to fix.
+            raise AirflowFailException(str(exc)) from exc
         # a mapped copy (a sweep candidate) is its own job: never reattach to, or reuse the name of, a sibling's
         task = ti.task_id if getattr(ti, "map_index", None) in (None, -1) else f"{ti.task_id}.m{ti.map_index}"
         labels = {"dag": ti.dag_id, "run": ti.run_id, "task": task}
@@ -274,6 +290,8 @@ class HorovodTrainOperator(BaseOperator):
     def execute_complete(self, context, event: dict[str, Any]) -> dict[str, Any]:
         self.run_uri = self.run_folder(context)
         plot = self._save_health_plot()
+        self._set_run_links(plot_saved=plot is not None)
+        mlflow_run_id = self._log_to_mlflow(context, event)
         if event.get("status") != "success":
             verdict = event.get("verdict") or {}
             evidence = f"; evidence: {json.dumps(verdict.get('evidence'), default=str)}" if verdict.get("evidence") else ""
@@ -292,7 +310,28 @@ class HorovodTrainOperator(BaseOperator):
         doc = result.to_dict()
         return {"run_uri": self.run_uri, "job_id": event.get("job_id"), "status": result.status,
                 "checkpoint": result.checkpoint, "step": result.step, "loss": doc["loss"],
-                "verdict": doc["verdict"], "resumed_from": result.resumed_from, "health_plot": plot}
+                "verdict": doc["verdict"], "resumed_from": result.resumed_from, "health_plot": plot,
+                "mlflow_run_id": mlflow_run_id}
+
+    def _log_to_mlflow(self, context, event: dict[str, Any]) -> str | None:
+        """This attempt in MLflow, when mlflow_conn_id is set. A tracking error fails a task whose training
+        succeeded (the run must be in MLflow; the retry resumes from the final checkpoint and logs again),
+        and is only a warning after a failed training, whose own message must stay the task's error."""
+        tracking = MlflowTracking.optional(self.mlflow_conn_id, experiment=self.mlflow_experiment,
+                                           conn_id=self.conn_id)
+        if tracking is None:
+            return None
+        try:
+            result = RunResult.from_json(event["result"]) if event.get("result") else None
+            config = self.build_config(self.run_uri, context["ti"].try_number)
+            return tracking.log_training(context, run_uri=self.run_uri, job_config=config, result=result,
+                                         group_id=getattr(self.task_group, "group_id", None))
+        except Exception as exc:  # noqa: BLE001 - which exceptions MLflow's client raises is its own business
+            message = f"could not log run {self.run_uri} to MLflow (connection {self.mlflow_conn_id!r}): {exc}"
+            if event.get("status") == "success":
+                raise AirflowException(f"{message}; check the MLflow server and the connection") from exc
+            self.log.warning("%s", message)
+            return None
 
     def _save_health_plot(self) -> str | None:
         import tempfile
@@ -316,6 +355,15 @@ class HorovodTrainOperator(BaseOperator):
         location = f"{self.run_uri.rstrip('/')}/{run_layout.HEALTH_PLOT}"
         self.log.info("health plot saved: %s", location)
         return location
+
+    def _set_run_links(self, *, plot_saved: bool) -> None:
+        from ringflow.training.runs import store_layout
+
+        try:
+            self.run_links = run_links(self.run_uri, plot_saved=plot_saved, conn_id=self.conn_id,
+                                       store_root=store_layout.default_store_uri(), base_path=api_base_path())
+        except Exception as exc:  # noqa: BLE001 - a link that cannot be built must not fail the training
+            self.log.warning("no extra links for run folder %s: %s", self.run_uri, exc)
 
     def on_kill(self) -> None:
         # Before deferral the job is ours to stop; once deferred, the trigger's on_kill stops it.

@@ -23,6 +23,13 @@ if ! command -v mpirun >/dev/null || ! command -v mpicxx >/dev/null || ! command
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openmpi-bin libopenmpi-dev cmake g++ >/dev/null
 fi
+# chromium: tests/ui drive the Airflow UI with Playwright through Debian's browser (no download possible).
+if ! command -v chromium >/dev/null; then
+  echo "[setup] installing chromium from Debian"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+fi
 # buildah, debootstrap, iproute2: tests/multihost builds the training image and runs an MPIJob across
 # network-namespace hosts made of it.
 "$root"/scripts/setup-multihost.sh
@@ -43,7 +50,19 @@ if ! "$py" -c "import horovod.torch" 2>/dev/null; then
 fi
 
 echo "[setup] installing ringflow and its dependencies"
-"$py" -m pip install --quiet -e ".[airflow,test]"
+"$py" -m pip install --quiet -e ".[airflow,mlflow,test]"
+# The MLflow tracking server the tests start (tests/training/tracking): the full mlflow (server, UI, SQL store)
+# in a venv of its own inside $venv, so its pins never move the Airflow venv's (the client there is
+# mlflow-skinny, same version); boto3 for s3:// artifact stores (MinIO). Versions come from pyproject.toml.
+mlflow_version=$(sed -n 's/^ *"mlflow-skinny==\([^"]*\)".*/\1/p' pyproject.toml)
+boto3_version=$(sed -n 's/^ *"boto3==\([^"]*\)".*/\1/p' pyproject.toml)
+mlflow_venv=${RINGFLOW_MLFLOW_VENV:-$venv/mlflow-server}
+if ! "$mlflow_venv/bin/mlflow" --version 2>/dev/null | grep -qF "$mlflow_version"; then
+  echo "[setup] installing the MLflow $mlflow_version server in $mlflow_venv"
+  python3 -m venv "$mlflow_venv"
+  "$mlflow_venv/bin/python" -m pip install --quiet "mlflow==$mlflow_version" "boto3==$boto3_version" \
+    "botocore==$boto3_version"
+fi
 "$venv/bin/horovodrun" --check-build
 rm -f "$venv"/.ringflow-setup-*
 touch "$stamp"

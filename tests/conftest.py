@@ -149,6 +149,15 @@ def s3_server_with_auth(tmp_path_factory):
         moto.stop()
 
 
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory, s3_server):
+    """A real `mlflow server` (tests/mlflow_test_server.py), once per session: `.uri`, `.port`, `.bucket`."""
+    from mlflow_test_server import running_mlflow_server
+
+    with running_mlflow_server(tmp_path_factory.mktemp("mlflow"), s3_server) as server:
+        yield server
+
+
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
 def object_store(request, tmp_path):
     """An empty store of each kind. The S3 one sits under a prefix of a fresh bucket, so keys are

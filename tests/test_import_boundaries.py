@@ -68,3 +68,22 @@ def test_wheel_installs_only_under_ringflow(tmp_path):
     assert "ringflow/training/worker.py" in names and "ringflow/operators/train.py" in names
     assert "ringflow/training/backends/kubernetes/backend.py" in names
     assert {"ringflow/training/runs/store_layout.py", "ringflow/training/registry/model_registry.py"} <= set(names)
+
+
+def test_mlflow_is_imported_only_when_a_pipeline_is_given_an_mlflow_connection():
+    """MLflow is optional: the operators, the tracking package and a DAG built with the pipeline factory (no
+    mlflow_conn_id) never import it."""
+    import ringflow.training.tracking
+
+    names = modules(ringflow.operators) + modules(ringflow.training.tracking)
+    assert imported_after(names, ("mlflow",)) == []
+    code = ("import sys\n"
+            "from airflow.sdk import DAG\n"
+            "from ringflow.operators.pipeline import ringflow_pipeline\n"
+            "with DAG('no_mlflow', schedule=None):\n"
+            "    ringflow_pipeline('digits', dataset_uri='builtin:digits', model_name='m', store_uri='/tmp/s',\n"
+            "                      epochs=1, batch_size=32, learning_rate=0.01)\n"
+            "print('mlflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"

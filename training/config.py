@@ -218,6 +218,9 @@ OPTIMIZERS = ("sgd", "adam")
 # The data-parallel engines (training/engines/): Horovod under horovodrun/mpirun, PyTorch DDP under torchrun.
 ENGINES = ("horovod", "ddp")
 DEFAULT_ENGINE = "horovod"
+# The numeric precision of forward and backward (training/devices.py): fp32 everywhere, or autocast to
+# bfloat16 (CPU or GPU) or float16 (GPU only: its loss scaling, torch.amp.GradScaler, is CUDA's).
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,6 +239,7 @@ class JobConfig:
     engine: str = DEFAULT_ENGINE
     horovod: HorovodConfig = dataclasses.field(default_factory=HorovodConfig)
     ddp: DdpConfig = dataclasses.field(default_factory=DdpConfig)
+    precision: str = "fp32"
     faults: tuple[FaultConfig, ...] = ()
 
     def __post_init__(self) -> None:
@@ -251,6 +255,9 @@ class JobConfig:
         _positive_int(self, "log_every_steps", "log_every_steps")
         _require(self.engine in ENGINES, "engine", f"is {self.engine!r}",
                  'use "horovod" (horovodrun/mpirun) or "ddp" (PyTorch DistributedDataParallel under torchrun)')
+        _require(self.precision in PRECISIONS, "precision", f"is {self.precision!r}",
+                 'use "fp32" (default), "bf16" (autocast to bfloat16, on CPU or a GPU) or "fp16" (autocast to '
+                 'float16 with loss scaling, GPU only)')
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))

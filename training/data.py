@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import torch
 
 from ringflow.training.datasets import tensor_matrix
+from ringflow.training.devices import Placement, to_device
 from ringflow.training.manifest import ManifestError, PartitionEntry, ShardManifest, ShardSchema
 from ringflow.training.store.base import ObjectStore
 
@@ -124,10 +125,13 @@ def local_partition(store: ObjectStore, entry: PartitionEntry, folder: str) -> s
 
 class PartitionData:
     """One rank's partition, streamed. `batches(seed, cursor)` yields (batch_index, x, y) for the cursor's
-    epoch from its minibatch on, reading one window of row groups at a time while the next one loads."""
+    epoch from its minibatch on, reading one window of row groups at a time while the next one loads.
+
+    placement: where the batches go (devices.py). On a GPU a window is put in pinned host memory by the
+    loader thread, and each batch is copied from it without blocking, so the copy overlaps the compute."""
 
     def __init__(self, store: ObjectStore, manifest: ShardManifest, rank: int, world_size: int, batch_size: int,
-                 window: int = SHUFFLE_WINDOW):
+                 window: int = SHUFFLE_WINDOW, placement: Placement | None = None):
         entry = manifest.partition_for_rank(rank, world_size)
         self._tmp = tempfile.TemporaryDirectory(prefix="ringflow-partition-")
         self.path = local_partition(store, entry, self._tmp.name)
@@ -139,38 +143,81 @@ class PartitionData:
         self.batch_size = batch_size
         self.window = window
         self.batches_per_epoch = self.rows // batch_size
+        self.placement = placement
         self._columns = [*manifest.schema.features, manifest.schema.target]
+        # A partition of one window is decoded once and kept (on its first load): streaming holds that much
+        # in memory anyway, and decoding it again each epoch took ~9 % of a small model's training time, on
+        # the critical path at every epoch start (bench/results/throughput.md). Larger ones stream.
+        self._keep_decoded = len(self.group_rows) <= window
+        self._decoded: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._group_start = np.concatenate([[0], np.cumsum(self.group_rows)[:-1]]).astype(np.int64)
         # One loader thread: Parquet decoding releases the GIL, so the next window loads while this one trains.
         self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringflow-prefetch")
+        self._ahead: tuple[tuple[int, int], concurrent.futures.Future] | None = None  # (seed, epoch), its first window
 
     def __len__(self) -> int:
         return self.rows
 
     def _load(self, w: Window) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = to_tensors(self.file.read_row_groups(list(w.groups), columns=self._columns), self.schema)
-        index = torch.from_numpy(w.order)
-        return x[index], y[index]
+        if not self._keep_decoded:
+            x, y = to_tensors(self.file.read_row_groups(list(w.groups), columns=self._columns), self.schema)
+            index = torch.from_numpy(w.order)
+        else:  # the window's rows, permuted, picked straight from the decoded partition
+            if self._decoded is None:  # rows in file order
+                self._decoded = to_tensors(self.file.read(columns=self._columns), self.schema)
+            x, y = self._decoded
+            rows = np.concatenate([np.arange(self._group_start[g], self._group_start[g] + self.group_rows[g])
+                                   for g in w.groups])
+            index = torch.from_numpy(rows[w.order])
+        x, y = x[index], y[index]
+        if self.placement is not None and self.placement.pin_memory:
+            x, y = x.pin_memory(), y.pin_memory()
+        return x, y
+
+    def _load_ahead(self, seed: int, epoch: int) -> None:
+        """Start loading `epoch`'s first window for the batches() call that comes next, so no epoch starts
+        by waiting for its data (a partition of one window waited at every epoch). After the last epoch
+        this loads one window that nobody takes."""
+        first = epoch_windows(self.group_rows, seed, epoch, self.rank, self.window)[0]
+        self._ahead = ((seed, epoch), self._loader.submit(self._load, first))
+
+    def _cat(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        # Into pinned memory when the window was: the rest of the window is served from it.
+        pin = self.placement is not None and self.placement.pin_memory
+        out = torch.empty((len(a) + len(b), *a.shape[1:]), dtype=a.dtype, pin_memory=pin)
+        return torch.cat([a, b], out=out)
+
+    def _out(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.placement is None:
+            return x, y
+        return to_device(x, self.placement), to_device(y, self.placement)
 
     def batches(self, seed: int, cursor: Cursor) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """Yield (batch_index, x, y) for cursor.epoch from cursor.batch on."""
         windows = epoch_windows(self.group_rows, seed, cursor.epoch, self.rank, self.window)
         first_row = cursor.batch * self.batch_size
         todo = [w for w in windows if w.start + w.rows > first_row]
-        pending = self._loader.submit(self._load, todo[0]) if todo else None
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == (seed, cursor.epoch) and todo and todo[0].start == 0:
+            pending = ahead[1]  # loaded while the previous epoch's last window trained
+        else:
+            pending = self._loader.submit(self._load, todo[0]) if todo else None
         carry_x, carry_y, position = None, None, first_row
         b = cursor.batch
         for i, w in enumerate(todo):
             x, y = pending.result()
-            pending = self._loader.submit(self._load, todo[i + 1]) if i + 1 < len(todo) else None
+            pending = (self._loader.submit(self._load, todo[i + 1]) if i + 1 < len(todo)
+                       else self._load_ahead(seed, cursor.epoch + 1))
             skip = max(0, position - w.start)
             x, y = x[skip:], y[skip:]
             if carry_x is not None:  # a minibatch that spans two windows
-                x, y = torch.cat([carry_x, x]), torch.cat([carry_y, y])
+                x, y = self._cat(carry_x, x), self._cat(carry_y, y)
             whole = len(x) // self.batch_size
             for k in range(whole):
                 if b >= self.batches_per_epoch:
                     return
-                yield b, x[k * self.batch_size:(k + 1) * self.batch_size], y[k * self.batch_size:(k + 1) * self.batch_size]
+                yield b, *self._out(x[k * self.batch_size:(k + 1) * self.batch_size],
+                                    y[k * self.batch_size:(k + 1) * self.batch_size])
                 b += 1
             rest = whole * self.batch_size
             carry_x, carry_y = (x[rest:], y[rest:]) if rest < len(x) else (None, None)

@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 from typing import Any, Callable, Iterator, Sequence
 
@@ -180,12 +181,31 @@ class Dataset:
                     groups = (parquet.read_row_group(g, columns=names) for g in range(parquet.num_row_groups))
                     yield from _rebatch(_one_ahead(groups), size)
                     continue
-                reader = pv.open_csv(source, read_options=pv.ReadOptions(block_size=max(1 << 20, size * row_bytes(schema)),
-                                                                          use_threads=False),
-                                     convert_options=pv.ConvertOptions(column_types=schema, include_columns=names))
-                for batch in reader:  # a CSV block may hold more rows than asked for
-                    for start in range(0, batch.num_rows, size):
-                        yield batch.slice(start, size)
+                try:
+                    reader = pv.open_csv(source, read_options=pv.ReadOptions(
+                                             block_size=max(1 << 20, size * row_bytes(schema)), use_threads=False),
+                                         convert_options=pv.ConvertOptions(column_types=schema, include_columns=names))
+                    for batch in reader:  # a CSV block may hold more rows than asked for
+                        for start in range(0, batch.num_rows, size):
+                            yield batch.slice(start, size)
+                except pa.ArrowInvalid as exc:
+                    raise csv_type_error(path, self.columns, schema, exc) from exc
+
+
+_CSV_COLUMN = re.compile(r"In CSV column #(\d+): ")
+
+
+def csv_type_error(path: str, file_columns: Sequence[str], schema: pa.Schema, exc: Exception) -> ValueError:
+    """A clear error for a CSV value that does not fit the type its column was given from the file's first
+    rows (Arrow infers the schema from the first block, then converts every block to it)."""
+    message = str(exc)
+    match = _CSV_COLUMN.match(message)
+    column = file_columns[int(match.group(1))] if match and int(match.group(1)) < len(file_columns) else None
+    where = f"column {column!r} ({schema.field(column).type} from the first rows)" if column in schema.names else \
+        "a column"
+    return ValueError(f"dataset {path}: {where} holds a value of another type further down: "
+                      f"{message.split(': ', 1)[-1] if match else message}; fix that value, or convert the file "
+                      "to Parquet with explicit column types")
 
 
 def _one_ahead(items: Iterator[Any]) -> Iterator[Any]:

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from ringflow.training.devices import Placement, Precision
+
 
 class Engine(abc.ABC):
     name: str  # the config's `engine` value that selects it
@@ -21,6 +23,11 @@ class Engine(abc.ABC):
     size: int
     # Backward passes whose gradients add up before one all-reduce and one optimizer step.
     accumulation_steps: int
+    # This rank's device and process-group backend, chosen once when the engine starts (devices.py);
+    # the worker puts the model and the batches there.
+    placement: Placement
+    # Autocast and loss scaling for the config's `precision`, on `placement`.
+    precision: Precision
 
     @abc.abstractmethod
     def distribute(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

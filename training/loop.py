@@ -16,6 +16,11 @@
 
 The engine (engine.py) hides which data-parallel library runs underneath. The loop only runs steps and
 reports how it ended (`run()`); the worker turns that into result.json.
+
+What the loop does per step beyond forward, backward and the optimizer is what ringflow costs against a
+plain loop (bench/throughput.py), so it does little: each hook is called only on the callbacks that
+implement it, the step's timing is measured once and handed on typed, and the loss stays a tensor until
+someone reads `last_loss` (a float() of a GPU tensor waits for the device).
 """
 from __future__ import annotations
 
@@ -30,14 +35,25 @@ from ringflow.training.data import Cursor, PartitionData
 from ringflow.training.engine import Engine
 from ringflow.training.health.verdict import Verdict
 
+HOOKS = ("before_backward", "after_backward", "on_gradients_ready", "after_optimizer_step", "on_step_end",
+         "on_train_end")
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class StepTiming:
     step: int
     epoch: int
     step_time: float  # seconds from the end of the previous step, micro-batches and all-reduce included
-    sync_time: float  # of which waiting for the gradient all-reduce
+    # Of which the gradient all-reduce not hidden behind compute, as the engine measures it
+    # (Engine.step_sync_seconds: Horovod waits in sync_gradients, DDP inside backward).
+    sync_time: float
     samples: int      # rows this rank trained on in this step
+
+
+def implementing(callbacks: Sequence[Callback], hook: str) -> list[Callable]:
+    """The bound `hook` of each callback that overrides Callback's do-nothing default, in list order."""
+    default = getattr(Callback, hook)
+    return [getattr(c, hook) for c in callbacks if getattr(type(c), hook, default) is not default]
 
 
 class TrainingLoop:
@@ -48,17 +64,26 @@ class TrainingLoop:
         self.engine, self.model, self.loss_fn, self.optimizer = engine, model, loss_fn, optimizer
         self.data, self.epochs, self.seed, self.stop_on_degraded = data, epochs, seed, stop_on_degraded
         self.callbacks = list(callbacks)
-        self.step, self.cursor, self.last_loss = step, cursor, last_loss
+        self.step, self.cursor = step, cursor
+        self.loss: torch.Tensor | None = None  # the last micro-batch's loss, detached, where it was computed
+        self._loss_value: float | None = last_loss
         self.last_step = epochs * data.batches_per_epoch // engine.accumulation_steps
+
+    @property
+    def last_loss(self) -> float:
+        """The last micro-batch's loss as a number, taken from `loss` when first asked for."""
+        if self._loss_value is None:
+            self._loss_value = float(self.loss)
+        return self._loss_value
 
     @property
     def finished(self) -> bool:
         return self.cursor.epoch >= self.epochs
 
-    def _stop(self, hook: str, *args) -> Verdict | None:
-        """Call `hook` on every callback in order; the first fatal verdict stops the rest."""
-        for callback in self.callbacks:
-            verdict = getattr(callback, hook)(self, *args)
+    def _stop(self, hooks: Sequence[Callable], *args) -> Verdict | None:
+        """Call each hook in order; the first fatal verdict stops the rest."""
+        for hook in hooks:
+            verdict = hook(self, *args)
             if verdict is not None and verdict.is_fatal(self.stop_on_degraded):
                 return verdict
         return None
@@ -67,38 +92,46 @@ class TrainingLoop:
         """Train to the last epoch; the fatal verdict that stopped it, or None when every step ran."""
         for callback in self.callbacks:
             callback.on_train_start(self)
-        k, samples = self.engine.accumulation_steps, 0
+        # Resolved once: the callbacks are fixed from here on.
+        hooks = {name: implementing(self.callbacks, name) for name in HOOKS}
+        before_backward, after_backward = hooks["before_backward"], hooks["after_backward"]
+        gradients_ready, after_step, step_end = (hooks["on_gradients_ready"], hooks["after_optimizer_step"],
+                                                 hooks["on_step_end"])
+        model, engine, optimizer, loss_fn = self.model, self.engine, self.optimizer, self.loss_fn
+        k, samples, per_epoch = engine.accumulation_steps, 0, self.data.batches_per_epoch
         for epoch in range(self.cursor.epoch, self.epochs):
             start_batch = self.cursor.batch if epoch == self.cursor.epoch else 0
             step_started = time.perf_counter()
             for b, x, y in self.data.batches(self.seed, Cursor(epoch, start_batch)):
-                self.model.train()
-                loss = self.loss_fn(self.model(x), y)
-                for callback in self.callbacks:
-                    loss = callback.before_backward(self, loss)
-                (loss / k).backward()
-                self.last_loss = float(loss.detach())
-                for callback in self.callbacks:
-                    callback.after_backward(self)
+                if not model.training:  # a callback may have evaluated the model
+                    model.train()
+                loss = loss_fn(model(x), y)
+                for hook in before_backward:
+                    loss = hook(self, loss)
+                (loss / k if k > 1 else loss).backward()
+                self.loss, self._loss_value = loss.detach(), None
+                for hook in after_backward:
+                    hook(self)
                 samples += len(x)
-                if (epoch * self.data.batches_per_epoch + b + 1) % k:
+                if k > 1 and (epoch * per_epoch + b + 1) % k:
                     continue  # accumulate: the engine all-reduces after the k-th backward pass
                 sync_started = time.perf_counter()
-                self.engine.sync_gradients(self.optimizer)
-                sync_time = time.perf_counter() - sync_started
+                engine.sync_gradients(optimizer)
+                synced = time.perf_counter()
                 self.step += 1
-                timing = StepTiming(self.step, epoch, time.perf_counter() - step_started, sync_time, samples)
-                stop = self._stop("on_gradients_ready", timing)
+                timing = StepTiming(self.step, epoch, synced - step_started,
+                                    engine.step_sync_seconds(synced - sync_started), samples)
+                stop = self._stop(gradients_ready, timing)
                 if stop is not None:
                     return stop
-                self.engine.apply_gradients(self.optimizer)
-                self.optimizer.zero_grad()
-                stop = self._stop("after_optimizer_step", timing)
+                engine.apply_gradients(optimizer)
+                optimizer.zero_grad()
+                stop = self._stop(after_step, timing)
                 if stop is not None:
                     return stop
-                self.cursor = Cursor(epoch, b + 1) if b + 1 < self.data.batches_per_epoch else Cursor(epoch + 1, 0)
-                stop = self._stop("on_step_end", timing)
+                self.cursor = Cursor(epoch, b + 1) if b + 1 < per_epoch else Cursor(epoch + 1, 0)
+                stop = self._stop(step_end, timing)
                 if stop is not None:
                     return stop
                 step_started, samples = time.perf_counter(), 0
-        return self._stop("on_train_end")
+        return self._stop(hooks["on_train_end"])

@@ -6,6 +6,10 @@ comes from a bucket, and the sha256 manifest beside it is in the same bucket, so
 bucket could otherwise plant a pickle that runs code on every worker and on the Airflow worker that evaluates
 it. Anything richer than plain data (model config, schema, world size) goes in the checkpoint manifest's JSON
 `meta`, never in here.
+
+Its tensors are CPU tensors whatever device trained them, and it loads with map_location="cpu": a run
+trained on GPUs resumes on CPUs (or other GPUs) and the other way round; the optimizer moves its state to
+its parameters' device when it loads it.
 """
 from __future__ import annotations
 
@@ -33,8 +37,8 @@ class TrainingState:
 
     def to_bytes(self) -> bytes:
         buf = io.BytesIO()
-        torch.save({"model": self.model, "optimizer": self.optimizer, "cursor": list(self.cursor),
-                    "step": self.step, "torch_rng": self.torch_rng}, buf)
+        torch.save(on_cpu({"model": self.model, "optimizer": self.optimizer, "cursor": list(self.cursor),
+                           "step": self.step, "torch_rng": self.torch_rng}), buf)
         return buf.getvalue()
 
     @classmethod
@@ -47,6 +51,18 @@ class TrainingState:
         except (KeyError, TypeError, ValueError) as exc:
             raise UnsafeCheckpoint(f"{where} is not a ringflow training state ({exc!r}); "
                                    "resume from another checkpoint") from exc
+
+
+def on_cpu(obj: Any) -> Any:
+    """`obj` with every tensor in it (through dicts, lists, tuples) copied to the CPU; CPU tensors as they are.
+    A pickled CUDA tensor would unpickle onto the GPU of the same number, wherever it is loaded."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: on_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(on_cpu(v) for v in obj)
+    return obj
 
 
 def load_plain(data: bytes, where: str) -> dict[str, Any]:

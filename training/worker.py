@@ -69,13 +69,17 @@ class Trainer:
         self.liveness.start()
         manifest, shard_store = load_manifest(cfg.manifest_uri)
         self.manifest = manifest
-        self.data = PartitionData(shard_store, manifest, self.rank, self.size, cfg.batch_size)
+        # The engine chose this rank's device and precision when it started (devices.py).
+        placement = engine.placement
+        self.data = PartitionData(shard_store, manifest, self.rank, self.size, cfg.batch_size, placement=placement)
         if self.data.batches_per_epoch == 0:
             raise ValueError(f"batch_size {cfg.batch_size} exceeds the partition's {self.data.rows} rows")
         torch.manual_seed(cfg.seed)
         schema = manifest.schema
         self.model, self.loss_fn = build_model(cfg.model, schema.num_features, schema.num_outputs, schema.task,
                                                input_shape=schema.input_shape)
+        # On its device before the optimizer holds its parameters; a checkpoint's CPU tensors are copied in.
+        self.model = engine.precision.prepare(self.model.to(placement.device))
         self.optimizer = engine.distribute(self.model, make_optimizer(cfg, self.model, self.size))
         self._resume()
         engine.broadcast_state(self.model, self.optimizer)
@@ -87,6 +91,7 @@ class Trainer:
                        "num_outputs": schema.num_outputs, "task": schema.task}})
         self.health = HealthMonitoring(self.monitor, self.health_log, cfg.health, self.rank, self.checkpointing.due,
                                        {"world_size": self.size, "engine": engine.name,
+                                        "device": placement.device, "precision": cfg.precision,
                                         "resumed_from": self.resumed_from, "health": self._health_dict()})
         self.throughput = Throughput(self.size, engine.accumulation_steps, lambda: self.health.seconds_in_monitor)
         # In this order on every hook: faults act before anything measures, the health verdict comes before

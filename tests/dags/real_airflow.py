@@ -67,6 +67,21 @@ class Airflow:
         return "\n".join(f"--- {p.name} ---\n" + p.read_text(errors="replace")[-3000:]
                          for p in sorted(self.logs.glob("*.log")))
 
+    def wait_for_process_end_seen(self, dag_id: str, run_id: str, task_id: str, timeout: float = 120) -> None:
+        """Wait until the scheduler has handled the executor's event for the process that ran `task_id` and
+        paused it (deferred, or awaiting input). Why: Airflow 3.3 fails a task that resumes before that (its
+        trigger fired, or its HITL answer came, within a scheduler loop): "finished with state success, but the
+        task instance's state attribute is queued". A person answers minutes later; a test answering at once
+        must wait for it. The scheduler's log is the one place that says so."""
+        key = f"TaskInstanceKey(dag_id='{dag_id}', task_id='{task_id}', run_id='{run_id}'"
+        log = self.logs / "scheduler.log"
+
+        def seen() -> bool:
+            return any("Received executor event" in line and key in line
+                       for line in log.read_text(errors="replace").splitlines())
+
+        self.wait_for(f"the scheduler to handle the end of {task_id}'s process", seen, timeout, interval=0.5)
+
     def check_alive(self) -> None:
         dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
         assert not dead, f"Airflow components exited: {dead}\n{self.tail()}"
@@ -89,6 +104,13 @@ class Airflow:
                 return result
             time.sleep(interval)
         raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.tail()}")
+
+    def user_password(self) -> tuple[str, str]:
+        """(user, password) for the UI's login page: the one user, with the password the simple auth manager
+        generated when the API server started."""
+        password = self.wait_for("the generated password", lambda: self.passwords.exists() and json.loads(
+            self.passwords.read_text() or "{}").get("ringflow"), timeout=30)
+        return "ringflow", password
 
     def log_in(self) -> None:
         """Wait for the API server, read the password the simple auth manager generated, take a token."""

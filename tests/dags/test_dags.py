@@ -2,7 +2,6 @@
 TaskGroup composes more than once, and the wiring templates render to what the tasks need."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ PIPELINE = ["validate", "shard", "train", "evaluate", "promote"]
 
 def test_dags_import_without_errors(dagbag):
     assert set(dagbag.dag_ids) == {"ringflow_retrain", "ringflow_retrain_on_asset", "ringflow_two_models",
-                                   "ringflow_images", "ringflow_sweep"}
+                                   "ringflow_images", "ringflow_sweep", "ringflow_retrain_approved"}
     for dag_id in ("ringflow_retrain", "ringflow_retrain_on_asset"):
         dag = dagbag.dags[dag_id]
         assert sorted(dag.task_ids) == sorted(f"digits.{step}" for step in PIPELINE)
@@ -269,3 +268,49 @@ def test_injected_faults_apply_on_the_first_try_only(tmp_path):
     first, retry = train.build_config("/r", try_number=1), train.build_config("/r", try_number=2)
     assert [f["kind"] for f in first["faults"]] == ["crash"] and first["seed"] == 4 and first["epochs"] == 2
     assert retry["faults"] == [] and retry["seed"] == 4
+
+
+APPROVED = ["validate", "shard", "train", "evaluate", "approve", "promote"]
+
+
+def test_the_approval_gate_sits_between_evaluate_and_promote_only_when_required(dagbag):
+    from ringflow.operators.approval import PromotionApprovalOperator
+
+    for dag_id in ("ringflow_retrain", "ringflow_retrain_on_asset", "ringflow_two_models", "ringflow_images"):
+        assert not [t for t in dagbag.dags[dag_id].tasks if isinstance(t, PromotionApprovalOperator)], dag_id
+    dag = dagbag.dags["ringflow_retrain_approved"]
+    assert sorted(dag.task_ids) == sorted(f"digits.{step}" for step in APPROVED)
+    for upstream, downstream in zip(APPROVED, APPROVED[1:]):
+        assert dag.get_task(f"digits.{upstream}").downstream_task_ids == {f"digits.{downstream}"}
+    approve, promote = dag.get_task("digits.approve"), dag.get_task("digits.promote")
+    assert isinstance(approve, PromotionApprovalOperator)
+    assert approve.response_timeout.total_seconds() == 24 * 3600 and approve.defaults == ["Reject"]
+    # the question shows the gate promote applies, on the run promote promotes
+    assert (approve.name, approve.run_uri, approve.metric, approve.mode, approve.store_uri) == (
+        promote.name, promote.run_uri, promote.metric, promote.mode, promote.store_uri)
+
+
+def test_factory_with_approval_and_its_options(tmp_path):
+    import datetime as dt
+
+    from airflow.sdk import DAG
+
+    from ringflow.operators.pipeline import pipeline_tasks
+
+    with DAG("approved", schedule=None, start_date=dt.datetime(2025, 1, 1)):
+        tasks = pipeline_tasks(dataset_uri="builtin:wine", model_name="wine", epochs=2, batch_size=8,
+                               learning_rate=0.01, store_uri=str(tmp_path), gate={"metric": "mse", "mode": "min"},
+                               require_approval=True, approval_timeout=dt.timedelta(minutes=30),
+                               approvers=["alice"])
+    assert list(tasks) == APPROVED
+    approve = tasks["approve"]
+    assert approve.upstream_task_ids == {"evaluate"} and approve.downstream_task_ids == {"promote"}
+    assert tasks["promote"].upstream_task_ids == {"approve"}
+    assert (approve.gate.metric, approve.gate.mode) == ("mse", "min")
+    assert approve.response_timeout == dt.timedelta(minutes=30)
+    assert approve.assigned_users == [{"id": "alice", "name": "alice"}]
+    with DAG("bad_timeout", schedule=None, start_date=dt.datetime(2025, 1, 1)):
+        with pytest.raises(ValueError, match="approval_timeout is"):
+            pipeline_tasks(dataset_uri="builtin:wine", model_name="wine", epochs=2, batch_size=8,
+                           learning_rate=0.01, store_uri=str(tmp_path), require_approval=True,
+                           approval_timeout=dt.timedelta(0))

@@ -176,6 +176,7 @@ def test_airflow_image_installs_ringflow_with_cpu_torch_only():
     names = {re.split(r"[<>=!~\[]", r)[0].lower().replace("_", "-") for r in reqs}
     assert "torch" not in names and "apache-airflow" not in names
     assert {"kubernetes", "kubernetes-asyncio"} <= names
+    assert "mlflow-skinny" in names  # the train/evaluate/promote tasks log to MLflow when a pipeline asks
     # Every runtime dependency but torch (the S3 SDK, pyarrow, ...) comes along, whatever they are today.
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     core = {re.split(r"[<>=!~\[ ]", r)[0].lower().replace("_", "-") for r in project["dependencies"]}
@@ -253,3 +254,46 @@ def test_every_package_in_the_tree_is_installed_by_pip_install_src():
             parts = init.parent.relative_to(ROOT / top).parts
             name = ".".join((package, *parts))
             assert name in listed, f"{name} ({init.parent.relative_to(ROOT)}) is missing from [tool.setuptools] packages"
+
+
+def test_the_gpu_variant_builds_horovod_with_nccl_on_a_pinned_cuda_base():
+    text = (DOCKER / "training.Dockerfile").read_text()
+    # The documented GPU build (the header): a pinned CUDA devel base (Horovod compiles against CUDA and
+    # NCCL headers) and CUDA torch wheels of the same CUDA version.
+    base = re.search(r"--build-arg BASE_IMAGE=(nvidia/cuda:\S+)", text).group(1)
+    assert pinned(base) and "devel" in base, base
+    cuda = re.match(r"nvidia/cuda:(\d+)\.(\d+)\.\d+-", base)
+    index = re.search(r"--build-arg TORCH_INDEX_URL=(\S+/whl/cu(\d+))", text)
+    assert index and index.group(2) == cuda.group(1) + cuda.group(2), (base, index and index.group(1))
+    assert "--build-arg GPU=1" in text and arg_defaults("training.Dockerfile")["GPU"] == "0"
+    runs = [rest for keyword, rest in stages("training.Dockerfile")[0] if keyword == "RUN"]
+    horovod = next(r for r in runs if "build-horovod.sh" in r)
+    # NCCL for GPU builds only, set before build-horovod.sh runs, and checked once Horovod is installed.
+    gpu_branch = re.search(r'if \[ "\$\{GPU\}" = "1" \]; then(.*?);\s+else', horovod).group(1)
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in gpu_branch and "HOROVOD_CUDA_HOME=" in gpu_branch
+    assert horovod.index("HOROVOD_GPU_OPERATIONS=NCCL") < horovod.index("build-horovod.sh /wheels")
+    check = horovod.index("assert hvd.nccl_built()")
+    assert horovod.index('pip install "/wheels/horovod-') < check
+    assert horovod.rfind('if [ "${GPU}" = "1" ]', 0, check) > horovod.index("horovodrun --check-build")
+
+
+@pytest.mark.slow  # runs the script (no network: PYTHON=false stops it before any download)
+@pytest.mark.parametrize("note, gpu_ops, reused", [
+    (None, "", True),            # a CPU wheel (the wheelhouse's, or one from before notes were kept)
+    (None, "NCCL", False),       # a GPU build never takes a CPU wheel
+    ("NCCL", "NCCL", True),
+    ("NCCL", "", False),         # nor a CPU build a GPU one
+])
+def test_build_horovod_reuses_a_wheel_only_for_the_same_gpu_operations(tmp_path, note, gpu_ops, reused):
+    version = versions_env()["HOROVOD_VERSION"]
+    wheel = tmp_path / f"horovod-{version}-cp311-cp311-linux_x86_64.whl"
+    wheel.write_bytes(b"")
+    if note is not None:
+        (tmp_path / f"horovod-{version}.gpu-operations").write_text(note)
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": "false", "HOROVOD_GPU_OPERATIONS": gpu_ops}
+    proc = subprocess.run(["bash", str(DOCKER / "build-horovod.sh"), str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    if reused:
+        assert proc.returncode == 0 and "already built" in proc.stdout and wheel.exists()
+    else:  # the stale wheel is gone and the build started (and stopped at the fake python)
+        assert proc.returncode != 0 and "rebuilding" in proc.stdout and not wheel.exists()

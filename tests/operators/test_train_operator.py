@@ -38,8 +38,9 @@ def test_merge_is_deep():
 
 def test_bad_config_fails_before_launch(tmp_path, digits_manifest):
     op = operator(tmp_path, digits_manifest, job_config={"batch_size": 0})
-    with pytest.raises(ConfigError, match="batch_size"):
+    with pytest.raises(AirflowFailException, match="batch_size") as err:  # no retry: it would fail the same way
         op.execute(context())
+    assert isinstance(err.value.__cause__, ConfigError)
     assert not (tmp_path / "jobs").exists()
 
 
@@ -50,7 +51,7 @@ def test_bad_config_fails_before_launch(tmp_path, digits_manifest):
 ])
 def test_preflight_fails_before_launch(tmp_path, digits_manifest, job_config, num_workers, says):
     op = operator(tmp_path, digits_manifest, num_workers=num_workers, job_config=job_config)
-    with pytest.raises(ConfigError, match=says):
+    with pytest.raises(AirflowFailException, match=says):
         op.execute(context())
     assert not (tmp_path / "jobs").exists()
 
@@ -59,9 +60,9 @@ def test_an_unknown_engine_fails_in_execute_before_launch(tmp_path, digits_manif
     op = operator(tmp_path, digits_manifest, engine="{{ params.engine }}")
     assert "engine" in op.template_fields
     op.engine = "horovd"  # what the template rendered to
-    with pytest.raises(ConfigError, match="engine.*'horovd'.*\"horovod\".*\"ddp\"") as err:
+    with pytest.raises(AirflowFailException, match="engine.*'horovd'.*\"horovod\".*\"ddp\"") as err:
         op.execute(context())
-    assert err.value.field == "engine"
+    assert err.value.__cause__.field == "engine"
     assert not (tmp_path / "jobs").exists()
 
 
@@ -75,7 +76,7 @@ def test_preflight_runs_for_mpijobs_too(tmp_path, digits_manifest):
     backend.client = None  # any API call would fail with AttributeError, not the preflight's message
     op = HorovodTrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),
                               num_workers=3, backend=backend)
-    with pytest.raises(ConfigError, match="re-shard for 3 workers"):
+    with pytest.raises(AirflowFailException, match="re-shard for 3 workers"):
         op.execute(context())
     # The factory is the image's to check (its ranks do, at start): the Airflow worker may not have it.
     op = HorovodTrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),
@@ -151,7 +152,7 @@ def test_overrides_cannot_change_where_a_run_reads_or_writes(tmp_path, digits_ma
     # ... and a template (a DAG Param) when it has rendered, before anything is launched.
     op = operator(tmp_path, digits_manifest, job_config="{{ params.job_overrides | tojson }}")
     op.job_config = json.dumps(overrides)  # what rendering gives
-    with pytest.raises(ConfigError, match=rf"config field '{field}'"):
+    with pytest.raises(AirflowFailException, match=rf"config field '{field}'"):
         op.execute(context())
     assert not (tmp_path / "jobs").exists()
 

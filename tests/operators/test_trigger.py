@@ -2,7 +2,6 @@
 fatal verdict; a retry after a stall (its health watch: tests/training/runs/test_health_watch.py)."""
 import asyncio
 import json
-import time
 
 import pytest
 

@@ -130,3 +130,20 @@ def test_reading_parquet_holds_one_row_group_not_the_file(tmp_path):
     pq.write_table(_floats(400_000), tmp_path / "t.parquet", row_group_size=16_000)
     in_use = _arrow_memory_while_reading(tmp_path / "t.parquet", 16_000)
     assert len(in_use) == 25 and max(in_use) < 4 * 2**20, [round(b / 2**20, 1) for b in in_use]
+
+
+def test_a_csv_value_of_another_type_past_the_first_block_is_named_with_its_column(tmp_path):
+    """Arrow types a CSV's columns from its first block; a later value that does not fit is an error that
+    names the column, its type and the value, not Arrow's column number."""
+    rows = 60_000  # about 2 MB: the bad value is past the first 1 MB block
+    frame = pd.DataFrame({"x": np.linspace(0, 1, rows), "y": np.linspace(1, 2, rows), "target": np.arange(rows) % 3})
+    frame = frame.astype({"y": object})
+    frame.loc[rows - 2, "y"] = "12,5"
+    path = tmp_path / "late-text.csv"
+    frame.to_csv(path, index=False)
+    with datasets.open_dataset(str(path)) as data:
+        assert data.schema.field("y").type == pa.float64()
+        with pytest.raises(ValueError, match=r"column 'y' \(double from the first rows\) holds a value of another "
+                                             r"type.*invalid value '12,5'; fix that value, or convert"):
+            for _ in data.batches():
+                pass

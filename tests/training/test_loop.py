@@ -172,3 +172,26 @@ def test_checkpointing_writes_on_its_cadence_and_a_final_one_with_what_callbacks
     assert state.step == 4 and state.cursor == (1, 1)
     other_rank = Checkpointing(store, every_steps=4, rank=1, world_size=2, run_meta={})
     assert other_rank.save(loop) == "ckpt-000000006"  # the name rank 0 writes; rank 1 writes nothing
+
+
+def test_the_loop_leaves_the_loss_a_tensor_until_it_is_read():
+    loop = make_loop([Recorder()])
+    loop.run()
+    assert loop._loss_value is None  # no float() of the loss per step: on a GPU each would wait for the device
+    assert isinstance(loop.loss, torch.Tensor) and not loop.loss.requires_grad
+    assert loop.last_loss == float(loop.loss) and loop._loss_value == loop.last_loss
+    resumed = make_loop([], last_loss=0.25)
+    assert resumed.last_loss == 0.25  # before its first step: the checkpoint's
+
+
+def test_each_hook_is_called_on_the_callbacks_that_implement_it():
+    from ringflow.training.loop import implementing
+
+    class OnlyStepEnd(Callback):
+        def on_step_end(self, loop, timing):
+            return None
+
+    rec, plain, step_end = Recorder(), Callback(), OnlyStepEnd()
+    assert implementing([rec, plain, step_end], "on_step_end") == [rec.on_step_end, step_end.on_step_end]
+    assert implementing([rec, plain, step_end], "after_backward") == []
+    assert implementing([plain, rec], "before_backward") == [rec.before_backward]

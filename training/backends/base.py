@@ -118,6 +118,7 @@ class Backend(abc.ABC):
 _REGISTRY: dict[str, str] = {
     "local": "ringflow.training.backends.local:LocalProcessBackend",
     "kubernetes": "ringflow.training.backends.kubernetes.backend:MPIJobBackend",
+    "trainjob": "ringflow.training.backends.kubernetes.trainjob_backend:TrainJobBackend",
 }
 
 

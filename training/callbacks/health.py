@@ -13,9 +13,11 @@ import math
 import time
 from typing import Any, Callable
 
+import torch
+
 from ringflow.training.callbacks.base import Callback
 from ringflow.training.config import HealthConfig
-from ringflow.training.health.monitor import SyncHealthMonitor, gradient_norm
+from ringflow.training.health.monitor import SyncHealthMonitor, first_nonfinite_on_device, gradient_norm
 from ringflow.training.health.records import HealthLog, record
 from ringflow.training.health.verdict import Verdict
 
@@ -31,6 +33,7 @@ class HealthMonitoring(Callback):
         self.seconds_in_monitor = 0.0  # the training thread's time in the monitor (result.json's share)
         self._params: list = []
         self._first_nonfinite_step: int | None = None
+        self._first_nonfinite_on_device: torch.Tensor | None = None  # losses on an accelerator
 
     @property
     def last_verdict(self) -> Verdict | None:
@@ -42,10 +45,22 @@ class HealthMonitoring(Callback):
             self._log.append(record("start", step=loop.step, **self._start_fields), force_flush=True)
 
     def after_backward(self, loop) -> None:
-        if self._first_nonfinite_step is None and not math.isfinite(loop.last_loss):
-            # Local and free; the next measurement gathers it, so the verdict names the rank and step
-            # where it began, not the later step where every replica had caught it.
-            self._first_nonfinite_step = loop.step + 1
+        # Local; the next measurement gathers it, so the verdict names the rank and step where it began,
+        # not the later step where every replica had caught it.
+        if self._first_nonfinite_step is not None:
+            return
+        if loop.loss.device.type == "cpu":  # free on the host
+            if not math.isfinite(loop.last_loss):
+                self._first_nonfinite_step = loop.step + 1
+        else:  # no wait for the device here: read with the next measurement
+            self._first_nonfinite_on_device = first_nonfinite_on_device(self._first_nonfinite_on_device,
+                                                                        loop.loss, loop.step + 1)
+
+    def _first_nonfinite(self) -> int | None:
+        if self._first_nonfinite_step is None and self._first_nonfinite_on_device is not None:
+            first = int(self._first_nonfinite_on_device)
+            self._first_nonfinite_step = first if first >= 0 else None
+        return self._first_nonfinite_step
 
     def on_gradients_ready(self, loop, timing) -> Verdict | None:
         step = timing.step
@@ -58,9 +73,8 @@ class HealthMonitoring(Callback):
         # The averaged gradient is the same on every rank, so every rank makes the same choice here and
         # the allgather in on_step stays matched.
         if self.monitor.wants_step(step) or not math.isfinite(grad_norm):
-            sync_time = loop.engine.step_sync_seconds(timing.sync_time)  # DDP waits inside backward
-            verdict = self.monitor.on_step(step, timing.epoch, timing.step_time, sync_time, loop.last_loss,
-                                           grad_norm, self._first_nonfinite_step)
+            verdict = self.monitor.on_step(step, timing.epoch, timing.step_time, timing.sync_time, loop.last_loss,
+                                           grad_norm, self._first_nonfinite())
         self.seconds_in_monitor += time.perf_counter() - started
         return verdict
 

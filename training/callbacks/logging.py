@@ -25,8 +25,7 @@ class ProgressLog(Callback):
     def on_step_end(self, loop, timing) -> None:
         self._samples += timing.samples
         if timing.step % self._every == 0 and self._rank == 0:
-            sync = loop.engine.step_sync_seconds(timing.sync_time)
             rate = self._samples * self._size / max(time.perf_counter() - self._window_start, 1e-9)
             say(f"step={timing.step} epoch={timing.epoch + 1}/{loop.epochs} loss={loop.last_loss:.4f} "
-                f"samples/s={rate:.0f} sync_share={sync / max(timing.step_time, 1e-9):.2f}")
+                f"samples/s={rate:.0f} sync_share={timing.sync_time / max(timing.step_time, 1e-9):.2f}")
             self._samples, self._window_start = 0, time.perf_counter()

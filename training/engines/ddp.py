@@ -15,20 +15,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from ringflow.training.config import DdpConfig, JobConfig
+from ringflow.training.devices import Placement, Precision, choose_placement, place_rank
 from ringflow.training.engine import Engine, share_host_cores
+from ringflow.training.training_state import on_cpu
 
 # What torchrun sets for every rank; without them there is no process group to join.
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def process_group_backend(cuda_available: bool) -> str:
-    """Gloo for CPU tensors; with a GPU, NCCL for CUDA tensors and Gloo still for the CPU ones (the health
-    monitor's small gathers stay on the CPU)."""
-    return "cpu:gloo,cuda:nccl" if cuda_available else "gloo"
 
 
 class SyncClock:
@@ -45,14 +40,18 @@ class SyncClock:
 
     def hook(self, process_group, bucket):  # unannotated: DDP rejects annotations it cannot resolve
         launched = time.perf_counter()
+        # default_hooks.allreduce_hook's all-reduce (the mean of the bucket), with one callback, not two
+        # chained: the hook runs every step, and its Python is what DDP's own C++ path does not pay.
+        group = process_group if process_group is not None else dist.group.WORLD
+        tensor = bucket.buffer().div_(group.size())
 
         def finished(fut: torch.futures.Future) -> torch.Tensor:
             # Runs on the thread that completed the all-reduce; DDP waits for this future, so every span
             # is noted before backward returns.
             self._spans.append((launched, time.perf_counter()))
-            return fut.value()
+            return fut.value()[0]
 
-        return default_hooks.allreduce_hook(process_group, bucket).then(finished)
+        return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(finished)
 
     def take(self) -> float:
         """The exposed all-reduce time of the buckets noted since the last call; 0.0 when none ran."""
@@ -86,8 +85,11 @@ class AccumulatingDDP(DistributedDataParallel):
 class DdpEngine(Engine):
     name = "ddp"
 
-    def __init__(self, cfg: DdpConfig, rank: int, size: int):
+    def __init__(self, cfg: DdpConfig, rank: int, size: int, placement: Placement | None = None):
         self.cfg, self.rank, self.size = cfg, rank, size
+        # Where this rank computes (devices.py); the CPU in fp32 unless start() found a GPU or a precision.
+        self.placement = placement or choose_placement(0, 0, self.name, "fp32")
+        self.precision = Precision(self.placement)
         self.accumulation_steps = cfg.backward_passes_per_step
         self.clock = SyncClock()
         self._ddp: AccumulatingDDP | None = None
@@ -101,17 +103,22 @@ class DdpEngine(Engine):
             raise RuntimeError(f"engine 'ddp': this rank has no {', '.join(missing)} in its environment, so it was "
                                f"not started by torchrun; launch the job with `ringflow train CONFIG --engine ddp` "
                                f"(or torchrun -m ringflow.training CONFIG)")
-        cuda = torch.cuda.is_available()
-        if cuda:
-            torch.cuda.set_device(int(environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend=process_group_backend(cuda))
+        # The rank's GPU is made current before the process group exists, so NCCL binds to it.
+        placement = place_rank(cls.name, cfg.precision, int(environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend=placement.process_group)
         share_host_cores(int(environ.get("LOCAL_WORLD_SIZE", "1")))
-        return cls(cfg.ddp, dist.get_rank(), dist.get_world_size())
+        return cls(cfg.ddp, dist.get_rank(), dist.get_world_size(), placement)
 
     def distribute(self, model, optimizer):
         # bucket_cap_mb: how many MB of gradients one all-reduce carries (the bandwidth knob).
-        self._ddp = AccumulatingDDP(model, self.accumulation_steps, bucket_cap_mb=self.cfg.bucket_cap_mb)
-        self._ddp.register_comm_hook(None, self.clock.hook)
+        # A module on one GPU names it (device_ids); on the CPU DDP takes none.
+        device_ids = [torch.device(self.placement.device)] if self.placement.cuda else None
+        self._ddp = AccumulatingDDP(model, self.accumulation_steps, bucket_cap_mb=self.cfg.bucket_cap_mb,
+                                    device_ids=device_ids)
+        if self.size > 1:
+            # One rank has no peer to wait for: DDP's own C++ all-reduce then, not a Python hook per bucket
+            # (2 % of a one-rank step, bench/results/throughput.md); its sync time is 0.
+            self._ddp.register_comm_hook(None, self.clock.hook)
         return optimizer  # DDP averages the gradients in backward: the optimizer stays the user's
 
     def training_model(self, model):
@@ -127,19 +134,21 @@ class DdpEngine(Engine):
             for tensor in self.unwrap(model).state_dict().values():  # views of the parameters and buffers
                 dist.broadcast(tensor, src=0)
         # Pickled, like Horovod's broadcast_object: every rank gets rank 0's exact values and types.
-        state = [optimizer.state_dict() if self.rank == 0 else None]
+        # On the CPU: a pickled CUDA tensor would unpickle onto rank 0's GPU on every rank.
+        state = [on_cpu(optimizer.state_dict()) if self.rank == 0 else None]
         dist.broadcast_object_list(state, src=0)
         optimizer.load_state_dict(state[0])
 
     def sync_gradients(self, optimizer) -> None:
         # Nothing left to wait for: DDP's backward returned with the averaged gradients in .grad.
         self._last_sync = self.clock.take()
+        self.precision.unscale(optimizer)  # fp16: the true gradient, for the health monitor and the step
 
     def step_sync_seconds(self, waited: float) -> float:
         return waited + self._last_sync
 
     def apply_gradients(self, optimizer) -> None:
-        optimizer.step()
+        self.precision.step(optimizer)
 
     def allgather(self, tensor, name):
         return self.wait(self.allgather_async(tensor, name))

@@ -7,17 +7,22 @@ from __future__ import annotations
 import os
 
 from ringflow.training.config import HorovodConfig, JobConfig
+from ringflow.training.devices import Placement, Precision, choose_placement, place_rank
 from ringflow.training.engine import Engine, share_host_cores
+from ringflow.training.training_state import on_cpu
 from ringflow.training.sync_wait import wait_for_allreduce
 
 
 class HorovodEngine(Engine):
     name = "horovod"
 
-    def __init__(self, hvd, cfg: HorovodConfig):
+    def __init__(self, hvd, cfg: HorovodConfig, placement: Placement | None = None):
         self.hvd, self.cfg = hvd, cfg
         self.rank, self.size = hvd.rank(), hvd.size()
         self.accumulation_steps = cfg.backward_passes_per_step
+        # Where this rank computes (devices.py); the CPU in fp32 unless start() found a GPU or a precision.
+        self.placement = placement or choose_placement(0, 0, self.name, "fp32")
+        self.precision = Precision(self.placement)
 
     @classmethod
     def start(cls, cfg: JobConfig) -> "HorovodEngine":
@@ -28,8 +33,10 @@ class HorovodEngine(Engine):
         import horovod.torch as hvd
 
         hvd.init()
+        # Horovod knows the local rank once initialized; its NCCL ops use the current device.
+        placement = place_rank(cls.name, cfg.precision, hvd.local_rank(), bool(hvd.nccl_built()))
         share_host_cores(hvd.local_size())
-        return cls(hvd, cfg.horovod)
+        return cls(hvd, cfg.horovod, placement)
 
     def distribute(self, model, optimizer):
         hvd = self.hvd
@@ -43,7 +50,8 @@ class HorovodEngine(Engine):
         self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         # Optimizer state travels pickled, so every rank gets rank 0's exact values and types (Adam's
         # tensor `step` included), and a resumed run matches an uninterrupted one bit for bit.
-        state = self.hvd.broadcast_object(optimizer.state_dict() if self.rank == 0 else None, root_rank=0,
+        # On the CPU: a pickled CUDA tensor would unpickle onto rank 0's GPU on every rank.
+        state = self.hvd.broadcast_object(on_cpu(optimizer.state_dict()) if self.rank == 0 else None, root_rank=0,
                                           name="ringflow.optimizer_state")
         optimizer.load_state_dict(state)
 
@@ -51,10 +59,11 @@ class HorovodEngine(Engine):
         if self.cfg.wait == "sleep":
             wait_for_allreduce(self.hvd, optimizer)
         optimizer.synchronize()
+        self.precision.unscale(optimizer)  # fp16: the true gradient, for the health monitor and the step
 
     def apply_gradients(self, optimizer) -> None:
         with optimizer.skip_synchronize():
-            optimizer.step()
+            self.precision.step(optimizer)
 
     def allgather(self, tensor, name):
         return self.hvd.allgather(tensor, name=name)

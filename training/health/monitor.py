@@ -18,14 +18,15 @@ from ringflow.training.health.verdict import HealthJudge, Verdict
 
 
 @functools.lru_cache(maxsize=4)
-def _position_weights(numel: int) -> torch.Tensor:
-    return torch.linspace(1.0, 2.0, numel, dtype=torch.float64)
+def _position_weights(numel: int, device: torch.device) -> torch.Tensor:
+    # On the parameters' device: a GPU rank's parameters times CPU weights would fail.
+    return torch.linspace(1.0, 2.0, numel, dtype=torch.float64, device=device)
 
 
 def parameter_checksum(model: torch.nn.Module) -> float:
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double()
     # Position weights catch swapped values, which a plain sum would not.
-    return float(torch.dot(flat, _position_weights(flat.numel())))
+    return float(torch.dot(flat, _position_weights(flat.numel(), flat.device)))
 
 
 def gradient_norm(params: Sequence[torch.Tensor]) -> float:
@@ -36,6 +37,15 @@ def gradient_norm(params: Sequence[torch.Tensor]) -> float:
     """
     grads = [p.grad for p in params if p.grad is not None]
     return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) if grads else 0.0
+
+
+def first_nonfinite_on_device(first: torch.Tensor | None, loss: torch.Tensor, step: int) -> torch.Tensor:
+    """The first step whose loss was not finite, -1 while there is none, kept where `loss` is: on an
+    accelerator a float() of the loss would wait for the device every micro-batch, this only queues work
+    there, and whoever measures reads it (once per measurement)."""
+    if first is None:
+        first = torch.full((), -1, dtype=torch.int64, device=loss.device)
+    return torch.where((first < 0) & ~torch.isfinite(loss.detach()), torch.full_like(first, step), first)
 
 
 class SyncHealthMonitor:
@@ -70,17 +80,34 @@ class SyncHealthMonitor:
         local = torch.tensor([[step_time, sync_time, loss, first]], dtype=torch.float64)
         meta = {"step": step, "epoch": epoch, "grad_norm": grad_norm}
         verdict = self.collect()
+        if self._stops(verdict):
+            return verdict
         if not math.isfinite(grad_norm):
-            rows = self._engine.allgather(local, "ringflow.health.step.now").tolist()
+            rows = self._wait(self._gather(local, "ringflow.health.step.now")).tolist()
             return self._add(self._step_record(rows, meta), force=True)
-        self._pending_step = (self._engine.allgather_async(local, "ringflow.health.step"), meta)
+        self._pending_step = (self._gather(local, "ringflow.health.step"), meta)
         return verdict
 
     def on_checksum(self, step: int, model: torch.nn.Module) -> Verdict | None:
         verdict = self.collect()
+        if self._stops(verdict):
+            return verdict
         local = torch.tensor([[parameter_checksum(model)]], dtype=torch.float64)
-        self._pending_checksum = (self._engine.allgather_async(local, "ringflow.health.checksum"), step)
+        self._pending_checksum = (self._gather(local, "ringflow.health.checksum"), step)
         return verdict
+
+    def _gather(self, local: torch.Tensor, name: str):
+        """Start gathering every rank's `local`. A world of one has its rows already: no collective, and
+        no library thread woken to run one."""
+        return local if self._engine.size == 1 else self._engine.allgather_async(local, name)
+
+    def _wait(self, handle) -> torch.Tensor:
+        return handle if self._engine.size == 1 else self._engine.wait(handle)
+
+    def _stops(self, verdict: Verdict | None) -> bool:
+        """The loop stops on this verdict (every rank reaches the same one): start no gather after it, or
+        a rank that has already stopped and left the job leaves this one's gather failing."""
+        return verdict is not None and verdict.is_fatal(self._cfg.stop_on_degraded)
 
     def collect(self) -> Verdict | None:
         """Finish the gathers in flight and judge; None when there was nothing to collect."""
@@ -88,11 +115,11 @@ class SyncHealthMonitor:
         if self._pending_step is not None:
             handle, meta = self._pending_step
             self._pending_step = None
-            verdict = self._add(self._step_record(self._engine.wait(handle).tolist(), meta))
+            verdict = self._add(self._step_record(self._wait(handle).tolist(), meta))
         if self._pending_checksum is not None:
             handle, step = self._pending_checksum
             self._pending_checksum = None
-            sums = [r[0] for r in self._engine.wait(handle).tolist()]
+            sums = [r[0] for r in self._wait(handle).tolist()]
             verdict = self._add(record("checksum", step=step, checksums=sums))
         return verdict
 

@@ -72,6 +72,8 @@ _TRANSFER_THREADS = 4
 # A GET whose body breaks after the headers arrived; botocore only retries up to the headers.
 _STREAM_ERRORS = (bx.ResponseStreamingError, bx.IncompleteReadError, bx.ReadTimeoutError,
                   bx.ConnectionClosedError, ConnectionError, TimeoutError)
+# The longest a presigned URL may live: SigV4 signatures allow at most 7 days.
+PRESIGN_MAX_SECONDS = 7 * 24 * 3600
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 log = logging.getLogger(__name__)
@@ -349,6 +351,28 @@ class S3Store(ObjectStore):
                     found.append(ObjectInfo(key=name[len(root):], size=int(obj.get("Size") or 0)))
         found.sort(key=lambda info: info.key)
         return iter(found)
+
+    # -- presigned URLs: what a browser opens without credentials ---------------------------------
+
+    def presigned_get(self, key: str, expires_seconds: int) -> str:
+        """A URL that GETs the object `key` for `expires_seconds`, for whoever holds it. Signed locally
+        (no request is sent); it works where the endpoint resolves, so a browser needs the same host."""
+        return self._presign("get_object", {"Key": self._name(key)}, expires_seconds)
+
+    def presigned_listing(self, prefix: str, expires_seconds: int) -> str:
+        """A URL that lists the keys under `prefix` (ListObjectsV2, an XML document) for `expires_seconds`:
+        a folder has no object of its own to sign."""
+        folder = self._name(prefix.strip("/")) if prefix.strip("/") else self._prefix
+        return self._presign("list_objects_v2", {"Prefix": f"{folder}/" if folder else ""}, expires_seconds)
+
+    def _presign(self, operation: str, params: dict[str, str], expires_seconds: int) -> str:
+        # SigV4 refuses more than 7 days; a longer expiry would only fail when someone clicks the link.
+        if isinstance(expires_seconds, bool) or not isinstance(expires_seconds, int) \
+                or not 1 <= expires_seconds <= PRESIGN_MAX_SECONDS:
+            raise StoreConfigError(f"a presigned URL must expire in 1..{PRESIGN_MAX_SECONDS} seconds (7 days, "
+                                   f"SigV4's limit), got {expires_seconds!r}: pick an expiry in that range")
+        return self._client.generate_presigned_url(operation, Params={"Bucket": self._bucket, **params},
+                                                   ExpiresIn=expires_seconds)
 
     # -- helpers --------------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ def test_only_every_kth_pass_all_reduces_and_checkpoints_see_the_users_module(wo
     optimizer = engine.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1))
     ddp = engine.training_model(model)
     assert engine.unwrap(ddp) is model and ddp.state_dict().keys() != model.state_dict().keys()
+    ddp.register_comm_hook(None, engine.clock.hook)  # what distribute() does when there are peers
     hooked = []
     for i in range(6):
         ddp.train()
@@ -55,6 +56,18 @@ def test_the_hook_times_each_step(world_of_one):
     model = torch.nn.Linear(3, 1)
     engine = DdpEngine(JobConfig.from_dict({"manifest_uri": "/m/manifest.json", "run_uri": "/r"}).ddp, 0, 1)
     optimizer = engine.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    engine.training_model(model)(torch.randn(2, 3)).sum().backward()
+    ddp = engine.training_model(model)
+    ddp.register_comm_hook(None, engine.clock.hook)  # what distribute() does when there are peers
+    ddp(torch.randn(2, 3)).sum().backward()
     engine.sync_gradients(optimizer)
     assert 0 < engine.step_sync_seconds(0.0) < 5
+
+
+def test_a_single_rank_registers_no_timing_hook(world_of_one):
+    """With no peer to wait for, DDP keeps its C++ all-reduce (no Python per bucket) and the sync time is 0."""
+    model = torch.nn.Linear(3, 1)
+    engine = DdpEngine(JobConfig.from_dict({"manifest_uri": "/m/manifest.json", "run_uri": "/r"}).ddp, 0, 1)
+    optimizer = engine.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    engine.training_model(model)(torch.randn(2, 3)).sum().backward()
+    engine.sync_gradients(optimizer)
+    assert engine.step_sync_seconds(0.0) == 0.0 and not engine.clock._spans

@@ -3,7 +3,7 @@ import pytest
 
 from ringflow.training.config import ConfigError, JobConfig
 from ringflow.training.engines import ENGINE_ENV, engine_name
-from ringflow.training.engines.ddp import DdpEngine, process_group_backend
+from ringflow.training.engines.ddp import DdpEngine
 
 
 def job(**fields) -> JobConfig:
@@ -23,11 +23,6 @@ def test_engine_name(fields, override, expected):
 def test_an_unknown_override_says_where_it_came_from():
     with pytest.raises(ConfigError, match=f"from --engine or \\${ENGINE_ENV}.*use one of"):
         engine_name(job(), "mpi")
-
-
-@pytest.mark.parametrize("cuda, backend", [(False, "gloo"), (True, "cpu:gloo,cuda:nccl")])
-def test_process_group_backend(cuda, backend):
-    assert process_group_backend(cuda) == backend
 
 
 def test_a_ddp_rank_not_started_by_torchrun_is_told_how_to_launch():

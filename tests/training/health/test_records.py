@@ -31,7 +31,7 @@ def test_resumed_run_continues_after_the_records_of_the_attempts_before(tmp_path
     assert [r["seq"] for r in records] == list(range(8)) and records[6]["type"] == "start"
 
 
-def test_reader_between_seal_and_restart_sees_each_record_once(tmp_path):
+def test_read_health_between_seal_and_restart_sees_each_record_once(tmp_path):
     store = LocalFolderStore(str(tmp_path))
     health = log(store)
     for step in range(3):

@@ -1,51 +1,49 @@
-"""The "kubernetes" backend: one training run is one MPIJob (kubeflow/mpi-operator v2beta1) plus a ConfigMap.
+"""The Kubernetes backends: one training run is one job object plus a ConfigMap with its config.
 
-Job id = the MPIJob name (JobSpec.name), in the namespace of the settings (or the connection's).
+"kubernetes": an MPIJob (kubeflow/mpi-operator v2beta1), here; "trainjob": a Kubeflow Trainer v2 TrainJob
+(trainjob_backend.py), on the same ClusterJobBackend.
+
+Job id = the job object's name (JobSpec.name), in the namespace of the settings (or the connection's).
 The constructor takes plain JSON, so `backend_from_dict("kubernetes", backend.to_dict(), connections)` rebuilds
 it in the triggerer; `conn_id` names the cluster connection that `connections` resolves (backends/connections.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 from ringflow.training.backends.base import Backend, JobNotFound, JobStatus, LogChunk
 from ringflow.training.backends.job_spec import JobSpec
 from ringflow.training.backends.kubernetes import labels as L
 from ringflow.training.backends.connections import Connections
 from ringflow.training.backends.kubernetes.client import KubernetesApiError, KubernetesClient
-from ringflow.training.backends.kubernetes.mpijob import (API_VERSION, KIND, MPIJobSettings, build_configmap,
-                                                          build_mpijob, configmap_name)
-from ringflow.training.backends.kubernetes.outcome import outcome_from_status
+from ringflow.training.backends.kubernetes.job_parts import build_configmap, configmap_name
+from ringflow.training.backends.kubernetes.mpijob import API_VERSION, KIND, MPIJobSettings, build_mpijob
+from ringflow.training.backends.kubernetes.outcome import MPIJOB_WORDS, outcome_from_status
 
 log = logging.getLogger(__name__)
 
 
-def _pods_selector(job_id: str) -> str:
-    # The operator's own label: exact for this job, whatever labels the caller used.
-    return f"{L.JOB_NAME_LABEL}={job_id}"
+def _created_key(pod: dict[str, Any]) -> tuple[str, str]:
+    meta = pod.get("metadata") or {}
+    return meta.get("creationTimestamp") or "", meta.get("name") or ""
 
 
-def _finished(mpijob: dict[str, Any]) -> bool:
-    conds = (mpijob.get("status") or {}).get("conditions") or []
-    return any(c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True" for c in conds)
-
-
-def _newest_launcher(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-    launchers = [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(L.JOB_ROLE_LABEL) == "launcher"]
-    launchers.sort(key=lambda p: ((p.get("metadata") or {}).get("creationTimestamp") or "",
-                                  (p.get("metadata") or {}).get("name") or ""))
-    return launchers[-1] if launchers else None
+def newest_pod(pods: list[dict[str, Any]], label: str, value: str) -> dict[str, Any] | None:
+    """The newest pod whose `label` is `value` (a retry's new pod, not the failed one)."""
+    chosen = [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(label) == value]
+    return max(chosen, key=_created_key) if chosen else None
 
 
 def _container_key(pod: dict[str, Any]) -> str:
-    """Which launcher container's log we read: a retry (new pod, or a restart in place) starts a new log."""
+    """Which container's log we read: a retry (new pod, or a restart in place) starts a new log."""
     restarts = sum(int(cs.get("restartCount") or 0) for cs in (pod.get("status") or {}).get("containerStatuses") or [])
     return f"{pod['metadata']['name']}#{restarts}"
 
 
 def _cursor(cursor: Any) -> tuple[str | None, int]:
-    """(launcher container, lines already returned). Accepts None, a line count, or what logs() returned."""
+    """(container, lines already returned). Accepts None, a line count, or what logs() returned."""
     if cursor is None:
         return None, 0
     if isinstance(cursor, int) and not isinstance(cursor, bool):
@@ -65,8 +63,19 @@ def _chunk(key: str, text: str, cursor: Any) -> LogChunk:
     return LogChunk(lines=lines[start:], next_cursor={"container": key, "lines": max(start, len(lines))})
 
 
-class MPIJobBackend(Backend):
-    kind = "kubernetes"
+class ClusterJobBackend(Backend):
+    """One training run = one job object of a Kubernetes operator (`resource`) plus its config ConfigMap.
+
+    What differs between job kinds is below the line in each subclass: the settings, the manifest, the
+    conditions that mean finished, the label the pods carry, how their status reads, whose log to follow.
+    """
+
+    settings_class: ClassVar[type]
+    resource: ClassVar[str]            # the client's ops: create_<resource>, get_<resource>, ...
+    api_version: ClassVar[str]
+    object_kind: ClassVar[str]
+    finished_conditions: ClassVar[tuple[str, ...]]
+    pod_job_label: ClassVar[str]       # set on every pod of the job by its operator, value = the job's name
 
     def __init__(
         self,
@@ -79,9 +88,10 @@ class MPIJobBackend(Backend):
         backoff_s: float = 0.5,
         connections: Connections | None = None,
     ) -> None:
-        self.settings = MPIJobSettings.from_dict(settings) if isinstance(settings, dict) else settings
-        if not isinstance(self.settings, MPIJobSettings):
-            raise TypeError("settings must be a dict of MPIJobSettings fields")
+        cls = self.settings_class
+        self.settings = cls.from_dict(settings) if isinstance(settings, dict) else settings
+        if not isinstance(self.settings, cls):
+            raise TypeError(f"settings must be a dict of {cls.__name__} fields")
         self.conn_id, self.kubeconfig_path, self.in_cluster, self.context = conn_id, kubeconfig_path, in_cluster, context
         self.max_attempts, self.backoff_s = max_attempts, backoff_s
         self.connections = connections
@@ -89,6 +99,21 @@ class MPIJobBackend(Backend):
                                        in_cluster=in_cluster, context=context, max_attempts=max_attempts,
                                        backoff_s=backoff_s)
 
+    # -- what each job kind defines -------------------------------------------------------------
+    def build(self, spec: JobSpec, settings: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def outcome(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> JobStatus:
+        raise NotImplementedError
+
+    def log_pod(self, pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The pod whose log shows every rank's output (or rank 0's), or None before it exists."""
+        raise NotImplementedError
+
+    def explain_create_error(self, error: KubernetesApiError) -> KubernetesApiError:
+        return error
+
+    # -- shared ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"settings": self.settings.to_dict(), "conn_id": self.conn_id, "kubeconfig_path": self.kubeconfig_path,
                 "in_cluster": self.in_cluster, "context": self.context, "max_attempts": self.max_attempts,
@@ -101,23 +126,35 @@ class MPIJobBackend(Backend):
     async def anamespace(self) -> str:
         return self.settings.namespace or await self.client.adefault_namespace()
 
+    def _pods_selector(self, job_id: str) -> str:
+        # The operator's own label: exact for this job, whatever labels the caller used.
+        return f"{self.pod_job_label}={job_id}"
+
+    def _finished(self, job: dict[str, Any]) -> bool:
+        conds = (job.get("status") or {}).get("conditions") or []
+        return any(c.get("type") in self.finished_conditions and c.get("status") == "True" for c in conds)
+
+    def _call(self, op: str) -> Any:
+        return getattr(self.client, op.format(self.resource))
+
     # -- launch / reattach ----------------------------------------------------------------------
     def manifests(self, spec: JobSpec) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(MPIJob, ConfigMap) as launch() submits them (the ConfigMap gets its owner once the MPIJob exists)."""
-        import dataclasses
-
+        """(job, ConfigMap) as launch() submits them (the ConfigMap gets its owner once the job exists)."""
         settings = dataclasses.replace(self.settings, namespace=self.namespace)
-        return build_mpijob(spec, settings), build_configmap(spec, settings)
+        return self.build(spec, settings), build_configmap(spec, settings)
 
     def launch(self, spec: JobSpec) -> str:
-        mpijob, configmap = self.manifests(spec)
+        job, configmap = self.manifests(spec)
         ns = self.namespace
-        created = self.client.create_mpijob(ns, mpijob)
-        # The MPIJob owns the ConfigMap, so deleting the job (or its TTL) removes the config too. The pods
+        try:
+            created = self._call("create_{}")(ns, job)
+        except KubernetesApiError as e:
+            raise self.explain_create_error(e) from e
+        # The job owns the ConfigMap, so deleting the job (or its TTL) removes the config too. The pods
         # wait for the ConfigMap volume, so creating it second is safe.
         meta = created.get("metadata") or {}
         configmap["metadata"]["ownerReferences"] = [{
-            "apiVersion": API_VERSION, "kind": KIND, "name": spec.name, "uid": meta.get("uid", ""),
+            "apiVersion": self.api_version, "kind": self.object_kind, "name": spec.name, "uid": meta.get("uid", ""),
         }]
         try:
             self.client.create_configmap(ns, configmap)
@@ -126,15 +163,15 @@ class MPIJobBackend(Backend):
             try:
                 self.delete(spec.name)
             except Exception:
-                log.exception("could not clean up MPIJob %s/%s after a failed launch", ns, spec.name)
+                log.exception("could not clean up %s %s/%s after a failed launch", self.object_kind, ns, spec.name)
             raise
         return spec.name
 
     def find(self, labels: dict[str, str]) -> str | None:
         if not labels:
             return None  # no labels would match every ringflow job: never reattach to a stranger's
-        items = self.client.list_mpijobs(self.namespace, L.selector(labels))
-        live = [j for j in items if L.carries(j, labels) and not _finished(j)
+        items = self._call("list_{}s")(self.namespace, L.selector(labels))
+        live = [j for j in items if L.carries(j, labels) and not self._finished(j)
                 and not (j.get("metadata") or {}).get("deletionTimestamp")]
         live.sort(key=lambda j: (j["metadata"].get("creationTimestamp") or "", j["metadata"]["name"]))
         return live[-1]["metadata"]["name"] if live else None
@@ -143,89 +180,121 @@ class MPIJobBackend(Backend):
     def status(self, job_id: str) -> JobStatus:
         ns = self.namespace
         try:
-            mpijob = self.client.get_mpijob(ns, job_id)
+            job = self._call("get_{}")(ns, job_id)
         except KubernetesApiError as e:
             if e.status == 404:
-                raise JobNotFound(f"no MPIJob {ns}/{job_id}") from e
+                raise JobNotFound(f"no {self.object_kind} {ns}/{job_id}") from e
             raise
-        return outcome_from_status(mpijob, self.client.list_pods(ns, _pods_selector(job_id)))
+        return self.outcome(job, self.client.list_pods(ns, self._pods_selector(job_id)))
 
     async def astatus(self, job_id: str) -> JobStatus:
         ns = await self.anamespace()
         try:
-            mpijob = await self.client.aget_mpijob(ns, job_id)
+            job = await self._call("aget_{}")(ns, job_id)
         except KubernetesApiError as e:
             if e.status == 404:
-                raise JobNotFound(f"no MPIJob {ns}/{job_id}") from e
+                raise JobNotFound(f"no {self.object_kind} {ns}/{job_id}") from e
             raise
-        return outcome_from_status(mpijob, await self.client.alist_pods(ns, _pods_selector(job_id)))
+        return self.outcome(job, await self.client.alist_pods(ns, self._pods_selector(job_id)))
 
-    # -- logs: the launcher's, since it prints every rank's output (mpirun forwards it) ------------
+    # -- logs -----------------------------------------------------------------------------------
     def logs(self, job_id: str, cursor: Any = None) -> LogChunk:
         _cursor(cursor)  # a cursor we cannot read fails before any API call
         ns = self.namespace
-        launcher = _newest_launcher(self.client.list_pods(ns, _pods_selector(job_id)))
-        if launcher is None:
+        pod = self.log_pod(self.client.list_pods(ns, self._pods_selector(job_id)))
+        if pod is None:
             return LogChunk(lines=[], next_cursor=cursor)
-        name = launcher["metadata"]["name"]
         try:
-            text = self.client.read_pod_log(ns, name)
+            text = self.client.read_pod_log(ns, pod["metadata"]["name"])
         except KubernetesApiError as e:
             if e.status in (400, 404):  # container not started yet, or pod just replaced
                 return LogChunk(lines=[], next_cursor=cursor)
             raise
-        return _chunk(_container_key(launcher), text, cursor)
+        return _chunk(_container_key(pod), text, cursor)
 
     async def alogs(self, job_id: str, cursor: Any = None) -> LogChunk:
         _cursor(cursor)
         ns = await self.anamespace()
-        launcher = _newest_launcher(await self.client.alist_pods(ns, _pods_selector(job_id)))
-        if launcher is None:
+        pod = self.log_pod(await self.client.alist_pods(ns, self._pods_selector(job_id)))
+        if pod is None:
             return LogChunk(lines=[], next_cursor=cursor)
-        name = launcher["metadata"]["name"]
         try:
-            text = await self.client.aread_pod_log(ns, name)
+            text = await self.client.aread_pod_log(ns, pod["metadata"]["name"])
         except KubernetesApiError as e:
             if e.status in (400, 404):
                 return LogChunk(lines=[], next_cursor=cursor)
             raise
-        return _chunk(_container_key(launcher), text, cursor)
+        return _chunk(_container_key(pod), text, cursor)
 
     # -- delete ---------------------------------------------------------------------------------
     def delete(self, job_id: str) -> None:
         ns = self.namespace
-        self.client.delete_mpijob(ns, job_id)
+        self._call("delete_{}")(ns, job_id)
         # The garbage collector removes the owned ConfigMap anyway; deleting it here also covers a
-        # ConfigMap whose MPIJob never got created.
+        # ConfigMap whose job never got created.
         self.client.delete_configmap(ns, configmap_name(job_id))
 
     async def adelete(self, job_id: str) -> None:
         ns = await self.anamespace()
-        await self.client.adelete_mpijob(ns, job_id)
+        await self._call("adelete_{}")(ns, job_id)
         await self.client.adelete_configmap(ns, configmap_name(job_id))
 
 
+class MPIJobBackend(ClusterJobBackend):
+    """Horovod ranks in a Kubeflow MPIJob (kubeflow.org/v2beta1, MPI Operator v0.8.2)."""
+
+    kind = "kubernetes"
+    settings_class = MPIJobSettings
+    resource = "mpijob"
+    api_version, object_kind = API_VERSION, KIND
+    finished_conditions = MPIJOB_WORDS.end_conditions
+    pod_job_label = L.JOB_NAME_LABEL
+
+    def build(self, spec: JobSpec, settings: Any) -> dict[str, Any]:
+        return build_mpijob(spec, settings)
+
+    def outcome(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> JobStatus:
+        return outcome_from_status(job, pods)
+
+    def log_pod(self, pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+        # The launcher's: it prints every rank's output (mpirun forwards it).
+        return newest_pod(pods, L.JOB_ROLE_LABEL, "launcher")
+
+
 SETTINGS_ENV = "RINGFLOW_MPIJOB_SETTINGS"
+TRAINJOB_SETTINGS_ENV = "RINGFLOW_TRAINJOB_SETTINGS"
 CONN_ENV = "RINGFLOW_K8S_CONN_ID"
 DEFAULT_CONN_ID = "ringflow_k8s"
 
 
 def backend_from_env(environ: dict[str, str] | None = None,
-                     connections: Connections | None = None) -> MPIJobBackend | None:
-    """The MPIJob backend a deployment configured, or None (then DAGs use local workers).
+                     connections: Connections | None = None) -> ClusterJobBackend | None:
+    """The Kubernetes backend a deployment configured, or None (then DAGs use local workers).
 
-    $RINGFLOW_MPIJOB_SETTINGS holds MPIJobSettings as JSON (deploy/airflow-values.yaml sets it);
+    $RINGFLOW_MPIJOB_SETTINGS holds MPIJobSettings as JSON (deploy/airflow-values.yaml sets it): MPIJobs.
+    $RINGFLOW_TRAINJOB_SETTINGS holds TrainJobSettings as JSON: Kubeflow Trainer v2 TrainJobs. At most one.
     $RINGFLOW_K8S_CONN_ID names the cluster connection `connections` resolves (default "ringflow_k8s").
     """
     import json
     import os
 
     env = os.environ if environ is None else environ
-    raw = (env.get(SETTINGS_ENV) or "").strip()
-    if not raw:
+    chosen = [name for name in (SETTINGS_ENV, TRAINJOB_SETTINGS_ENV) if (env.get(name) or "").strip()]
+    if not chosen:
         return None
+    if len(chosen) > 1:
+        raise ValueError(f"both ${SETTINGS_ENV} and ${TRAINJOB_SETTINGS_ENV} are set; set only the one for the "
+                         "job kind this cluster runs (MPIJobs or Kubeflow Trainer TrainJobs)")
+    (name,) = chosen
+    what = "MPIJob" if name == SETTINGS_ENV else "TrainJob"
     try:
-        settings = json.loads(raw)
+        settings = json.loads(env[name])
     except ValueError as e:
-        raise ValueError(f"${SETTINGS_ENV} is not valid JSON ({e}); set it to the MPIJob settings object") from e
-    return MPIJobBackend(settings, conn_id=env.get(CONN_ENV) or DEFAULT_CONN_ID, connections=connections)
+        raise ValueError(f"${name} is not valid JSON ({e}); set it to the {what} settings object") from e
+    if name == SETTINGS_ENV:
+        cls: type[ClusterJobBackend] = MPIJobBackend
+    else:
+        from ringflow.training.backends.kubernetes.trainjob_backend import TrainJobBackend
+
+        cls = TrainJobBackend
+    return cls(settings, conn_id=env.get(CONN_ENV) or DEFAULT_CONN_ID, connections=connections)

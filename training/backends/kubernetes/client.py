@@ -1,4 +1,4 @@
-"""The Kubernetes API client of the MPIJob backend: sync (kubernetes) for the operator, async
+"""The Kubernetes API client of the MPIJob and TrainJob backends: sync (kubernetes) for the operator, async
 (kubernetes_asyncio) for the trigger, with the same retry policy. Not an Airflow hook, and not built on the
 cncf.kubernetes provider's: the core must run without Airflow (the CLI, scripts), and that provider's hooks
 need Airflow and its connection store (and are not a dependency here); the connection -> ClusterConfig
@@ -27,25 +27,34 @@ import time
 from typing import Any, Callable
 
 from ringflow.training.backends.connections import Connections, require
-from ringflow.training.backends.kubernetes.mpijob import GROUP, PLURAL, VERSION  # the CRD, defined once
+from ringflow.training.backends.kubernetes import mpijob, trainjob  # the CRDs, each defined once
 
 log = logging.getLogger(__name__)
 _SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
+
+def _custom_object_ops(kind: str, group: str, version: str, plural: str) -> dict[str, Any]:
+    """create/get/list/delete of one custom resource (MPIJobs, TrainJobs)."""
+    return {
+        f"create_{kind}": ((group, plural, "create"), lambda c, api, o, ns, body: c.CustomObjectsApi(api)
+                           .create_namespaced_custom_object(group, version, ns, plural, body, **o)),
+        f"get_{kind}": ((group, plural, "get"), lambda c, api, o, ns, name: c.CustomObjectsApi(api)
+                        .get_namespaced_custom_object(group, version, ns, plural, name, **o)),
+        f"list_{kind}s": ((group, plural, "list"), lambda c, api, o, ns, selector: c.CustomObjectsApi(api)
+                          .list_namespaced_custom_object(group, version, ns, plural, label_selector=selector, **o)),
+        # Foreground: the job disappears only after its pods (and our ConfigMap, which it owns) are gone, so
+        # a retry never races the previous attempt's pods.
+        f"delete_{kind}": ((group, plural, "delete"), lambda c, api, o, ns, name: c.CustomObjectsApi(api)
+                           .delete_namespaced_custom_object(group, version, ns, plural, name,
+                                                            body={"propagationPolicy": "Foreground"}, **o)),
+    }
+
+
 # op -> ((api group, resource, RBAC verb), call). A call gets (client module, ApiClient, *args) and returns
 # the raw response (never deserialized into models: we work with the JSON, as the API returns it).
 _OPS: dict[str, tuple[tuple[str, str, str], Callable[..., Any]]] = {
-    "create_mpijob": ((GROUP, PLURAL, "create"), lambda c, api, o, ns, body: c.CustomObjectsApi(api)
-                      .create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body, **o)),
-    "get_mpijob": ((GROUP, PLURAL, "get"), lambda c, api, o, ns, name: c.CustomObjectsApi(api)
-                   .get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, **o)),
-    "list_mpijobs": ((GROUP, PLURAL, "list"), lambda c, api, o, ns, selector: c.CustomObjectsApi(api)
-                     .list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, label_selector=selector, **o)),
-    # Foreground: the MPIJob disappears only after its pods (and our ConfigMap, which it owns) are gone, so
-    # a retry never races the previous attempt's pods.
-    "delete_mpijob": ((GROUP, PLURAL, "delete"), lambda c, api, o, ns, name: c.CustomObjectsApi(api)
-                      .delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
-                                                       body={"propagationPolicy": "Foreground"}, **o)),
+    **_custom_object_ops("mpijob", mpijob.GROUP, mpijob.VERSION, mpijob.PLURAL),
+    **_custom_object_ops("trainjob", trainjob.GROUP, trainjob.VERSION, trainjob.PLURAL),
     "create_configmap": (("", "configmaps", "create"), lambda c, api, o, ns, body: c.CoreV1Api(api)
                          .create_namespaced_config_map(ns, body, **o)),
     "get_configmap": (("", "configmaps", "get"), lambda c, api, o, ns, name: c.CoreV1Api(api)
@@ -278,6 +287,26 @@ class KubernetesClient:
 
     async def adelete_mpijob(self, namespace: str, name: str) -> bool:
         return await _agone_ok(self._araw("delete_mpijob", namespace, name))
+
+    # -- TrainJobs (Kubeflow Trainer v2) -----------------------------------------------------------
+    def create_trainjob(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._create("trainjob", namespace, body)
+
+    def get_trainjob(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._json("get_trainjob", namespace, name)
+
+    async def aget_trainjob(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self._ajson("get_trainjob", namespace, name)
+
+    def list_trainjobs(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return self._json("list_trainjobs", namespace, label_selector).get("items") or []
+
+    def delete_trainjob(self, namespace: str, name: str) -> bool:
+        """Delete (foreground: the JobSet and its pods go first). False when it was already gone."""
+        return _gone_ok(lambda: self._raw("delete_trainjob", namespace, name))
+
+    async def adelete_trainjob(self, namespace: str, name: str) -> bool:
+        return await _agone_ok(self._araw("delete_trainjob", namespace, name))
 
     # -- ConfigMaps -------------------------------------------------------------------------------
     def create_configmap(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,15 @@ ORIGINAL_LABELS_ANNOTATION = "ringflow/labels"
 # Set by the MPI Operator on every pod of an MPIJob (kubeflow/mpi-operator v2beta1 constants.go).
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+# Set by the JobSet controller on every pod of a TrainJob's JobSet (named like the TrainJob; sigs.k8s.io/jobset
+# constants.go), and by the Job controller (the index of an Indexed Job's pod).
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+# Which engine a TrainJob runs (horovod or ddp): how to read its pods, without asking for its runtime.
+ENGINE_ANNOTATION = "ringflow/engine"
 
 _VALUE_OK = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _NAME_OK = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")

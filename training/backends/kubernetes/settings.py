@@ -1,4 +1,4 @@
-"""Where and how an MPIJob runs on the cluster: everything the manifest needs besides the JobSpec.
+"""Where and how an MPIJob or a TrainJob runs on the cluster: everything the manifest needs besides the JobSpec.
 
 Plain JSON in, plain JSON out (`from_dict` / `to_dict`), because the backend travels to the triggerer as
 JSON. Every check says what to change.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import Any, ClassVar, Self
 
 PLACEMENTS = ("pack", "spread")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
@@ -22,7 +22,7 @@ _DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a
 
 
 class SettingsError(ValueError):
-    """The MPIJob settings cannot produce a valid job; the message says which setting to fix."""
+    """The MPIJob or TrainJob settings cannot produce a valid job; the message says which setting to fix."""
 
 
 def quantity(value: Any, what: str) -> float:
@@ -117,91 +117,77 @@ class RunPolicy:
 
 
 @dataclasses.dataclass(frozen=True)
-class MPIJobSettings:
-    """Cluster-side settings of the training MPIJobs.
+class PodSettings:
+    """The settings both job kinds share (the same field names, the same meaning and checks); a kind's
+    settings add their own fields after these.
 
     image: the training image (docker/training.Dockerfile), pinned to a tag or digest.
     namespace: None means the Airflow connection's namespace, else "default".
+    worker: requests and limits of each pod that hosts ranks.
     placement: "pack" prefers putting workers on as few nodes as possible (fast local all-reduce),
       "spread" prefers one worker per node (a node failure takes fewer workers; more memory bandwidth).
     s3_secret_name: a Secret with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the MinIO credentials);
       pods read it through secretKeyRef, so no credential ever appears in the manifest.
     s3_endpoint: the MinIO URL (not a secret), passed as RINGFLOW_S3_ENDPOINT.
-    run_as_root: the image runs as mpiuser (uid run_as_user) by default; root also needs mpirun's
-      --allow-run-as-root and the SSH keys in /root/.ssh.
-    ssh_port: where the workers' sshd listens (the image's sshd config); checked by the readiness probe, so
-      "workers ready" means "sshd answers" before the launcher starts.
     """
 
     image: str
     namespace: str | None = None
-    image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
     worker: Resources = dataclasses.field(default_factory=Resources)
-    launcher: Resources = dataclasses.field(default_factory=lambda: Resources(cpu="250m", memory="512Mi"))
     placement: str = "pack"
     node_selector: dict[str, str] = dataclasses.field(default_factory=dict)
     tolerations: tuple[dict[str, Any], ...] = ()
     s3_secret_name: str | None = None
     s3_endpoint: str | None = None
     service_account: str | None = None
+    python: str = "python"
+
+    # The fields that hold nested settings, built from their JSON mappings in this order.
+    _nested: ClassVar[tuple[tuple[str, type], ...]] = (("worker", Resources),)
+
+    def __post_init__(self) -> None:
+        _coerce(self, self._nested)
+        _check_pod_settings(self)
+        self._check()
+
+    def _check(self) -> None:
+        """The kind's own checks, after the shared ones."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        return _build(cls, data, "settings")
+
+
+@dataclasses.dataclass(frozen=True)
+class MPIJobSettings(PodSettings):
+    """Cluster-side settings of the training MPIJobs: PodSettings, and
+
+    launcher: the launcher pod's requests and limits (mpirun only: small).
+    run_as_root: the image runs as mpiuser (uid run_as_user) by default; root also needs mpirun's
+      --allow-run-as-root and the SSH keys in /root/.ssh.
+    ssh_port: where the workers' sshd listens (the image's sshd config); checked by the readiness probe, so
+      "workers ready" means "sshd answers" before the launcher starts.
+    """
+
+    image_pull_policy: str = "IfNotPresent"
+    launcher: Resources = dataclasses.field(default_factory=lambda: Resources(cpu="250m", memory="512Mi"))
     run_policy: RunPolicy = dataclasses.field(default_factory=RunPolicy)
     run_as_root: bool = False
     run_as_user: int = 1000
     ssh_auth_mount_path: str | None = None
     ssh_port: int = 2222
-    python: str = "python"
 
-    def __post_init__(self) -> None:
-        # Accept the JSON shapes (dicts, lists) so that MPIJobSettings(**json.loads(...)) just works.
-        for name, cls in (("worker", Resources), ("launcher", Resources), ("run_policy", RunPolicy)):
-            value = getattr(self, name)
-            if isinstance(value, dict):
-                object.__setattr__(self, name, _build(cls, value, name))
-            elif not isinstance(value, cls):
-                raise SettingsError(f"{name} must be a mapping of {_fields(cls)}")
-        for name in ("image_pull_secrets", "tolerations"):
-            value = getattr(self, name)
-            if isinstance(value, (list, tuple)):
-                object.__setattr__(self, name, tuple(value))
-            else:
-                raise SettingsError(f"{name} must be a list")
-        self._check()
+    _nested: ClassVar[tuple[tuple[str, type], ...]] = (("worker", Resources), ("launcher", Resources),
+                                                       ("run_policy", RunPolicy))
 
     def _check(self) -> None:
-        image = self.image
-        if not isinstance(image, str) or not image or any(c.isspace() for c in image):
-            raise SettingsError(f"image is {image!r}; set it to the training image, e.g. 'registry/ringflow-training:0.1.0'")
-        last = image.rsplit("/", 1)[-1]
-        if "@" not in image and (":" not in last or last.endswith(":latest")):
-            raise SettingsError(
-                f"image {image!r} is not pinned; add a version tag or a digest (not ':latest') so that every "
-                "worker and every retry runs the same code"
-            )
-        if self.namespace is not None:
-            _name(self.namespace, "namespace")
         if self.image_pull_policy not in PULL_POLICIES:
             raise SettingsError(f"image_pull_policy is {self.image_pull_policy!r}; use one of {PULL_POLICIES}")
-        for secret in self.image_pull_secrets:
-            _name(secret, "an image_pull_secrets entry")
-        self.worker.check("worker")
         self.launcher.check("launcher")
-        if self.placement not in PLACEMENTS:
-            raise SettingsError(f"placement is {self.placement!r}; use 'pack' or 'spread'")
-        if not isinstance(self.node_selector, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in self.node_selector.items()
-        ):
-            raise SettingsError("node_selector must map label keys to label values (strings)")
-        for toleration in self.tolerations:
-            if not isinstance(toleration, dict) or not toleration or set(toleration) - TOLERATION_KEYS:
-                raise SettingsError(
-                    f"toleration {toleration!r} must be a mapping with only the keys {sorted(TOLERATION_KEYS)}"
-                )
-        for name in ("s3_secret_name", "service_account"):
-            if getattr(self, name) is not None:
-                _name(getattr(self, name), name)
-        if self.s3_endpoint is not None and not re.match(r"^https?://[^\s]+$", str(self.s3_endpoint)):
-            raise SettingsError(f"s3_endpoint is {self.s3_endpoint!r}; use a URL such as 'http://minio.ringflow:9000'")
         self.run_policy.check()
         if not isinstance(self.run_as_root, bool):
             raise SettingsError("run_as_root must be true or false")
@@ -212,8 +198,6 @@ class MPIJobSettings:
             raise SettingsError(f"ssh_auth_mount_path is {path!r}; use an absolute path such as /home/mpiuser/.ssh")
         if not isinstance(self.ssh_port, int) or not 0 < self.ssh_port < 65536:
             raise SettingsError(f"ssh_port is {self.ssh_port!r}; use the port the image's sshd listens on (2222)")
-        if not isinstance(self.python, str) or not self.python:
-            raise SettingsError("python must name the interpreter in the image, e.g. 'python'")
 
     @property
     def ssh_path(self) -> str:
@@ -222,12 +206,89 @@ class MPIJobSettings:
             return self.ssh_auth_mount_path
         return "/root/.ssh" if self.run_as_root else "/home/mpiuser/.ssh"
 
-    def to_dict(self) -> dict[str, Any]:
-        return _plain(dataclasses.asdict(self))
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "MPIJobSettings":
-        return _build(cls, data, "settings")
+def _check_pod_settings(s: PodSettings) -> None:
+    """The checks of the settings both job kinds share."""
+    image = s.image
+    if not isinstance(image, str) or not image or any(c.isspace() for c in image):
+        raise SettingsError(f"image is {image!r}; set it to the training image, e.g. 'registry/ringflow-training:0.1.0'")
+    last = image.rsplit("/", 1)[-1]
+    if "@" not in image and (":" not in last or last.endswith(":latest")):
+        raise SettingsError(
+            f"image {image!r} is not pinned; add a version tag or a digest (not ':latest') so that every "
+            "worker and every retry runs the same code"
+        )
+    if s.namespace is not None:
+        _name(s.namespace, "namespace")
+    for secret in s.image_pull_secrets:
+        _name(secret, "an image_pull_secrets entry")
+    s.worker.check("worker")
+    if s.placement not in PLACEMENTS:
+        raise SettingsError(f"placement is {s.placement!r}; use 'pack' or 'spread'")
+    if not isinstance(s.node_selector, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in s.node_selector.items()
+    ):
+        raise SettingsError("node_selector must map label keys to label values (strings)")
+    for toleration in s.tolerations:
+        if not isinstance(toleration, dict) or not toleration or set(toleration) - TOLERATION_KEYS:
+            raise SettingsError(
+                f"toleration {toleration!r} must be a mapping with only the keys {sorted(TOLERATION_KEYS)}"
+            )
+    for name in ("s3_secret_name", "service_account"):
+        if getattr(s, name) is not None:
+            _name(getattr(s, name), name)
+    if s.s3_endpoint is not None and not re.match(r"^https?://[^\s]+$", str(s.s3_endpoint)):
+        raise SettingsError(f"s3_endpoint is {s.s3_endpoint!r}; use a URL such as 'http://minio.ringflow:9000'")
+    if not isinstance(s.python, str) or not s.python:
+        raise SettingsError("python must name the interpreter in the image, e.g. 'python'")
+
+
+def _coerce(s: Any, nested: tuple[tuple[str, type], ...]) -> None:
+    # Accept the JSON shapes (dicts, lists) so that Settings(**json.loads(...)) just works.
+    for name, cls in nested:
+        value = getattr(s, name)
+        if isinstance(value, dict):
+            object.__setattr__(s, name, _build(cls, value, name))
+        elif not isinstance(value, cls):
+            raise SettingsError(f"{name} must be a mapping of {_fields(cls)}")
+    for name in ("image_pull_secrets", "tolerations"):
+        value = getattr(s, name)
+        if isinstance(value, (list, tuple)):
+            object.__setattr__(s, name, tuple(value))
+        else:
+            raise SettingsError(f"{name} must be a list")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainJobSettings(PodSettings):
+    """Cluster-side settings of the training TrainJobs (Kubeflow Trainer v2, trainer.kubeflow.org/v1alpha1).
+
+    PodSettings, as for an MPIJob where the TrainJob can carry them; what a TrainJob cannot set (the
+    workers' image pull policy, ssh port and user, the retry count, the TTL) lives in ringflow's
+    ClusterTrainingRuntimes (deploy/trainer/), which these settings name.
+
+    image: the training image. Every pod of a DDP job runs it; in a Horovod job the launcher runs it and the
+      nodes run the image of the `ringflow-horovod` runtime (a TrainJob cannot set it): keep both equal.
+    worker: requests and limits of every node (TrainJob resourcesPerNode); the Horovod launcher is a node too
+      (the runtime's runLauncherAsNode), so there is no separate launcher size.
+    active_deadline_seconds: the TrainJob's own deadline, the backstop when Airflow is gone.
+    horovod_runtime, ddp_runtime: the ClusterTrainingRuntimes that run each engine.
+    """
+
+    active_deadline_seconds: int | None = None
+    horovod_runtime: str = "ringflow-horovod"
+    ddp_runtime: str = "ringflow-torch"
+
+    def _check(self) -> None:
+        deadline = self.active_deadline_seconds
+        if deadline is not None and (not isinstance(deadline, int) or isinstance(deadline, bool) or deadline < 1):
+            raise SettingsError(f"active_deadline_seconds is {deadline!r}; use a whole number >= 1, or null")
+        for name in ("horovod_runtime", "ddp_runtime"):
+            _name(getattr(self, name), name)
+
+    def runtime(self, engine: str) -> str:
+        """The ClusterTrainingRuntime that runs this engine."""
+        return {"horovod": self.horovod_runtime, "ddp": self.ddp_runtime}[engine]
 
 
 def _fields(cls: type) -> list[str]:
@@ -240,7 +301,7 @@ def _build(cls: type, data: dict[str, Any], what: str) -> Any:
     unknown = set(data) - set(_fields(cls))
     if unknown:
         raise SettingsError(f"{what} has unknown keys {sorted(unknown)}; valid keys are {_fields(cls)}")
-    if cls is MPIJobSettings and "image" not in data:
+    if issubclass(cls, PodSettings) and "image" not in data:
         raise SettingsError("settings.image is missing; set it to the training image")
     return cls(**data)
 

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import pytest
 
+from backend_checks import NS
 from kmock_cluster import Cluster
 
-NAMESPACE = "training"
 IMAGE = "registry.example/ringflow-training:0.1.0"
 
 
 @pytest.fixture
 def cluster(tmp_path):
-    """A fresh Kubernetes API emulator on 127.0.0.1 (the MPIJob, Pod and ConfigMap APIs) per test."""
+    """A fresh Kubernetes API emulator on 127.0.0.1 (the MPIJob, TrainJob, Pod and ConfigMap APIs) per test."""
     c = Cluster(tmp_path)
     try:
         yield c
@@ -21,7 +21,7 @@ def cluster(tmp_path):
 
 @pytest.fixture
 def settings_dict():
-    return {"image": IMAGE, "namespace": NAMESPACE, "s3_secret_name": "ringflow-minio",
+    return {"image": IMAGE, "namespace": NS, "s3_secret_name": "ringflow-minio",
             "s3_endpoint": "http://minio.ringflow:9000"}
 
 
@@ -31,3 +31,10 @@ def backend(cluster, settings_dict):
 
     # Tiny backoff: retries are tested for happening, not for their timing.
     return MPIJobBackend(settings_dict, kubeconfig_path=str(cluster.kubeconfig), backoff_s=0.01)
+
+
+@pytest.fixture
+def trainjob_backend(cluster, settings_dict):
+    from ringflow.training.backends.kubernetes.trainjob_backend import TrainJobBackend
+
+    return TrainJobBackend(settings_dict, kubeconfig_path=str(cluster.kubeconfig), backoff_s=0.01)

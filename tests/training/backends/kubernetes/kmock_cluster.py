@@ -21,6 +21,7 @@ import kmock
 import yaml
 
 MPIJOBS = "kubeflow.org/v2beta1/mpijobs"
+TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
 PODS = "v1/pods"
 CONFIGMAPS = "v1/configmaps"
 
@@ -102,7 +103,7 @@ class Cluster:
         async with FaithfulEmulator() as k, kmock.Server(k, host="127.0.0.1") as server:
             self.k = k
             self.url = str(server.url).rstrip("/")
-            for resource in (MPIJOBS, PODS, CONFIGMAPS):
+            for resource in (MPIJOBS, TRAINJOBS, PODS, CONFIGMAPS):
                 k.resources[resource] = {}
             # The log subresource is not an object: serve the text the test scripted for that pod.
             k["get", kmock.resource(PODS), kmock.subresource("log")] << self._serve_log
@@ -140,11 +141,29 @@ class Cluster:
     def patch(self, resource: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self.call(lambda: self.k.objects[kmock.resource(resource), namespace, name].patch(patch))
 
-    def set_conditions(self, namespace: str, name: str, *conditions: tuple[str, str, str]) -> None:
-        """What the MPI Operator writes into status: (type, reason, message) conditions, all True."""
+    def set_conditions(self, namespace: str, name: str, *conditions: tuple[str, str, str],
+                       resource: str = MPIJOBS) -> None:
+        """What the MPI Operator (or Kubeflow Trainer, resource=TRAINJOBS) writes into status: (type, reason,
+        message) conditions, all True."""
         conds = [{"type": t, "status": "True", "reason": r, "message": m,
                   "lastTransitionTime": "2030-01-01T00:00:00Z"} for t, r, m in conditions]
-        self.patch(MPIJOBS, namespace, name, {"status": {"conditions": conds}})
+        self.patch(resource, namespace, name, {"status": {"conditions": conds}})
+
+    def add_jobset_pod(self, namespace: str, job: str, replicated_job: str, index: int = 0, *,
+                       status: dict[str, Any], restart: int = 0, created: str = "2030-01-01T00:00:00Z") -> str:
+        """A pod of a TrainJob's JobSet as the JobSet and Job controllers make it (name and labels)."""
+        name = f"{job}-{replicated_job}-0-{index}-r{restart}x"
+        self.put(PODS, namespace, name, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created, "labels": {
+                "jobset.sigs.k8s.io/jobset-name": job, "jobset.sigs.k8s.io/replicatedjob-name": replicated_job,
+                "jobset.sigs.k8s.io/job-index": "0", "jobset.sigs.k8s.io/restart-attempt": str(restart),
+                "batch.kubernetes.io/job-completion-index": str(index)}},
+            "spec": {"containers": [{"name": "node", "image": "registry.example/ringflow-training:0.1.0",
+                                     "resources": {"limits": {"memory": "2Gi"}}}]},
+            "status": status,
+        })
+        return name
 
     def add_pod(self, namespace: str, job: str, role: str, index: int = 0, *, status: dict[str, Any],
                 created: str = "2030-01-01T00:00:00Z") -> str:

@@ -58,6 +58,14 @@ def test_api_calls_lists_exactly_what_the_client_uses(cluster, client):
         assert await client.adelete_mpijob(NS, "j") is True
     asyncio.run(async_calls())
     assert client.delete_mpijob(NS, "j") is False and client.delete_configmap(NS, "c") is False
+    # The TrainJob backend's calls (Kubeflow Trainer v2).
+    trainjob = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "t"},
+                "spec": {"runtimeRef": {"name": "ringflow-torch"}}}
+    client.create_trainjob(NS, trainjob)
+    client.create_trainjob(NS, trainjob)  # 409: reattach through get
+    assert client.list_trainjobs(NS, "")[0]["metadata"]["name"] == "t"
+    assert asyncio.run(client.aget_trainjob(NS, "t"))["metadata"]["name"] == "t"
+    assert client.delete_trainjob(NS, "t") is True and asyncio.run(client.adelete_trainjob(NS, "t")) is False
 
     made = {_verb(r) for r in cluster.requests() if r.resource is not None}
     assert made == set(API_CALLS)

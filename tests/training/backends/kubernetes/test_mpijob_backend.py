@@ -9,15 +9,14 @@ import json
 import kmock
 import pytest
 
+import backend_checks as checks
 import strict_schema
+from backend_checks import LABELS, NS
 from kmock_cluster import CONFIGMAPS, MPIJOBS
-from ringflow.training.backends.base import FAILED, PENDING, RUNNING, SUCCEEDED, JobNotFound, backend_from_dict
+from ringflow.training.backends.base import FAILED, PENDING, RUNNING, SUCCEEDED, backend_from_dict
 from ringflow.training.backends.job_spec import JobSpec, JobSpecError
-from ringflow.training.backends.kubernetes.client import AlreadyExistsError
 
 pytestmark = pytest.mark.slow
-NS = "training"
-LABELS = {"dag": "retrain", "run": "scheduled__2030-01-01T00:00:00+00:00", "task": "train", "try": "1"}
 
 
 def spec(name="retrain-1", **kw):
@@ -48,12 +47,7 @@ def test_runs_and_succeeds(cluster, backend):
     cluster.set_conditions(NS, job_id, ("Created", "MPIJobCreated", "created"), ("Running", "MPIJobRunning", "running"))
     assert backend.status(job_id).state == RUNNING
 
-    cluster.logs[(NS, launcher)] = "[1,0]<stdout>:epoch 1 loss 0.9\n[1,1]<stdout>:epoch 1 loss 0.8\n[1,0]<stdout>:ep"
-    first = backend.logs(job_id)
-    assert first.lines == ["[1,0]<stdout>:epoch 1 loss 0.9", "[1,1]<stdout>:epoch 1 loss 0.8"]
-    cluster.logs[(NS, launcher)] += "och 2 loss 0.5\ndone\n"
-    second = backend.logs(job_id, json.loads(json.dumps(first.next_cursor)))  # cursors survive JSON
-    assert second.lines == ["[1,0]<stdout>:epoch 2 loss 0.5", "done"]
+    second = checks.assert_logs_follow_the_pod(cluster, backend, job_id, launcher)
     assert backend.logs(job_id, second.next_cursor).lines == []
 
     cluster.set_conditions(NS, job_id, ("Created", "MPIJobCreated", "created"),
@@ -89,17 +83,7 @@ def test_oom_killed_worker_is_named(cluster, backend):
 
 
 def test_delete_on_kill_is_foreground_and_tolerates_404(cluster, backend):
-    job_id = backend.launch(spec())
-    backend.delete(job_id)
-    assert cluster.get(MPIJOBS, NS, job_id) is None and cluster.get(CONFIGMAPS, NS, "retrain-1-ringflow") is None
-    deletes = [r for r in cluster.requests("delete") if "/mpijobs/" in r.url.path]
-    assert deletes and deletes[0].data == {"propagationPolicy": "Foreground"}
-    backend.delete(job_id)  # already gone: not an error
-    asyncio.run(backend.adelete(job_id))
-    with pytest.raises(JobNotFound):
-        backend.status(job_id)
-    with pytest.raises(JobNotFound):
-        asyncio.run(backend.astatus(job_id))
+    checks.assert_delete_is_foreground_and_tolerates_404(cluster, backend, backend.launch(spec()), MPIJOBS, "MPIJob")
 
 
 def test_async_delete(cluster, backend):
@@ -123,12 +107,7 @@ def test_reattach_via_find_on_retry(cluster, backend, settings_dict):
 
 
 def test_create_conflict_with_a_foreign_object(cluster, backend):
-    cluster.put(MPIJOBS, NS, "retrain-1", {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
-                                            "metadata": {"labels": {"app": "someone-else"}}, "spec": {}})
-    with pytest.raises(AlreadyExistsError, match="already exists.*labels differ"):
-        backend.launch(spec())
-    assert cluster.get(MPIJOBS, NS, "retrain-1")["metadata"]["labels"] == {"app": "someone-else"}
-    assert cluster.get(CONFIGMAPS, NS, "retrain-1-ringflow") is None
+    checks.assert_a_foreign_object_is_left_alone(cluster, backend, spec(), MPIJOBS, "MPIJob")
 
 
 def test_ddp_engine_is_refused_before_anything_is_submitted(cluster, backend):
@@ -139,11 +118,7 @@ def test_ddp_engine_is_refused_before_anything_is_submitted(cluster, backend):
 
 
 def test_failed_configmap_create_removes_the_mpijob(cluster, backend):
-    cluster.k["post", kmock.resource(CONFIGMAPS)] << 403 << {"kind": "Status", "code": 403, "reason": "Forbidden",
-                                                  "message": "configmaps is forbidden"}
-    with pytest.raises(Exception, match="forbidden"):
-        backend.launch(spec())
-    assert cluster.get(MPIJOBS, NS, "retrain-1") is None
+    checks.assert_a_failed_configmap_create_removes_the_job(cluster, backend, spec(), MPIJOBS)
 
 
 def test_retries_429_and_500(cluster, backend, caplog):

@@ -173,8 +173,8 @@ def test_only_the_horovod_engine_runs_as_an_mpijob(config, refused):
     if not refused:
         assert build_mpijob(spec(config=config), settings)["kind"] == "MPIJob"
         return
-    with pytest.raises(JobSpecError, match="engine 'ddp' cannot run as an MPIJob.*TrainJob backend.*local backend"
-                                           ".*\"horovod\" to train on Kubernetes"):
+    with pytest.raises(JobSpecError, match="engine 'ddp' cannot run as an MPIJob.*TrainJob.*"
+                                           "RINGFLOW_TRAINJOB_SETTINGS.*LocalProcessBackend.*\"horovod\""):
         build_mpijob(spec(config=config), settings)
 
 

@@ -48,9 +48,9 @@ SSH_ERROR = ("ssh: Could not resolve hostname j-worker-1.j.default.svc: Name or 
 
 CASES = [
     # (id, mpijob, pods, state, words in the reason, exit code)
-    ("just created", job(CREATED), [], PENDING, ["MPI Operator"], None),
+    ("just created", job(CREATED), [], PENDING, ["waiting for the MPI Operator to start the job"], None),
     ("workers not ready yet", job(CREATED), [pod("worker", 0, ready=False), pod("worker", 1)], PENDING,
-     ["j-worker-0"], None),
+     ["waiting for workers to be Ready: j-worker-0"], None),
     ("running", job(CREATED, RUNNING_C), [pod("launcher"), pod("worker", 0), pod("worker", 1)], RUNNING, [], None),
     ("succeeded", job(CREATED, SUCCEEDED_C),
      [pod("launcher", phase="Succeeded", state=terminated("Completed", 0))], SUCCEEDED, ["completed"], 0),
@@ -92,7 +92,8 @@ CASES = [
      FAILED, ["could not reach the workers", "ORTE was unable"], 1),
     ("launcher failed while a worker was not ready", job(CREATED, ("Failed", "BackoffLimitExceeded", "")),
      [pod("launcher", phase="Failed", state=terminated("Error", 1)), pod("worker", 0, ready=False)],
-     FAILED, ["j-worker-0", "not Ready"], 1),
+     FAILED, ["the launcher failed while workers j-worker-0 were not Ready; check the worker pods' events",
+              "MPIJob failed: BackoffLimitExceeded", "launcher exit code 1"], 1),
     ("launcher restarted in place, running again", job(CREATED, RUNNING_C),
      [pod("launcher", restarts=1, last={"reason": "Error", "exitCode": 1}), pod("worker", 0)], RUNNING, [], None),
     ("launcher in CrashLoopBackOff", job(CREATED, RUNNING_C),
@@ -103,8 +104,8 @@ CASES = [
      [pod("launcher", phase="Pending", ready=False, state={"waiting": {
          "reason": "CreateContainerConfigError", "message": 'secret "ringflow-minio" not found'}})],
      PENDING, ["ringflow-minio", "s3_secret_name"], None),
-    ("suspended", job(CREATED, ("Suspended", "MPIJobSuspended", "MPIJob suspended")), [], PENDING, ["suspended"],
-     None),
+    ("suspended", job(CREATED, ("Suspended", "MPIJobSuspended", "MPIJob suspended")), [], PENDING,
+     ["the MPIJob is suspended"], None),
     ("no status at all", {"metadata": {"name": "j"}}, [], PENDING, [], None),
 ]
 

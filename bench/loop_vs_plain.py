@@ -1,0 +1,162 @@
+"""ringflow's training loop against a plain loop of the same library, inside one job, in alternating blocks.
+
+Separate jobs differ by ±10 % or more from run to run on a shared machine, more than the few percent to
+resolve. So each rank of one job (launched as ringflow launches it: horovodrun or torchrun, ringflow's
+settings) runs ringflow's own Trainer, and a callback on its loop, every `block` steps, runs `block` steps of
+the plain loop (bench/peer_worker.PlainLoop: its own model, optimizer and in-memory rows, the same library
+underneath). ringflow's blocks alternate health monitoring on and off. Each ringflow block is compared with
+the plain blocks on either side, each health-on block with the health-off blocks on either side: a machine
+that speeds up or slows down during the job cancels out.
+
+    .venv/bin/python bench/loop_vs_plain.py --engine horovod|ddp --np 1|2 [--steps 1600] [--block 100]
+
+prints one JSON document: the blocks and the ratios. bench/throughput.py runs it and reports.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from peer_worker import LEARNING_RATE  # noqa: E402  (the plain loop's, given to ringflow's job too)
+
+FEATURES, HIDDEN, BATCH = 128, [256, 256], 256
+WARMUP_STEPS = 20
+RF_ON, RF_OFF, PLAIN = "ringflow, health on", "ringflow, health off", "plain"
+
+
+def alternating(plain, block: int):
+    """A callback on the Trainer's loop: at every `block`-th step it closes the ringflow block, runs a timed
+    block of the plain loop, and switches health monitoring for the next ringflow block (on, off, on, ...).
+    Every rank switches at the same step, so the monitor's gathers stay matched."""
+    from ringflow.training.callbacks.base import Callback
+
+    class Alternating(Callback):
+        def __init__(self):
+            self.health = None  # the Trainer's HealthMonitoring, set once the Trainer is built
+            self.blocks: list[tuple[str, float, float]] = []  # (kind, wall seconds, this process's CPU seconds)
+            self.started: tuple[float, float] | None = None
+
+        def on_step_end(self, loop, timing) -> None:
+            if timing.step < WARMUP_STEPS or (timing.step - WARMUP_STEPS) % block:
+                return
+            now = time.perf_counter(), time.process_time()
+            if self.started is None:
+                plain.run(10)  # the plain loop's warm-up
+            else:
+                self.blocks.append((RF_ON if self.health.enabled else RF_OFF, now[0] - self.started[0],
+                                    now[1] - self.started[1]))
+                self.health.enabled = not self.health.enabled
+            started = time.perf_counter(), time.process_time()
+            plain.run(block)
+            self.blocks.append((PLAIN, time.perf_counter() - started[0], time.process_time() - started[1]))
+            self.started = time.perf_counter(), time.process_time()
+
+    return Alternating()
+
+
+def worker(config_path: str, block: int, out: str) -> None:
+    import torch
+
+    from ringflow.training.config import load_job_config
+    from ringflow.training.engines import start_engine
+    from ringflow.training.worker import Trainer
+    from peer_worker import plain_ddp, plain_horovod
+
+    cfg = load_job_config(config_path)
+    engine = start_engine(cfg)  # the engine its launcher was chosen for
+    threads = torch.get_num_threads()  # ringflow's choice for this rank; the plain loop runs under the same
+    if engine.name == "horovod":
+        plain = plain_horovod(engine.hvd, engine.rank, engine.size, FEATURES, HIDDEN, BATCH, prefix="plain.")
+    else:
+        plain = plain_ddp(engine.rank, engine.size, FEATURES, HIDDEN, BATCH)
+    torch.set_num_threads(threads)
+    callback = alternating(plain, block)
+    trainer = Trainer(cfg, engine, callbacks=[callback])
+    callback.health = trainer.health
+    try:
+        if trainer.train() != 0:
+            raise SystemExit("the training job failed")
+    finally:
+        engine.shutdown()
+    if engine.rank == 0:
+        Path(out).write_text(json.dumps(callback.blocks))
+
+
+def neighbours(blocks: list, kind: str, against: str, field: int = 1) -> list[float]:
+    """For each `kind` block, the mean time of the nearest `against` block before and after it, over its
+    own time: the throughput of `kind` relative to `against` under the same load. field 1: wall-clock
+    time; 2: the process's CPU time, which a core taken by other work does not lengthen."""
+    out = []
+    for i, block in enumerate(blocks):
+        k, t = block[0], block[field]
+        if k != kind:
+            continue
+        before = next((b[field] for b in reversed(blocks[:i]) if b[0] == against), None)
+        after = next((b[field] for b in blocks[i + 1:] if b[0] == against), None)
+        if before is not None and after is not None:
+            out.append((before + after) / 2 / t)
+    return out
+
+
+def run_job(root: Path, engine: str, np_: int, steps: int, block: int, health: dict, env: dict) -> list:
+    from ringflow.training.launcher import launch_command
+
+    tag = f"{engine}-{np_}-{time.monotonic_ns()}"
+    cfg = {"manifest_uri": str(root / f"shards{np_}" / "manifest.json"), "run_uri": str(root / f"run-{tag}"),
+           "checkpoint": {"every_steps": 10**6}, "epochs": max(1, round(steps / (8192 // BATCH))),
+           "batch_size": BATCH, "learning_rate": LEARNING_RATE, "model": {"hidden": HIDDEN}, "log_every_steps": 10**6, "health": health,
+           "engine": engine}
+    cfg_path, out = root / f"{tag}.json", root / f"blocks-{tag}.json"
+    cfg_path.write_text(json.dumps(cfg))
+    command = launch_command(engine, str(cfg_path), np_)
+    # The rank runs this file instead of `-m ringflow.training`, under the same launcher and settings.
+    last_m = len(command) - 1 - command[::-1].index("-m")  # torchrun's own `-m torch.distributed.run` comes first
+    command = command[:last_m] + [
+        str(Path(__file__).resolve()), "--worker", str(cfg_path), "--block", str(block), "--blocks-out", str(out)]
+    from ringflow.training.engines import ENGINE_ENV
+
+    proc = subprocess.run(command, capture_output=True, text=True, env=env | {ENGINE_ENV: engine}, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stdout[-3000:] + proc.stderr[-3000:])
+    return [tuple(b) for b in json.loads(out.read_text())]
+
+
+def job_ratios(blocks: list) -> dict[str, list[float]]:
+    return {"ringflow_vs_plain": neighbours(blocks, RF_ON, PLAIN),
+            "ringflow_health_off_vs_plain": neighbours(blocks, RF_OFF, PLAIN),
+            "health_on_vs_off": neighbours(blocks, RF_ON, RF_OFF),
+            "ringflow_vs_plain_cpu": neighbours(blocks, RF_ON, PLAIN, 2),
+            "health_on_vs_off_cpu": neighbours(blocks, RF_ON, RF_OFF, 2)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--engine", choices=["horovod", "ddp"])
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--steps", type=int, default=1600)
+    p.add_argument("--block", type=int, default=50,
+                   help="steps per block; at least checksum_every_steps, so every health-on block holds a checksum")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--blocks-out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args.worker, args.block, args.blocks_out)
+    from throughput import environment, shards
+
+    root = Path(tempfile.mkdtemp(prefix="ringflow-loop-bench-"))
+    shards(root, args.np)
+    blocks = run_job(root, args.engine, args.np, args.steps, args.block, {}, environment())
+    ratios = job_ratios(blocks)
+    print(json.dumps({"blocks": blocks, **{k: statistics.median(v) for k, v in ratios.items()}}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""The approval gate on a real Airflow (real_airflow.py: api-server, scheduler, triggerer and dag-processor on
+127.0.0.1), answered through the REST API as a reviewer's tool would: the approve task of
+dags/ringflow_retrain_approved.py waits in `awaiting_input`, its HITL detail shows the eval metrics, the health
+verdict and production's figures, and `PATCH .../hitlDetails` answers it.
+
+One Airflow start for all of it (slow on 2 cores): run 1 approved (promote runs, production is version 1),
+run 2 rejected (nothing promoted, the approve task names the rejecter), and meanwhile a test DAG whose approval
+times out after a few seconds (the scheduler answers Reject: nothing promoted).
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+from real_airflow import running_airflow
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+DAG_ID = "ringflow_retrain_approved"
+TIMEOUT_DAG_ID = "ringflow_approval_times_out"
+APPROVE = "digits.approve"
+REPO_DAGS = pathlib.Path(__file__).resolve().parents[2] / "dags"
+
+# A test-only DAG (never in dags/): the same pipeline with an approval that times out after 5 seconds.
+TIMEOUT_DAG = f'''
+import datetime as dt
+
+from airflow.sdk import DAG
+
+from ringflow.operators.pipeline import ringflow_pipeline
+
+with DAG("{TIMEOUT_DAG_ID}", schedule=None, start_date=dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc),
+         catchup=False):
+    ringflow_pipeline("digits", dataset_uri="builtin:digits", model_name="digits-timeout", epochs=1,
+                      batch_size=32, learning_rate=0.002, suite="suites/digits.json", require_approval=True,
+                      approval_timeout=dt.timedelta(seconds=5))
+'''
+
+
+@pytest.fixture
+def airflow(airflow_db, dags_env, store, tmp_path):
+    """Only the example DAG and the test DAG are parsed (a DAG folder of their own: faster to parse). The
+    scheduler looks for timed-out approvals every 2 seconds (default 15)."""
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    (folder / "ringflow_retrain_approved.py").symlink_to(REPO_DAGS / "ringflow_retrain_approved.py")
+    (folder / "suites").symlink_to(REPO_DAGS / "suites")
+    (folder / "approval_times_out.py").write_text(TIMEOUT_DAG)
+    env = {**dags_env, "AIRFLOW__CORE__DAGS_FOLDER": str(folder),
+           "AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL": "2"}
+    with running_airflow(env, store, tmp_path, use_job_schedule=False) as instance:
+        yield instance
+
+
+def trigger(airflow, dag_id: str, conf: dict) -> str:
+    response = airflow.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})
+    assert response.ok, response.text
+    return response.json()["dag_run_id"]
+
+
+def task_path(dag_id: str, run_id: str, task_id: str = APPROVE) -> str:
+    return f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+
+
+def wait_for_question(airflow, dag_id: str, run_id: str) -> dict:
+    """The HITL detail, once the approve task waits for an answer."""
+    def waiting():
+        ti = airflow.request("GET", task_path(dag_id, run_id)).json()
+        assert ti.get("state") not in ("failed", "upstream_failed", "skipped"), f"{ti}\n{airflow.tail()}"
+        return ti.get("state") == "awaiting_input"
+
+    airflow.wait_for(f"{run_id}'s approve task to wait for an answer", waiting, timeout=600, interval=3)
+    airflow.wait_for_process_end_seen(dag_id, run_id, APPROVE)  # answering sooner trips an Airflow race
+    detail = airflow.request("GET", task_path(dag_id, run_id) + "/-1/hitlDetails")
+    assert detail.ok, detail.text
+    return detail.json()
+
+
+def answer(airflow, run_id: str, option: str) -> dict:
+    response = airflow.request("PATCH", task_path(DAG_ID, run_id) + "/-1/hitlDetails", {"chosen_options": [option]})
+    assert response.ok, response.text
+    return response.json()
+
+
+def xcom(airflow, dag_id: str, run_id: str, task_id: str) -> dict:
+    return airflow.request("GET", task_path(dag_id, run_id, task_id) + "/xcomEntries/return_value").json()["value"]
+
+
+def task_log(airflow, dag_id: str, run_id: str, task_id: str) -> str:
+    ti = airflow.request("GET", task_path(dag_id, run_id, task_id)).json()
+    response = airflow.request("GET", task_path(dag_id, run_id, task_id) + f"/logs/{ti['try_number']}")
+    assert response.ok, response.text
+    return json.dumps(response.json())
+
+
+def test_approve_promotes_reject_does_not_and_a_timeout_rejects(airflow, store):
+    airflow.log_in()
+    airflow.unpause(DAG_ID)
+    airflow.unpause(TIMEOUT_DAG_ID)
+    pointer_file = store / "models" / "digits-approved" / "production.json"
+
+    # Run 1: nothing in production yet; approved.
+    first = trigger(airflow, DAG_ID, {"epochs": 1, "model_name": "digits-approved"})
+    detail = wait_for_question(airflow, DAG_ID, first)
+    assert detail["options"] == ["Approve", "Reject"] and detail["defaults"] == ["Reject"], detail
+    assert detail["subject"].startswith("Promote digits-approved? accuracy "), detail["subject"]
+    body = detail["body"]
+    assert "| **accuracy** (the gate's; higher is better) |" in body and "| loss |" in body, body
+    assert "Health verdict of the training run: **HEALTHY**" in body, body
+    assert "No model is in production yet." in body, body
+    assert not pointer_file.exists()  # nothing promoted while it waits
+    response = answer(airflow, first, "Approve")
+    assert response["responded_by"]["name"] == "ringflow"
+    state, summary = airflow.wait_for_run(DAG_ID, first, timeout=300)
+    assert state == "success" and summary[APPROVE] == summary["digits.promote"] == "success", \
+        f"{summary}\n{airflow.tail()}"
+    production = json.loads(pointer_file.read_text())
+    assert production["version"] == 1
+    assert xcom(airflow, DAG_ID, first, "digits.promote")["promoted"] is True
+    approved = xcom(airflow, DAG_ID, first, APPROVE)
+    assert (approved["approved"], approved["responded_by"], approved["timed_out"]) == (True, "ringflow", False)
+
+    # Run 2 (longer training, so at least as good as production and put to a person), and meanwhile a run whose
+    # approval times out.
+    second = trigger(airflow, DAG_ID, {"epochs": 3, "model_name": "digits-approved"})
+    timing_out = trigger(airflow, TIMEOUT_DAG_ID, {})
+    detail = wait_for_question(airflow, DAG_ID, second)
+    body = detail["body"]
+    assert "| metric | this run | production v1 | change |" in body, body
+    assert f"| {production['metrics']['accuracy']:.4g} |" in body, body  # production's accuracy, beside this run's
+    assert "in production (v1)" in detail["subject"], detail["subject"]
+    answer(airflow, second, "Reject")
+    state, summary = airflow.wait_for_run(DAG_ID, second, timeout=300)
+    assert state == "success" and summary[APPROVE] == "success" and summary["digits.promote"] == "skipped", \
+        f"{summary}\n{airflow.tail()}"
+    assert json.loads(pointer_file.read_text()) == production  # nothing promoted
+    rejected = xcom(airflow, DAG_ID, second, APPROVE)
+    assert (rejected["approved"], rejected["responded_by"], rejected["timed_out"]) == (False, "ringflow", False)
+    assert "rejected by ringflow: nothing promoted" in task_log(airflow, DAG_ID, second, APPROVE)
+    detail = airflow.request("GET", task_path(DAG_ID, second) + "/-1/hitlDetails").json()
+    assert detail["responded_by_user"]["name"] == "ringflow" and detail["chosen_options"] == ["Reject"]
+
+    state, summary = airflow.wait_for_run(TIMEOUT_DAG_ID, timing_out, timeout=600)
+    assert state == "success" and summary["digits.promote"] == "skipped", f"{summary}\n{airflow.tail()}"
+    timed_out = xcom(airflow, TIMEOUT_DAG_ID, timing_out, APPROVE)
+    assert (timed_out["approved"], timed_out["responded_by"], timed_out["timed_out"]) == (False, None, True)
+    assert "no answer before the approval timeout" in task_log(airflow, TIMEOUT_DAG_ID, timing_out, APPROVE)
+    assert not (store / "models" / "digits-timeout" / "production.json").exists()
