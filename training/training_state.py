@@ -34,11 +34,17 @@ class TrainingState:
     cursor: tuple[int, int]  # (epoch, next minibatch in that epoch)
     step: int
     torch_rng: torch.Tensor
+    # fp16's loss scaling (torch.amp.GradScaler.state_dict(): numbers only), so a resumed fp16 run goes on
+    # with the scale it had reached instead of overflowing its way down from 65536 again; None otherwise.
+    grad_scaler: dict[str, Any] | None = None
 
     def to_bytes(self) -> bytes:
         buf = io.BytesIO()
-        torch.save(on_cpu({"model": self.model, "optimizer": self.optimizer, "cursor": list(self.cursor),
-                           "step": self.step, "torch_rng": self.torch_rng}), buf)
+        doc = {"model": self.model, "optimizer": self.optimizer, "cursor": list(self.cursor), "step": self.step,
+               "torch_rng": self.torch_rng}
+        if self.grad_scaler is not None:
+            doc["grad_scaler"] = self.grad_scaler
+        torch.save(on_cpu(doc), buf)
         return buf.getvalue()
 
     @classmethod
@@ -47,7 +53,7 @@ class TrainingState:
         try:
             epoch, batch = doc["cursor"]
             return cls(model=doc["model"], optimizer=doc["optimizer"], cursor=(int(epoch), int(batch)),
-                       step=int(doc["step"]), torch_rng=doc["torch_rng"])
+                       step=int(doc["step"]), torch_rng=doc["torch_rng"], grad_scaler=doc.get("grad_scaler"))
         except (KeyError, TypeError, ValueError) as exc:
             raise UnsafeCheckpoint(f"{where} is not a ringflow training state ({exc!r}); "
                                    "resume from another checkpoint") from exc

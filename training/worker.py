@@ -110,6 +110,9 @@ class Trainer:
                                          f"{self.run_folder.uri} {loaded.manifest.name}/{STATE_FILE}")
         self.model.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)
+        scaler = self.engine.precision.scaler
+        if scaler is not None and state.grad_scaler:  # fp16 goes on with its loss scale (not from fp32/bf16)
+            scaler.load_state_dict(state.grad_scaler)
         self.cursor, self.step = Cursor(*state.cursor), state.step
         torch.set_rng_state(state.torch_rng)
         self.resumed_from = loaded.manifest.name

@@ -21,7 +21,11 @@ class OneRank(Engine):
     rank, size = 0, 1
 
     def __init__(self, accumulation_steps=1):
+        from ringflow.training.devices import Precision, choose_placement
+
         self.accumulation_steps = accumulation_steps
+        self.placement = choose_placement(0, 0, "horovod", "fp32")  # the CPU, fp32: what every engine declares
+        self.precision = Precision(self.placement)
 
     def distribute(self, model, optimizer):
         return optimizer

@@ -47,6 +47,28 @@ def test_the_state_ringflow_writes_loads_back_with_weights_only():
     assert loaded.optimizer["param_groups"] == state.optimizer["param_groups"]
     torch.testing.assert_close(loaded.optimizer["state"], state.optimizer["state"])
     assert torch.equal(loaded.torch_rng, state.torch_rng)
+    assert loaded.grad_scaler is None  # no loss scaling outside fp16
+
+
+def test_fp16_loss_scale_is_kept_with_weights_only_and_restores_a_scaler():
+    """A resumed fp16 run goes on with the loss scale it had reached (GradScaler's state is numbers only)."""
+    import dataclasses
+
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1)
+    for _ in range(3):  # each step without overflow doubles the scale (growth_interval 1)
+        scaler.scale(model(torch.randn(8, 4)).sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+    assert scaler.get_scale() == 2.0**19
+    state = dataclasses.replace(_real_state(), grad_scaler=scaler.state_dict())
+    loaded = TrainingState.from_bytes(state.to_bytes(), "test")
+    assert loaded.grad_scaler == scaler.state_dict()
+    resumed = torch.amp.GradScaler("cpu")
+    resumed.load_state_dict(loaded.grad_scaler)
+    assert resumed.get_scale() == 2.0**19
 
 
 def test_a_planted_pickle_is_refused_and_runs_nothing(tmp_path):

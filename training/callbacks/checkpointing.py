@@ -17,9 +17,11 @@ from ringflow.training.training_state import STATE_FILE, TrainingState
 
 def serialize_state(loop) -> bytes:
     # The user's module, not an engine's wrapper of it: the same keys whichever engine trained it.
+    scaler = loop.engine.precision.scaler
     return TrainingState(model=loop.engine.unwrap(loop.model).state_dict(), optimizer=loop.optimizer.state_dict(),
                          cursor=(loop.cursor.epoch, loop.cursor.batch), step=loop.step,
-                         torch_rng=torch.get_rng_state()).to_bytes()
+                         torch_rng=torch.get_rng_state(),
+                         grad_scaler=scaler.state_dict() if scaler is not None else None).to_bytes()
 
 
 class Checkpointing(Callback):
