@@ -158,9 +158,10 @@ def loop_overhead(root: Path, args) -> tuple[dict, list[str]]:
             for np_ in (1, 2):
                 blocks = loop_vs_plain.run_job(root, engine, np_, args.steps, args.block, {}, environment())
                 key = f"{engine} np={np_}"
-                for name, ratios in loop_vs_plain.job_ratios(blocks).items():
+                job_ratios = loop_vs_plain.job_ratios(blocks)
+                for name, ratios in job_ratios.items():
                     results.setdefault(key, {}).setdefault(name, []).extend(ratios)
-                med = {k: round(statistics.median(v), 3) for k, v in loop_vs_plain.job_ratios(blocks).items()}
+                med = {k: round(statistics.median(v), 3) for k, v in job_ratios.items()}
                 print(f"loop {key} job {job}: {med}", flush=True)
     lines = ["## Each engine against a plain loop of its library, inside one job", "",
              f"{args.jobs} jobs per row of {args.steps} ringflow steps; ringflow's loop (health on and off in turn) in "
@@ -202,7 +203,6 @@ def main() -> None:
     p.add_argument("--skip-loop", action="store_true")
     p.add_argument("--out", default="throughput", help="results file name under bench/results/")
     args = p.parse_args()
-    sys.path.insert(0, str(HERE))
     root = Path(tempfile.mkdtemp(prefix="ringflow-bench-"))
     for np_ in (1, 2):
         shards(root, np_)

@@ -19,6 +19,7 @@ from airflow.sdk import DAG, Asset, Param
 
 from ringflow.operators.pipeline import JOB_OVERRIDES_SCHEMA, ringflow_pipeline
 from ringflow.training.config import DEFAULT_ENGINE, ENGINES
+from ringflow.training.registry.model_registry import MODEL_NAME_PATTERN
 from ringflow.training.runs import store_layout
 
 STORE = store_layout.default_store_uri()
@@ -40,7 +41,7 @@ def params(dataset_default: str) -> dict[str, Param]:
                              description="builtin:digits, or a .csv/.parquet file of digits (path, file:// or "
                                          "s3:// URI): 64 numeric pixel columns and a 'target' of 0-9, checked "
                                          "by suites/digits.json"),
-        "model_name": Param("digits-mlp", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+        "model_name": Param("digits-mlp", type="string", pattern=MODEL_NAME_PATTERN,
                             title="Model name", description="registry name: models/<name>/ in the store"),
         "num_workers": Param(2, type="integer", minimum=1, maximum=16, title="Workers"),
         "epochs": Param(5, type="integer", minimum=1, maximum=1000, title="Epochs"),

@@ -14,13 +14,14 @@ import datetime as dt
 from airflow.sdk import DAG, Param
 
 from ringflow.operators.pipeline import ringflow_pipeline
+from ringflow.training.registry.model_registry import MODEL_NAME_PATTERN
 from ringflow.training.runs import store_layout
 
 with DAG("ringflow_retrain_approved", schedule=None, start_date=dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc),
          catchup=False, max_active_runs=1, tags=["ringflow", "horovod", "approval"], doc_md=__doc__,
          default_args={"owner": "ringflow"},
          description="Retrain the digits classifier; a person approves each promotion",
-         params={"model_name": Param("digits-mlp", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+         params={"model_name": Param("digits-mlp", type="string", pattern=MODEL_NAME_PATTERN,
                                      title="Model name", description="registry name: models/<name>/ in the store"),
                  "epochs": Param(5, type="integer", minimum=1, maximum=1000, title="Epochs")}):
     ringflow_pipeline(

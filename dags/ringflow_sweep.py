@@ -13,6 +13,7 @@ import datetime as dt
 from airflow.sdk import DAG, Param
 
 from ringflow.operators.sweep import SWEEP_CONFIGURATIONS_PARAM, ringflow_sweep
+from ringflow.training.registry.model_registry import MODEL_NAME_PATTERN
 from ringflow.training.runs import store_layout
 
 STORE = store_layout.default_store_uri()
@@ -27,7 +28,7 @@ with DAG(
     tags=["ringflow", "horovod", "sweep"],
     doc_md=__doc__,
     params={
-        "model_name": Param("digits-mlp", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", title="Model name"),
+        "model_name": Param("digits-mlp", type="string", pattern=MODEL_NAME_PATTERN, title="Model name"),
         "num_workers": Param(2, type="integer", minimum=1, maximum=16, title="Horovod workers (each candidate)"),
         "epochs": Param(5, type="integer", minimum=1, maximum=1000, title="Epochs (default of each candidate)"),
         "configurations": Param([{"learning_rate": 0.01}, {"learning_rate": 0.002},

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 
 from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
-from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, Gate, build_gate, is_template, read_evaluated_run
+from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, Gate, GateArguments, read_evaluated_run
 from ringflow.training.registry.model_registry import ModelRegistry, Pointer, run_key_in
 
 DEFAULT_APPROVAL_TIMEOUT = dt.timedelta(hours=24)
@@ -172,7 +172,7 @@ def read_request(store_uri: str, run_uri: str, conn_id: str | None, model_name: 
                            production=ModelRegistry(store).production(model_name), timeout=timeout)
 
 
-class PromotionApprovalOperator(ApprovalOperator):
+class PromotionApprovalOperator(GateArguments, ApprovalOperator):
     """Ask a person to approve promoting the run in `run_uri` (see the module docstring).
 
     The gate arguments are promote's (PromoteModelOperator), so the question says what promote will decide.
@@ -198,16 +198,8 @@ class PromotionApprovalOperator(ApprovalOperator):
         super().__init__(subject=f"Promote {name}?", defaults=[REJECT], response_timeout=response_timeout,
                          assigned_users=[{"id": a, "name": a} for a in approvers] if approvers else None, **kwargs)
         self.name, self.store_uri, self.run_uri, self.conn_id = name, store_uri, run_uri, conn_id
-        self.metric, self.mode, self.threshold = metric, mode, threshold
-        self.compare_to_production = compare_to_production
-        self.allowed_verdicts = tuple(allowed_verdicts) if allowed_verdicts is not None else None
-        if not any(is_template(v) for v in (metric, mode, threshold)):
-            self.gate  # noqa: B018 - plain values are checked when the DAG is parsed
-
-    @property
-    def gate(self) -> Gate:
-        return build_gate(metric=self.metric, mode=self.mode, threshold=self.threshold,
-                          compare_to_production=self.compare_to_production, allowed_verdicts=self.allowed_verdicts)
+        self.keep_gate_arguments(metric=metric, mode=mode, threshold=threshold,
+                                 compare_to_production=compare_to_production, allowed_verdicts=allowed_verdicts)
 
     def execute(self, context: Any) -> Any:
         request = read_request(self.store_uri, self.run_uri, self.conn_id, self.name, self.gate,

@@ -93,8 +93,9 @@ def run_links(run_uri: str, *, plot_saved: bool, store_root: str, base_path: str
         return RunLinks(run_folder=run.presigned_listing("", presign_seconds),
                         health_plot=run.presigned_get(run_layout.HEALTH_PLOT, presign_seconds) if plot_saved else None)
     folder = local_link(run_uri, store_root, base_path, folder=True)
-    plot = local_link(f"{run_uri.rstrip('/')}/{run_layout.HEALTH_PLOT}", store_root, base_path)
-    return RunLinks(run_folder=folder, health_plot=plot if plot_saved and folder else None)
+    plot = (local_link(f"{run_uri.rstrip('/')}/{run_layout.HEALTH_PLOT}", store_root, base_path)
+            if plot_saved and folder else None)
+    return RunLinks(run_folder=folder, health_plot=plot)
 
 
 def api_base_path() -> str:

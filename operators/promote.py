@@ -157,7 +157,26 @@ def read_evaluated_run(store: ObjectStore, run_key: str, run_uri: str) -> tuple[
     return result, metrics
 
 
-class PromoteModelOperator(BaseOperator):
+class GateArguments:
+    """The gate's arguments on an operator (promote, its approval, a sweep's selection): kept as given, since
+    metric, mode and threshold may be templates, and built into a Gate (`gate`) when the task runs."""
+
+    def keep_gate_arguments(self, *, metric: Any, mode: Any, threshold: Any, compare_to_production: bool,
+                            allowed_verdicts: Sequence[str] | None) -> None:
+        self.metric, self.mode, self.threshold = metric, mode, threshold
+        self.compare_to_production = compare_to_production
+        self.allowed_verdicts = tuple(allowed_verdicts) if allowed_verdicts is not None else None
+        if not any(is_template(v) for v in (metric, mode, threshold)):
+            self.gate  # noqa: B018 - plain values are checked when the DAG is parsed, not after a long run
+
+    @property
+    def gate(self) -> Gate:
+        """The gate from the arguments as they are now: rendered, once the task runs."""
+        return build_gate(metric=self.metric, mode=self.mode, threshold=self.threshold,
+                          compare_to_production=self.compare_to_production, allowed_verdicts=self.allowed_verdicts)
+
+
+class PromoteModelOperator(GateArguments, BaseOperator):
     """Copy the run's checkpoint into the registry and point production at it, if the gate allows.
 
     store_uri: the registry's store (models under `models/<name>/`); run_uri: the run's folder,
@@ -185,18 +204,9 @@ class PromoteModelOperator(BaseOperator):
         self.name, self.store_uri, self.run_uri, self.conn_id = name, store_uri, run_uri, conn_id
         self.mlflow_conn_id, self.mlflow_alias, self.mlflow_experiment = mlflow_conn_id, mlflow_alias, mlflow_experiment
         MlflowTracking.optional(mlflow_conn_id, alias=mlflow_alias)  # a bad alias fails when the DAG is parsed
-        self.metric, self.mode, self.threshold = metric, mode, threshold
-        self.compare_to_production = compare_to_production
-        self.allowed_verdicts = tuple(allowed_verdicts) if allowed_verdicts is not None else None
         self.fail_on_gate = fail_on_gate
-        if not any(is_template(v) for v in (metric, mode, threshold)):
-            self.gate  # noqa: B018 - plain values are checked when the DAG is parsed, not after a long run
-
-    @property
-    def gate(self) -> Gate:
-        """The gate from the arguments as they are now: rendered, once the task runs."""
-        return build_gate(metric=self.metric, mode=self.mode, threshold=self.threshold,
-                          compare_to_production=self.compare_to_production, allowed_verdicts=self.allowed_verdicts)
+        self.keep_gate_arguments(metric=metric, mode=mode, threshold=threshold,
+                                 compare_to_production=compare_to_production, allowed_verdicts=allowed_verdicts)
 
     def execute(self, context: Any) -> dict[str, Any]:
         gate = self.gate

@@ -30,7 +30,7 @@ from airflow.sdk import BaseOperator, TaskGroup, task, task_group
 from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
 from ringflow.operators.evaluate import EvaluateModelOperator
 from ringflow.operators.pipeline import DEFAULT_GATE, JOB_OVERRIDES_SCHEMA, default_suite_for
-from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, Gate, build_gate
+from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, Gate, GateArguments
 from ringflow.operators.shard import ShardDatasetOperator
 from ringflow.operators.tracking import MlflowTracking
 from ringflow.operators.train import HorovodTrainOperator, check_overrides
@@ -175,7 +175,7 @@ def read_candidate(store: ObjectStore, store_uri: str, index: int, run_uri: str)
     return Candidate(**base, metrics=metrics)
 
 
-class SelectAndPromoteOperator(BaseOperator):
+class SelectAndPromoteOperator(GateArguments, BaseOperator):
     """Pick the best healthy candidate of a sweep and promote it (see the module docstring).
 
     configurations: the list the candidates were mapped over (its length is the number of candidates).
@@ -195,15 +195,14 @@ class SelectAndPromoteOperator(BaseOperator):
         kwargs.setdefault("trigger_rule", "all_done")  # judge failed candidates too: they are reasons, not errors
         super().__init__(**kwargs)
         self.name, self.store_uri, self.configurations, self.group_id = name, store_uri, configurations, group_id
-        self.conn_id, self.metric, self.mode, self.threshold = conn_id, metric, mode, threshold
-        self.compare_to_production = compare_to_production
-        self.allowed_verdicts = tuple(allowed_verdicts) if allowed_verdicts is not None else None
+        self.conn_id = conn_id
+        self.keep_gate_arguments(metric=metric, mode=mode, threshold=threshold,
+                                 compare_to_production=compare_to_production, allowed_verdicts=allowed_verdicts)
         self.mlflow_conn_id, self.mlflow_alias = mlflow_conn_id, mlflow_alias
 
     def execute(self, context: Any) -> dict[str, Any]:
         ti = context["ti"]
-        gate = build_gate(metric=self.metric, mode=self.mode, threshold=self.threshold,
-                          compare_to_production=self.compare_to_production, allowed_verdicts=self.allowed_verdicts)
+        gate = self.gate
         count = len(checked_configurations(self.configurations))
         store = open_store_for(self.store_uri, self.conn_id)
         candidates = [read_candidate(store, self.store_uri, i,

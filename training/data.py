@@ -206,8 +206,11 @@ class PartitionData:
         b = cursor.batch
         for i, w in enumerate(todo):
             x, y = pending.result()
-            pending = (self._loader.submit(self._load, todo[i + 1]) if i + 1 < len(todo)
-                       else self._load_ahead(seed, cursor.epoch + 1))
+            if i + 1 < len(todo):
+                pending = self._loader.submit(self._load, todo[i + 1])
+            else:  # the last window of this epoch: start loading the next epoch's first one
+                self._load_ahead(seed, cursor.epoch + 1)
+                pending = None
             skip = max(0, position - w.start)
             x, y = x[skip:], y[skip:]
             if carry_x is not None:  # a minibatch that spans two windows

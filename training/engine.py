@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ringflow.training.devices import Placement, Precision
+from ringflow.training.devices import Placement, Precision, choose_placement
 
 
 class Engine(abc.ABC):
@@ -28,6 +28,11 @@ class Engine(abc.ABC):
     placement: Placement
     # Autocast and loss scaling for the config's `precision`, on `placement`.
     precision: Precision
+
+    def _place(self, placement: Placement | None) -> None:
+        """Set `placement` and `precision`: where start() put this rank, else the CPU in fp32."""
+        self.placement = placement or choose_placement(0, 0, self.name, "fp32")
+        self.precision = Precision(self.placement)
 
     @abc.abstractmethod
     def distribute(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

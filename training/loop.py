@@ -93,10 +93,8 @@ class TrainingLoop:
         for callback in self.callbacks:
             callback.on_train_start(self)
         # Resolved once: the callbacks are fixed from here on.
-        hooks = {name: implementing(self.callbacks, name) for name in HOOKS}
-        before_backward, after_backward = hooks["before_backward"], hooks["after_backward"]
-        gradients_ready, after_step, step_end = (hooks["on_gradients_ready"], hooks["after_optimizer_step"],
-                                                 hooks["on_step_end"])
+        before_backward, after_backward, gradients_ready, after_step, step_end, train_end = (
+            implementing(self.callbacks, hook) for hook in HOOKS)
         model, engine, optimizer, loss_fn = self.model, self.engine, self.optimizer, self.loss_fn
         k, samples, per_epoch = engine.accumulation_steps, 0, self.data.batches_per_epoch
         for epoch in range(self.cursor.epoch, self.epochs):
@@ -134,4 +132,4 @@ class TrainingLoop:
                 if stop is not None:
                     return stop
                 step_started, samples = time.perf_counter(), 0
-        return self._stop(hooks["on_train_end"])
+        return self._stop(train_end)

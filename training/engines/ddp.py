@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ringflow.training.config import DdpConfig, JobConfig
-from ringflow.training.devices import Placement, Precision, choose_placement, place_rank
+from ringflow.training.devices import Placement, place_rank
 from ringflow.training.engine import Engine, share_host_cores
 from ringflow.training.training_state import on_cpu
 
@@ -87,9 +87,7 @@ class DdpEngine(Engine):
 
     def __init__(self, cfg: DdpConfig, rank: int, size: int, placement: Placement | None = None):
         self.cfg, self.rank, self.size = cfg, rank, size
-        # Where this rank computes (devices.py); the CPU in fp32 unless start() found a GPU or a precision.
-        self.placement = placement or choose_placement(0, 0, self.name, "fp32")
-        self.precision = Precision(self.placement)
+        self._place(placement)  # where this rank computes (devices.py)
         self.accumulation_steps = cfg.backward_passes_per_step
         self.clock = SyncClock()
         self._ddp: AccumulatingDDP | None = None

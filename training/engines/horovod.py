@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from ringflow.training.config import HorovodConfig, JobConfig
-from ringflow.training.devices import Placement, Precision, choose_placement, place_rank
+from ringflow.training.devices import Placement, place_rank
 from ringflow.training.engine import Engine, share_host_cores
 from ringflow.training.training_state import on_cpu
 from ringflow.training.sync_wait import wait_for_allreduce
@@ -20,9 +20,7 @@ class HorovodEngine(Engine):
         self.hvd, self.cfg = hvd, cfg
         self.rank, self.size = hvd.rank(), hvd.size()
         self.accumulation_steps = cfg.backward_passes_per_step
-        # Where this rank computes (devices.py); the CPU in fp32 unless start() found a GPU or a precision.
-        self.placement = placement or choose_placement(0, 0, self.name, "fp32")
-        self.precision = Precision(self.placement)
+        self._place(placement)  # where this rank computes (devices.py)
 
     @classmethod
     def start(cls, cfg: JobConfig) -> "HorovodEngine":

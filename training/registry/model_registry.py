@@ -63,7 +63,9 @@ RESERVED_FILES = (MODEL_FILE, CLAIM_FILE)
 # Every lost compare-and-swap means another writer moved the pointer, so a writer loses at most once
 # per concurrent writer; this bound only stops a runaway loop (e.g. a store whose etags never match).
 MAX_POINTER_ATTEMPTS = 100
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# What a model name may be (a folder under models/); DAG forms use the same pattern for their model_name Param.
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_NAME_RE = re.compile(MODEL_NAME_PATTERN)
 _VERSION_RE = re.compile(r"^v(\d+)$")
 _HISTORY_RE = re.compile(r"^(\d+)\.json$")
 

@@ -21,7 +21,7 @@ from ringflow.training.store.base import ObjectStore
 from ringflow.training.store import split_uri
 from ringflow.training.tracking import served_model
 from ringflow.training.tracking.mlflow_runs import client_for, ensure_run
-from ringflow.training.tracking.settings import TrackingSettings, check_alias, tracking_env
+from ringflow.training.tracking.settings import TrackingSettings, tracking_env
 from ringflow.training.training_state import STATE_FILE
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def register_promotion(settings: TrackingSettings, *, experiment: str, run_uri: 
                 client.set_model_version_tag(model_name, str(number), key, value)
         else:
             number = int(existing.version)
-        client.set_registered_model_alias(model_name, check_alias(settings.alias), str(number))
+        client.set_registered_model_alias(model_name, settings.alias, str(number))
     log.info("MLflow model %r version %d (ringflow version %d) is now @%s", model_name, number, store_version,
              settings.alias)
     return number
@@ -120,7 +120,7 @@ def point_alias(settings: TrackingSettings, *, model_name: str, store_version: i
     returns None then."""
     from mlflow.exceptions import MlflowException
 
-    alias = check_alias(settings.alias)
+    alias = settings.alias  # checked when the settings were made
     with tracking_env(settings):
         client = client_for(settings)
         version = version_of(client, model_name, store_version)
