@@ -29,6 +29,10 @@ import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from random_shards import write_random_shards  # noqa: E402
+from rank_script import rank_script_command  # noqa: E402
+
 ENGINES = ("horovod", "ddp")
 # Big enough that a GPU step is more than kernel launches: MLP 256 -> [1024, 1024] -> 10.
 FEATURES, HIDDEN, CLASSES = 256, [1024, 1024], 10
@@ -62,19 +66,8 @@ def rank_main(config_path: str, out_prefix: str) -> None:
 
 
 def shards(root: Path, np_: int, batch: int) -> str:
-    import numpy as np
-    import pandas as pd
-
-    from ringflow.training.sharding import write_shards
-    from ringflow.training.store import LocalFolderStore
-
-    rng = np.random.default_rng(0)
-    frame = pd.DataFrame(rng.standard_normal((ROWS_PER_RANK * np_, FEATURES)).astype("float32"),
-                         columns=[f"f{i}" for i in range(FEATURES)])
-    frame["target"] = rng.integers(0, CLASSES, len(frame))
-    write_shards(frame, LocalFolderStore(str(root / "shards")), target="target", num_partitions=np_,
-                 batch_size=batch, eval_fraction=0.0)
-    return str(root / "shards" / "manifest.json")
+    return write_random_shards(root / "shards", partitions=np_, rows_per_partition=ROWS_PER_RANK, features=FEATURES,
+                               classes=CLASSES, batch=batch)
 
 
 def horovod_nccl() -> tuple[bool, str]:
@@ -92,7 +85,7 @@ def horovod_nccl() -> tuple[bool, str]:
 
 def run_job(root: Path, manifest: str, engine: str, precision: str, np_: int, batch: int, steps: int) -> dict:
     from ringflow.training.engines import ENGINE_ENV
-    from ringflow.training.launcher import launch_command, rank_environment
+    from ringflow.training.launcher import rank_environment
     from ringflow.training.run_result import read_result
     from ringflow.training.store import LocalFolderStore
     from ringflow.training.training_state import STATE_FILE
@@ -106,11 +99,10 @@ def run_job(root: Path, manifest: str, engine: str, precision: str, np_: int, ba
            "model": {"hidden": HIDDEN}, "log_every_steps": 10**6, "checkpoint": {"every_steps": 10**6}}
     cfg_path = root / f"{tag}.json"
     cfg_path.write_text(json.dumps(cfg))
-    command = launch_command(engine, str(cfg_path), np_)
-    # The launcher's `-m ringflow.training CONFIG` becomes this script's rank mode.
-    at = len(command) - 1 - command[::-1].index("-m")
     out_prefix = root / f"rank-{tag}"
-    command = command[:at] + [str(Path(__file__).resolve()), "--rank", str(cfg_path), "--rank-out", str(out_prefix)]
+    # The launcher's `-m ringflow.training CONFIG` becomes this script's rank mode.
+    command = rank_script_command(engine, str(cfg_path), np_, str(Path(__file__).resolve()),
+                                  ["--rank", str(cfg_path), "--rank-out", str(out_prefix)])
     env = rank_environment() | {ATTEMPT_ENV: uuid.uuid4().hex, ENGINE_ENV: engine}
     started = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=JOB_TIMEOUT_S)

@@ -26,6 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from peer_worker import LEARNING_RATE  # noqa: E402  (the plain loop's, given to ringflow's job too)
+from rank_script import rank_script_command  # noqa: E402
 
 FEATURES, HIDDEN, BATCH = 128, [256, 256], 256
 WARMUP_STEPS = 20
@@ -107,8 +108,6 @@ def neighbours(blocks: list, kind: str, against: str, field: int = 1) -> list[fl
 
 
 def run_job(root: Path, engine: str, np_: int, steps: int, block: int, health: dict, env: dict) -> list:
-    from ringflow.training.launcher import launch_command
-
     tag = f"{engine}-{np_}-{time.monotonic_ns()}"
     cfg = {"manifest_uri": str(root / f"shards{np_}" / "manifest.json"), "run_uri": str(root / f"run-{tag}"),
            "checkpoint": {"every_steps": 10**6}, "epochs": max(1, round(steps / (8192 // BATCH))),
@@ -116,11 +115,9 @@ def run_job(root: Path, engine: str, np_: int, steps: int, block: int, health: d
            "engine": engine}
     cfg_path, out = root / f"{tag}.json", root / f"blocks-{tag}.json"
     cfg_path.write_text(json.dumps(cfg))
-    command = launch_command(engine, str(cfg_path), np_)
     # The rank runs this file instead of `-m ringflow.training`, under the same launcher and settings.
-    last_m = len(command) - 1 - command[::-1].index("-m")  # torchrun's own `-m torch.distributed.run` comes first
-    command = command[:last_m] + [
-        str(Path(__file__).resolve()), "--worker", str(cfg_path), "--block", str(block), "--blocks-out", str(out)]
+    command = rank_script_command(engine, str(cfg_path), np_, str(Path(__file__).resolve()),
+                                  ["--worker", str(cfg_path), "--block", str(block), "--blocks-out", str(out)])
     from ringflow.training.engines import ENGINE_ENV
 
     proc = subprocess.run(command, capture_output=True, text=True, env=env | {ENGINE_ENV: engine}, timeout=900)

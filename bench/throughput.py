@@ -25,12 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from peer_worker import LEARNING_RATE  # noqa: E402  (the peers' and ringflow's jobs train with the same)
+from random_shards import write_random_shards  # noqa: E402
 
 PY = sys.executable
 BIN = Path(PY).parent
@@ -66,16 +65,8 @@ def peer(framework: str, controller: str | None, np_: int, steps: int) -> float:
 
 
 def shards(root: Path, np_: int) -> str:
-    from ringflow.training.sharding import write_shards
-    from ringflow.training.store import LocalFolderStore
-
-    rng = np.random.default_rng(0)
-    frame = pd.DataFrame(rng.standard_normal((8192 * np_, FEATURES)).astype("float32"),
-                         columns=[f"f{i}" for i in range(FEATURES)])
-    frame["target"] = rng.integers(0, 10, len(frame))
-    write_shards(frame, LocalFolderStore(str(root / f"shards{np_}")), target="target", num_partitions=np_,
-                 batch_size=BATCH, eval_fraction=0.0)
-    return str(root / f"shards{np_}" / "manifest.json")
+    return write_random_shards(root / f"shards{np_}", partitions=np_, rows_per_partition=8192, features=FEATURES,
+                               classes=10, batch=BATCH)
 
 
 def ringflow(root: Path, np_: int, steps: int, engine: str, controller: str | None = None,

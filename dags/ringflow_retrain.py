@@ -63,7 +63,7 @@ def params(dataset_default: str) -> dict[str, Param]:
                                description="merged into the training job config, e.g. {\"checkpoint\": "
                                            "{\"every_steps\": 20}, \"health\": {\"stall_seconds\": 300}}: "
                                            "checkpoint (every_steps, keep_last), model (mlp: hidden, dropout), "
-                                           "optimizer, seed, log_every_steps, precision, health, horovod, ddp",
+                                           "optimizer, seed, log_every_steps, gc_every_steps, precision, health, horovod, ddp",
                                section="Advanced"),
     }
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import urllib.parse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperatorLink
 
@@ -82,14 +82,14 @@ def _local_folder(uri: str) -> str | None:
 
 
 def run_links(run_uri: str, *, plot_saved: bool, store_root: str, base_path: str = "",
-              conn_id: str | None = None, presign_seconds: int = PRESIGN_SECONDS) -> RunLinks:
+              conn_id: str | None = None, presign_seconds: int = PRESIGN_SECONDS, run_folder: Any = None) -> RunLinks:
     """The links of the run folder `run_uri` (and its health plot, once `plot_saved`). An s3:// run folder is
-    presigned with the connection `conn_id`; a local one is served by the API server when it lies in
-    `store_root`, the API server's store."""
+    presigned with the connection `conn_id` (or `run_folder`, the store at run_uri when the caller has it
+    open); a local one is served by the API server when it lies in `store_root`, the API server's store."""
     if urllib.parse.urlsplit(run_uri).scheme == "s3":
         from ringflow.operators.connections import open_store_for
 
-        run = open_store_for(run_uri, conn_id)
+        run = run_folder if run_folder is not None else open_store_for(run_uri, conn_id)
         return RunLinks(run_folder=run.presigned_listing("", presign_seconds),
                         health_plot=run.presigned_get(run_layout.HEALTH_PLOT, presign_seconds) if plot_saved else None)
     folder = local_link(run_uri, store_root, base_path, folder=True)

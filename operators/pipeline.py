@@ -69,7 +69,7 @@ JOB_OVERRIDES_SCHEMA: Mapping[str, Any] = {
                   "properties": {"kind": {"const": "mlp"}, "hidden": {"type": "array", "items": {"type": "integer"}},
                                  "dropout": {"type": "number"}}},
         "optimizer": {"type": "string"}, "seed": {"type": "integer"}, "log_every_steps": {"type": "integer"},
-        "precision": {"enum": list(PRECISIONS)},
+        "gc_every_steps": {"type": "integer"}, "precision": {"enum": list(PRECISIONS)},
         "health": {"type": "object"}, "horovod": {"type": "object"}, "ddp": {"type": "object"},
     },
 }

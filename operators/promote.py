@@ -243,7 +243,7 @@ class PromoteModelOperator(GateArguments, BaseOperator):
         if tracking is not None:  # after the store's pointer moved: MLflow follows ringflow's registry
             outcome["mlflow_version"] = tracking.register(context, run_uri=self.run_uri, checkpoint=result.checkpoint,
                                                           model_name=self.name, store_version=promotion.version,
-                                                          metrics=metrics)
+                                                          metrics=metrics, run_folder=store.child(run_key))
         return {**outcome, "promoted": True, "reason": "passed the gate"}
 
     def _refused(self, result: RunResult, reason: str, outcome: dict[str, Any]) -> dict[str, Any]:

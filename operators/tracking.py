@@ -14,7 +14,7 @@ Runs go to the experiment `experiment` (default: the DAG id), one MLflow run per
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
 from ringflow.training.tracking.settings import DEFAULT_ALIAS, TrackingConfigError, TrackingSettings, check_alias
@@ -77,14 +77,18 @@ class MlflowTracking:
         return open_store_for(uri, self.conn_id)
 
     def log_training(self, context: Any, *, run_uri: str, job_config: Mapping[str, Any] | None,
-                     result: Any, group_id: str | None) -> str:
+                     result: Any, group_id: str | None, run_folder: Any = None,
+                     health_records: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """run_folder, health_records: the store at run_uri and its records, when the caller has them."""
         from ringflow.training.tracking.mlflow_runs import log_training_run
 
         ti = context["ti"]
         tags = {"ringflow.dag_id": ti.dag_id, "ringflow.run_id": ti.run_id, "ringflow.task_id": ti.task_id}
         return log_training_run(self.settings(), experiment=self.experiment_for(context), run_uri=run_uri,
-                                run_folder=self._open(run_uri), job_config=job_config, result=result,
-                                run_name=f"{ti.run_id}/{group_id or ti.task_id}", tags=tags)
+                                run_folder=run_folder if run_folder is not None else self._open(run_uri),
+                                job_config=job_config, result=result,
+                                run_name=f"{ti.run_id}/{group_id or ti.task_id}", tags=tags,
+                                health_records=health_records)
 
     def log_evaluation(self, context: Any, *, run_uri: str, eval_doc: Mapping[str, Any]) -> str:
         from ringflow.training.tracking.mlflow_runs import log_evaluation
@@ -93,11 +97,12 @@ class MlflowTracking:
                               run_folder=self._open(run_uri), eval_doc=eval_doc)
 
     def register(self, context: Any, *, run_uri: str, checkpoint: str, model_name: str, store_version: int,
-                 metrics: Mapping[str, Any]) -> int:
+                 metrics: Mapping[str, Any], run_folder: Any = None) -> int:
+        """run_folder: the store at run_uri, when the caller has it open."""
         from ringflow.training.tracking.mlflow_registry import register_promotion
 
         return register_promotion(self.settings(), experiment=self.experiment_for(context), run_uri=run_uri,
-                                  run_folder=self._open(run_uri), checkpoint=checkpoint, model_name=model_name,
+                                  run_folder=run_folder if run_folder is not None else self._open(run_uri), checkpoint=checkpoint, model_name=model_name,
                                   store_version=store_version, open_store=self._open, metrics=metrics)
 
     def rolled_back(self, *, model_name: str, store_version: int) -> int | None:

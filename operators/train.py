@@ -238,7 +238,7 @@ class HorovodTrainOperator(BaseOperator):
     def execute(self, context) -> None:
         ti = context["ti"]
         self.run_uri = self.run_folder(context)
-        self._set_run_links(plot_saved=False)
+        self._set_run_links(None, plot_saved=False)
         try:
             config = self.build_config(self.run_uri, ti.try_number)
             num_workers = worker_count(self.num_workers)
@@ -289,9 +289,10 @@ class HorovodTrainOperator(BaseOperator):
 
     def execute_complete(self, context, event: dict[str, Any]) -> dict[str, Any]:
         self.run_uri = self.run_folder(context)
-        plot = self._save_health_plot()
-        self._set_run_links(plot_saved=plot is not None)
-        mlflow_run_id = self._log_to_mlflow(context, event)
+        run, records = self._read_run_folder()
+        plot = self._save_health_plot(run, records)
+        self._set_run_links(run, plot_saved=plot is not None)
+        mlflow_run_id = self._log_to_mlflow(context, event, run, records)
         if event.get("status") != "success":
             verdict = event.get("verdict") or {}
             evidence = f"; evidence: {json.dumps(verdict.get('evidence'), default=str)}" if verdict.get("evidence") else ""
@@ -313,7 +314,21 @@ class HorovodTrainOperator(BaseOperator):
                 "verdict": doc["verdict"], "resumed_from": result.resumed_from, "health_plot": plot,
                 "mlflow_run_id": mlflow_run_id}
 
-    def _log_to_mlflow(self, context, event: dict[str, Any]) -> str | None:
+    def _read_run_folder(self) -> tuple[Any, list[dict[str, Any]] | None]:
+        """The store at run_uri and its health records, read once for the plot and MLflow; (None, None)
+        when the folder cannot be read: the job's own outcome still decides, and MLflow reads it itself."""
+        from ringflow.operators.connections import open_store_for
+        from ringflow.training.health.records import read_health
+
+        try:
+            run = open_store_for(self.run_uri, self.conn_id)
+            return run, read_health(run)
+        except Exception as exc:  # noqa: BLE001 - an unreadable folder must not hide the job's own outcome
+            self.log.warning("could not read the health records of %s: %s", self.run_uri, exc)
+            return None, None
+
+    def _log_to_mlflow(self, context, event: dict[str, Any], run: Any = None,
+                       records: list[dict[str, Any]] | None = None) -> str | None:
         """This attempt in MLflow, when mlflow_conn_id is set. A tracking error fails a task whose training
         succeeded (the run must be in MLflow; the retry resumes from the final checkpoint and logs again),
         and is only a warning after a failed training, whose own message must stay the task's error."""
@@ -325,7 +340,8 @@ class HorovodTrainOperator(BaseOperator):
             result = RunResult.from_json(event["result"]) if event.get("result") else None
             config = self.build_config(self.run_uri, context["ti"].try_number)
             return tracking.log_training(context, run_uri=self.run_uri, job_config=config, result=result,
-                                         group_id=getattr(self.task_group, "group_id", None))
+                                         group_id=getattr(self.task_group, "group_id", None), run_folder=run,
+                                         health_records=records)
         except Exception as exc:  # noqa: BLE001 - which exceptions MLflow's client raises is its own business
             message = f"could not log run {self.run_uri} to MLflow (connection {self.mlflow_conn_id!r}): {exc}"
             if event.get("status") == "success":
@@ -333,19 +349,15 @@ class HorovodTrainOperator(BaseOperator):
             self.log.warning("%s", message)
             return None
 
-    def _save_health_plot(self) -> str | None:
+    def _save_health_plot(self, run: Any, records: list[dict[str, Any]] | None) -> str | None:
         import tempfile
 
-        from ringflow.operators.connections import open_store_for
         from ringflow.training import run_layout
-        from ringflow.training.health.records import read_health
         from ringflow.training.runs.health_plot import save_health_plot
 
+        if not records:
+            return None
         try:
-            run = open_store_for(self.run_uri, self.conn_id)
-            records = read_health(run)
-            if not records:
-                return None
             with tempfile.TemporaryDirectory() as tmp:
                 path = save_health_plot(records, f"{tmp}/{run_layout.HEALTH_PLOT}")
                 run.put_file(run_layout.HEALTH_PLOT, path)
@@ -356,12 +368,13 @@ class HorovodTrainOperator(BaseOperator):
         self.log.info("health plot saved: %s", location)
         return location
 
-    def _set_run_links(self, *, plot_saved: bool) -> None:
+    def _set_run_links(self, run: Any, *, plot_saved: bool) -> None:
         from ringflow.training.runs import store_layout
 
         try:
             self.run_links = run_links(self.run_uri, plot_saved=plot_saved, conn_id=self.conn_id,
-                                       store_root=store_layout.default_store_uri(), base_path=api_base_path())
+                                       store_root=store_layout.default_store_uri(), base_path=api_base_path(),
+                                       run_folder=run)
         except Exception as exc:  # noqa: BLE001 - a link that cannot be built must not fail the training
             self.log.warning("no extra links for run folder %s: %s", self.run_uri, exc)
 

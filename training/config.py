@@ -235,6 +235,9 @@ class JobConfig:
     optimizer: str = "adam"
     seed: int = 0
     log_every_steps: int = 10
+    # Python's cyclic garbage collector runs every this many steps, the same step on every rank, and not on
+    # its own (training/callbacks/garbage_collection.py); 0: Python's automatic collector.
+    gc_every_steps: int = 100
     health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
     engine: str = DEFAULT_ENGINE
     horovod: HorovodConfig = dataclasses.field(default_factory=HorovodConfig)
@@ -253,6 +256,7 @@ class JobConfig:
         _require(self.optimizer in OPTIMIZERS, "optimizer", f"is {self.optimizer!r}", f"use one of {OPTIMIZERS}")
         _positive_int(self, "seed", "seed", minimum=0)
         _positive_int(self, "log_every_steps", "log_every_steps")
+        _positive_int(self, "gc_every_steps", "gc_every_steps", minimum=0)
         _require(self.engine in ENGINES, "engine", f"is {self.engine!r}",
                  'use "horovod" (horovodrun/mpirun) or "ddp" (PyTorch DistributedDataParallel under torchrun)')
         _require(self.precision in PRECISIONS, "precision", f"is {self.precision!r}",

@@ -20,6 +20,7 @@ from ringflow.training import exit_codes
 from ringflow.training.callbacks.base import Callback
 from ringflow.training.callbacks.checkpointing import Checkpointing
 from ringflow.training.callbacks.faults import FaultInjection
+from ringflow.training.callbacks.garbage_collection import ScheduledGarbageCollection
 from ringflow.training.callbacks.health import HealthMonitoring
 from ringflow.training.callbacks.liveness import Liveness
 from ringflow.training.callbacks.logging import ProgressLog, say
@@ -94,12 +95,13 @@ class Trainer:
                                         "device": placement.device, "precision": cfg.precision,
                                         "resumed_from": self.resumed_from, "health": self._health_dict()})
         self.throughput = Throughput(self.size, engine.accumulation_steps, lambda: self.health.seconds_in_monitor)
+        self.garbage_collection = (ScheduledGarbageCollection(cfg.gc_every_steps) if cfg.gc_every_steps else None)
         # In this order on every hook: faults act before anything measures, the health verdict comes before
         # the final checkpoint, and a checkpoint is written last in a step.
         self.callbacks: list[Callback] = [
             FaultInjection(cfg, self.rank), *callbacks, self.throughput, self.health, self.liveness,
             ProgressLog(self.rank, self.size, cfg.log_every_steps, cfg.batch_size, cfg.learning_rate),
-            self.checkpointing]
+            *([self.garbage_collection] if self.garbage_collection else []), self.checkpointing]
 
     def _resume(self) -> None:
         # Every rank reads the checkpoint itself; the broadcast that follows makes rank 0's copy the truth.
@@ -195,7 +197,11 @@ class Trainer:
         self.loop = TrainingLoop(self.engine, self.engine.training_model(self.model), self.loss_fn, self.optimizer, self.data, cfg.epochs,
                                  cfg.seed, cfg.health.stop_on_degraded, self.callbacks, step=self.step,
                                  cursor=self.cursor, last_loss=self.last_loss)
-        stop = self.loop.run()
+        try:
+            stop = self.loop.run()
+        finally:
+            if self.garbage_collection is not None:
+                self.garbage_collection.restore()
         if stop is not None:
             return self.stop_on(stop)
         final = self.checkpointing.final

@@ -4,6 +4,7 @@ training run of the real Trainer in one process (a Gloo world of one on 127.0.0.
 
 The GPU half (NCCL, pinned-memory copies, fp16) runs where a GPU exists: bench/gpu_check.py, and the
 test below marked for CUDA."""
+import gc
 import io
 import json
 import pathlib
@@ -218,6 +219,8 @@ def train_in_process(monkeypatch, manifest: str, run: str, precision: str):
         code = Trainer(cfg, engine).train()
     finally:
         engine.shutdown()
+    # The loop ran Python's collector on its schedule and gave it back (callbacks/garbage_collection.py).
+    assert gc.isenabled() and gc.get_freeze_count() == 0
     loaded = CheckpointStore(LocalFolderStore(run)).latest_valid()
     start = json.loads((pathlib.Path(run) / "health.jsonl").read_text().splitlines()[0])
     return code, TrainingState.from_bytes(loaded.files["state.pt"], run), loaded.manifest.meta["loss"], start

@@ -45,7 +45,8 @@ def first_nonfinite_on_device(first: torch.Tensor | None, loss: torch.Tensor, st
     there, and whoever measures reads it (once per measurement)."""
     if first is None:
         first = torch.full((), -1, dtype=torch.int64, device=loss.device)
-    return torch.where((first < 0) & ~torch.isfinite(loss.detach()), torch.full_like(first, step), first)
+    # In place, the step a plain number: no new tensor to hold each micro-batch's answer.
+    return first.masked_fill_((first < 0) & ~torch.isfinite(loss.detach()), step)
 
 
 class SyncHealthMonitor:

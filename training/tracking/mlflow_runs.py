@@ -136,11 +136,27 @@ def log_files(client: "MlflowClient", run_id: str, run_folder: ObjectStore, keys
     return logged
 
 
+def records_after(seq: int, run_folder: ObjectStore,
+                  every_record: Sequence[Mapping[str, Any]] | None) -> tuple[list[Mapping[str, Any]], int]:
+    """The health records after `seq` and the last seq among them (`seq` when none is newer): picked from
+    `every_record` when given, else read from the run folder (only what lies past `seq`)."""
+    if every_record is None:
+        reader = HealthReader()
+        reader.last_seq = seq
+        return reader.poll(run_folder), reader.last_seq
+    newer = [r for r in every_record if isinstance(r.get("seq"), int) and r["seq"] > seq]
+    return newer, newer[-1]["seq"] if newer else seq
+
+
 def log_training_run(settings: TrackingSettings, *, experiment: str, run_uri: str, run_folder: ObjectStore,
                      job_config: Mapping[str, Any] | None, result: RunResult | None, run_name: str | None = None,
-                     tags: Mapping[str, str] | None = None) -> str:
+                     tags: Mapping[str, str] | None = None,
+                     health_records: Sequence[Mapping[str, Any]] | None = None) -> str:
     """Log a finished attempt of the training job in `run_folder` (whatever its outcome; `result` None: it
-    wrote no result.json). Returns the MLflow run id."""
+    wrote no result.json). Returns the MLflow run id.
+
+    health_records: all of the run's records when the caller has read them already (read_health); None:
+    only the records past those an earlier attempt logged are read here."""
     with tracking_env(settings):
         client = client_for(settings)
         run = ensure_run(client, experiment, run_uri, run_name, tags)
@@ -150,9 +166,8 @@ def log_training_run(settings: TrackingSettings, *, experiment: str, run_uri: st
             if changed:
                 log.warning("MLflow run %s keeps the first attempt's params %s (MLflow params never change); "
                             "this attempt's values are in its job config", run_id, changed)
-        reader = HealthReader()
-        reader.last_seq = int(run.data.tags.get(TAG_HEALTH_SEQ, -1))
-        records = reader.poll(run_folder)
+        logged_up_to = int(run.data.tags.get(TAG_HEALTH_SEQ, -1))
+        records, last_seq = records_after(logged_up_to, run_folder, health_records)
         now_ms = int(time.time() * 1000)
         items = measurements.from_health_records(records)
         if result is not None:
@@ -161,7 +176,7 @@ def log_training_run(settings: TrackingSettings, *, experiment: str, run_uri: st
         status = result.status if result is not None else "no result"
         # The seq tag goes with the metrics it counts: after a lost request a retry logs them again, never skips.
         log_measurements(client, run_id, items, {
-            TAG_HEALTH_SEQ: str(reader.last_seq), TAG_VERDICT: verdict, TAG_STATUS: status,
+            TAG_HEALTH_SEQ: str(last_seq), TAG_VERDICT: verdict, TAG_STATUS: status,
             **({"ringflow.attempt": result.attempt} if result and result.attempt else {}),
             **({"ringflow.checkpoint": result.checkpoint} if result and result.checkpoint else {}),
             **(tags or {})})
