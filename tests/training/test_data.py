@@ -74,6 +74,27 @@ def test_a_batch_size_that_does_not_divide_the_row_groups_spans_windows(tmp_path
     assert all(torch.equal(x, fx) for (_, x), (_, fx) in zip(resumed, served[5:]))
 
 
+@pytest.mark.parametrize("batch_size, window", [(16, 4), (24, 1), (80, 1), (80, 22)])
+def test_each_batch_is_the_epoch_order_s_rows(tmp_path, small_row_groups, batch_size, window):
+    """Rows 32 to a row group: batches inside a window, across two, across three (a batch larger than a
+    window), and a partition kept decoded (22 groups in one window): the rows epoch_order names, in order."""
+    import pyarrow.parquet as pq
+
+    from ringflow.training.data import to_tensors
+
+    store = LocalFolderStore(str(tmp_path))
+    manifest = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
+    data = PartitionData(store, manifest, rank=1, world_size=2, batch_size=batch_size, window=window)
+    x_all, y_all = to_tensors(pq.read_table(data.path), data.schema)  # the partition in file order
+    order = torch.from_numpy(epoch_order(data.group_rows, seed=3, epoch=1, rank=1, window=window))
+    for start in (0, 3):  # from the epoch's start, and resumed inside it
+        served = list(data.batches(seed=3, cursor=Cursor(1, start)))
+        assert [b for b, _, _ in served] == list(range(start, data.batches_per_epoch))
+        for b, x, y in served:
+            rows = order[b * batch_size:(b + 1) * batch_size]
+            assert torch.equal(x, x_all[rows]) and torch.equal(y, y_all[rows])
+
+
 def test_image_columns_reach_the_model_in_their_shape(tmp_path):
     store = LocalFolderStore(str(tmp_path))
     manifest = write_shards(builtin_table("digits_images"), store, target="target", num_partitions=2,
