@@ -236,7 +236,8 @@ class SelectAndPromoteOperator(GateArguments, BaseOperator):
         if tracking is not None:  # after the store's pointer moved: MLflow follows ringflow's registry
             outcome["mlflow_version"] = tracking.register(context, run_uri=best.run_uri, checkpoint=best.checkpoint,
                                                           model_name=self.name, store_version=promotion.version,
-                                                          metrics=metrics)
+                                                          metrics=metrics,
+                                                          run_folder=store.child(run_key_in(self.store_uri, best.run_uri)))
         return {**outcome, "promoted": True, "reason": f"candidate {best.index} is the best and passed the gate"}
 
 

@@ -97,12 +97,12 @@ class MlflowTracking:
                               run_folder=self._open(run_uri), eval_doc=eval_doc)
 
     def register(self, context: Any, *, run_uri: str, checkpoint: str, model_name: str, store_version: int,
-                 metrics: Mapping[str, Any], run_folder: Any = None) -> int:
-        """run_folder: the store at run_uri, when the caller has it open."""
+                 metrics: Mapping[str, Any], run_folder: Any) -> int:
+        """run_folder: the store at run_uri (the promoter holds the store it lies in: store.child)."""
         from ringflow.training.tracking.mlflow_registry import register_promotion
 
         return register_promotion(self.settings(), experiment=self.experiment_for(context), run_uri=run_uri,
-                                  run_folder=run_folder if run_folder is not None else self._open(run_uri), checkpoint=checkpoint, model_name=model_name,
+                                  run_folder=run_folder, checkpoint=checkpoint, model_name=model_name,
                                   store_version=store_version, open_store=self._open, metrics=metrics)
 
     def rolled_back(self, *, model_name: str, store_version: int) -> int | None:
