@@ -98,8 +98,10 @@ class Trainer:
         self.garbage_collection = (ScheduledGarbageCollection(cfg.gc_every_steps) if cfg.gc_every_steps else None)
         # In this order on every hook: faults act before anything measures, the health verdict comes before
         # the final checkpoint, and a checkpoint is written last in a step.
+        # Fault injection only on a rank with faults to inject: its hooks run on every micro-batch.
+        faults = FaultInjection(cfg, self.rank)
         self.callbacks: list[Callback] = [
-            FaultInjection(cfg, self.rank), *callbacks, self.throughput, self.health, self.liveness,
+            *([faults] if faults.active else []), *callbacks, self.throughput, self.health, self.liveness,
             ProgressLog(self.rank, self.size, cfg.log_every_steps, cfg.batch_size, cfg.learning_rate),
             *([self.garbage_collection] if self.garbage_collection else []), self.checkpointing]
 

@@ -17,6 +17,11 @@ class FaultInjection(Callback):
         self._faults = [f for f in cfg.faults if f.rank == rank]
         self._fired: set[str] = set()
 
+    @property
+    def active(self) -> bool:
+        """Whether this rank has any fault to inject."""
+        return bool(self._faults)
+
     def _due(self, kind: str, step: int, once: bool = True):
         for f in self._faults:
             if f.kind == kind and step >= f.step and not (once and kind in self._fired):

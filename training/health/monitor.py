@@ -57,9 +57,19 @@ class SyncHealthMonitor:
         self._batch_size = batch_size
         # Fed each record once: the verdict costs the same at step 1 M as at step 10.
         self._judge = HealthJudge(cfg)
-        self.last_verdict: Verdict | None = None
-        self._pending_step = None
-        self._pending_checksum = None
+        self._verdict: Verdict | None = None  # the judge's verdict on the records fed so far, once asked
+        self._fed = False
+        self._pending_step = None  # (handle, meta): the gather of the step meta["step"]
+        self._pending_checksum = None  # (handle, step)
+
+    @property
+    def last_verdict(self) -> Verdict | None:
+        """The verdict on every record so far (None before the first). Judged when asked, not at each
+        measurement: the window's straggler and sync-share statistics cost ~70 µs of the training thread,
+        and between measurements only a finding that stops the job matters (`_add`)."""
+        if self._verdict is None and self._fed:
+            self._verdict = self._judge.verdict()
+        return self._verdict
 
     def wants_step(self, step: int) -> bool:
         return step % self._cfg.every_steps == 0
@@ -69,7 +79,8 @@ class SyncHealthMonitor:
 
     def on_step(self, step: int, epoch: int, step_time: float, sync_time: float, loss: float,
                 grad_norm: float, first_nonfinite_step: int | None = None) -> Verdict | None:
-        """Start gathering this step's measurements; return the verdict on the previous ones.
+        """Start gathering this step's measurements; return the verdict on the previous ones if it stops
+        the job (None otherwise: `last_verdict` has it).
 
         Gathers run in the background and are collected one measurement later, so the training loop
         never waits on them: that keeps the monitor's cost to a few percent (bench/throughput.py).
@@ -90,7 +101,9 @@ class SyncHealthMonitor:
         return verdict
 
     def on_checksum(self, step: int, model: torch.nn.Module) -> Verdict | None:
-        verdict = self.collect()
+        # Not the step gather on_step started a moment ago for this same step: waiting for it here cost a
+        # whole Horovod cycle (~1 ms) at every checksum. It is collected with the next measurement.
+        verdict = self.collect(before_step=step)
         if self._stops(verdict):
             return verdict
         local = torch.tensor([[parameter_checksum(model)]], dtype=torch.float64)
@@ -110,10 +123,11 @@ class SyncHealthMonitor:
         a rank that has already stopped and left the job leaves this one's gather failing."""
         return verdict is not None and verdict.is_fatal(self._cfg.stop_on_degraded)
 
-    def collect(self) -> Verdict | None:
-        """Finish the gathers in flight and judge; None when there was nothing to collect."""
+    def collect(self, before_step: int | None = None) -> Verdict | None:
+        """Finish the gathers in flight (those started before `before_step`, if given) and judge; the
+        verdict if it stops the job, else None."""
         verdict = None
-        if self._pending_step is not None:
+        if self._pending_step is not None and (before_step is None or self._pending_step[1]["step"] < before_step):
             handle, meta = self._pending_step
             self._pending_step = None
             verdict = self._add(self._step_record(self._wait(handle).tolist(), meta))
@@ -121,7 +135,7 @@ class SyncHealthMonitor:
             handle, step = self._pending_checksum
             self._pending_checksum = None
             sums = [r[0] for r in self._wait(handle).tolist()]
-            verdict = self._add(record("checksum", step=step, checksums=sums))
+            verdict = self._add(record("checksum", step=step, checksums=sums)) or verdict
         return verdict
 
     def _step_record(self, rows: list[list[float]], meta: dict) -> dict:
@@ -137,8 +151,12 @@ class SyncHealthMonitor:
             samples_per_sec=len(rows) * self._batch_size / max(max(step_times), 1e-9),
         )
 
-    def _add(self, rec: dict, force: bool = False) -> Verdict:
+    def _add(self, rec: dict, force: bool = False) -> Verdict | None:
+        """Log and judge one record; the verdict if it stops the job. A fatal finding is the judge's
+        first of its kind (cheap to ask); the window's DEGRADED is judged here only when it stops the job."""
         force = force or bool(rec.get("nonfinite_ranks"))
         self._log.append(rec, force_flush=force)
-        self.last_verdict = self._judge.feed([rec]).verdict()
-        return self.last_verdict
+        self._judge.feed([rec])
+        self._verdict, self._fed = None, True
+        verdict = self._judge.fatal() or (self.last_verdict if self._cfg.stop_on_degraded else None)
+        return verdict if self._stops(verdict) else None

@@ -133,11 +133,16 @@ class HealthJudge:
                         self._first[status] = verdict
         return self
 
-    def verdict(self) -> Verdict:
-        for status in (NONFINITE, DIVERGED, STALLED):
+    def fatal(self) -> Verdict | None:
+        """The worst fatal finding so far (NONFINITE, DIVERGED, STALLED), or None: without the window's
+        statistics, so a caller that stops only on these can ask after every record."""
+        for status in FATAL:
             if status in self._first:
                 return self._first[status]
-        return _window_verdict(list(self._window), self._steps, self.cfg)
+        return None
+
+    def verdict(self) -> Verdict:
+        return self.fatal() or _window_verdict(list(self._window), self._steps, self.cfg)
 
 
 def thresholds(records: Iterable[Mapping[str, Any]]) -> HealthConfig | None:

@@ -44,10 +44,10 @@ def test_the_first_nonfinite_loss_is_kept_beside_the_loss_without_reading_it(los
 
 
 class OneRankEngine:
-    """The monitor's view of an engine: gathers return this rank's own rows; starts are counted."""
+    """The monitor's view of an engine: gathers return this rank's own rows; starts and waits are counted."""
 
     def __init__(self, size=2):
-        self.size, self.started = size, []
+        self.size, self.started, self.waited = size, [], []
 
     def allgather(self, tensor, name):
         self.started.append(name)
@@ -55,41 +55,80 @@ class OneRankEngine:
 
     def allgather_async(self, tensor, name):
         self.started.append(name)
-        return tensor
+        return name, tensor
 
     def wait(self, handle):
-        return handle
+        self.waited.append(handle[0])
+        return handle[1]
+
+
+def make_monitor(tmp_path, size=2, **health):
+    from ringflow.training.config import HealthConfig
+    from ringflow.training.health.monitor import SyncHealthMonitor
+    from ringflow.training.health.records import HealthLog
+    from ringflow.training.store import LocalFolderStore
+
+    engine = OneRankEngine(size)
+    store = LocalFolderStore(str(tmp_path / f"run-{size}"))
+    return engine, SyncHealthMonitor(engine, HealthConfig(**health), HealthLog(store), batch_size=4)
 
 
 def test_no_gather_starts_after_a_verdict_that_stops_the_job(tmp_path):
-    from ringflow.training.config import HealthConfig
-    from ringflow.training.health.monitor import SyncHealthMonitor
-    from ringflow.training.health.records import HealthLog
-    from ringflow.training.store import LocalFolderStore
-
-    engine = OneRankEngine()
-    monitor = SyncHealthMonitor(engine, HealthConfig(),
-                                HealthLog(LocalFolderStore(str(tmp_path))), batch_size=4)
+    engine, monitor = make_monitor(tmp_path)
     assert monitor.on_step(10, 0, 0.1, 0.01, float("nan"), 1.0) is None  # gathered, judged next time
-    verdict = monitor.on_checksum(10, torch.nn.Linear(2, 1))
-    assert verdict.status == "NONFINITE"
+    assert monitor.on_checksum(10, torch.nn.Linear(2, 1)) is None  # step 10's gather is still in flight
+    verdict = monitor.on_step(20, 0, 0.1, 0.01, 0.5, 1.0)
+    assert verdict.status == "NONFINITE" and verdict.evidence["step"] == 10
     # A rank that stopped on it has left the job: a gather started now would fail on the others.
-    assert engine.started == ["ringflow.health.step"]
-    assert monitor.on_step(20, 0, 0.1, 0.01, 0.5, 1.0) is None and engine.started[-1] == "ringflow.health.step"
+    assert engine.started == ["ringflow.health.step", "ringflow.health.checksum"]
+    assert monitor.last_verdict == verdict
+
+
+def test_a_checksum_does_not_wait_for_the_step_gather_started_at_its_own_step(tmp_path):
+    """Waiting for it there cost a whole Horovod cycle at every checksum; it is collected one measurement
+    later like every other gather, and the records still come in step order."""
+    engine, monitor = make_monitor(tmp_path)
+    monitor.on_step(50, 0, 0.1, 0.01, 0.5, 1.0)
+    monitor.on_checksum(50, torch.nn.Linear(2, 1))
+    assert engine.waited == []
+    monitor.on_step(60, 0, 0.1, 0.01, 0.5, 1.0)
+    assert engine.waited == ["ringflow.health.step", "ringflow.health.checksum"]
+    # A checksum step without a step measurement (every_steps does not divide it) collects what is older.
+    monitor.on_checksum(75, torch.nn.Linear(2, 1))
+    assert engine.waited[-1] == "ringflow.health.step"
+    monitor.collect()
+    assert engine.waited[-1] == "ringflow.health.checksum"
+    monitor._log.flush(force=True)
+    from ringflow.training.health.records import read_health
+
+    assert [(r["type"], r["step"]) for r in read_health(monitor._log._store)] == [
+        ("step", 50), ("checksum", 50), ("step", 60), ("checksum", 75)]
+
+
+@pytest.mark.parametrize("stop_on_degraded", [False, True])
+def test_the_window_verdict_is_judged_when_asked_and_stops_the_job_only_if_configured(tmp_path, stop_on_degraded):
+    engine, monitor = make_monitor(tmp_path, stop_on_degraded=stop_on_degraded)
+    returned = []
+    for step in range(10, 90, 10):  # every step spends 90 % of its time in the all-reduce: sync-bound
+        returned.append(monitor.on_step(step, 0, 0.1, 0.09, 0.5, 1.0))
+        if returned[-1] is not None:
+            break
+    assert monitor.last_verdict.status == "DEGRADED"
+    if stop_on_degraded:  # at the measurement that collected the fifth record, the fewest that judge it
+        assert returned[-1].status == "DEGRADED" and len(returned) == 6
+        assert engine.started.count("ringflow.health.step") == 5  # none after the verdict
+    else:
+        assert returned == [None] * 8
 
 
 def test_a_world_of_one_gathers_nothing_and_judges_the_same(tmp_path):
-    from ringflow.training.config import HealthConfig
-    from ringflow.training.health.monitor import SyncHealthMonitor
-    from ringflow.training.health.records import HealthLog
-    from ringflow.training.store import LocalFolderStore
-
     verdicts = {}
     for size in (1, 2):
-        engine = OneRankEngine(size)
-        monitor = SyncHealthMonitor(engine, HealthConfig(), HealthLog(LocalFolderStore(str(tmp_path / str(size)))), 4)
+        engine, monitor = make_monitor(tmp_path, size)
         monitor.on_step(10, 0, 0.1, 0.01, 0.5, 1.0)
         monitor.on_checksum(10, torch.nn.Linear(2, 1))
-        verdicts[size] = (monitor.on_step(20, 0, 0.1, 0.01, float("nan"), 1.0), engine.started)
-    assert verdicts[1][1] == [] and len(verdicts[2][1]) == 3
-    assert verdicts[1][0].status == verdicts[2][0].status == "HEALTHY"
+        returned = monitor.on_step(20, 0, 0.1, 0.01, float("nan"), 1.0)
+        verdicts[size] = (returned, monitor.last_verdict, engine.started)
+    assert verdicts[1][2] == [] and len(verdicts[2][2]) == 3
+    assert verdicts[1][0] is verdicts[2][0] is None
+    assert verdicts[1][1].status == verdicts[2][1].status == "HEALTHY"

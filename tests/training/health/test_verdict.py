@@ -158,6 +158,14 @@ def test_incremental_judge_equals_judge_in_any_chunks(window):
         assert HealthJudge(cfg).feed(records).verdict() == expected
 
 
+@pytest.mark.parametrize("name, records, now, status, evidence", CASES, ids=[c[0] for c in CASES])
+def test_the_judges_fatal_finding_is_its_verdict_when_fatal_and_none_otherwise(name, records, now, status, evidence):
+    """fatal() is what the training loop asks after every measurement; the window is judged only on request."""
+    fed = HealthJudge(CFG).feed(records)
+    verdict = fed.verdict()
+    assert fed.fatal() == (verdict if verdict.is_fatal() else None)
+
+
 @pytest.mark.parametrize("stall_seconds, last_step, limit", [(30, 0, 30), (30, 12, 30), (30, None, STARTUP_SECONDS),
                                                              (300, None, 300)])
 def test_stall_limit_allows_start_up(stall_seconds, last_step, limit):
