@@ -1,8 +1,10 @@
 """health.jsonl: the records rank 0 writes beside the checkpoints, and reading them back.
 
 A store has no append, so the log rewrites health.jsonl whole on each flush. To keep that write (and the
-memory behind it) bounded on a long run, every `segment_lines` records the current lines are sealed into
-health/<n>.jsonl and health.jsonl starts over. Each record carries `seq`, its place in the run, so a reader
+memory behind it) bounded on a long run, every `segment_lines` records or `segment_bytes` bytes, whichever
+comes first, the current lines are sealed into health/<n>.jsonl and health.jsonl starts over. The byte
+bound keeps the write small where records are large: a step record lists every rank's times, so at 64
+ranks 2,000 of them would be ~10 MB rewritten every flush_seconds by rank 0's training thread. Each record carries `seq`, its place in the run, so a reader
 that catches the switch half done drops the lines it sees twice, and `attempt`, the launch that wrote it.
 A sealed segment never changes: `HealthReader` reads each once and only the new lines of health.jsonl.
 """
@@ -122,22 +124,29 @@ def _last_seq(records: list[dict[str, Any]]) -> int:
     return -1
 
 
+# Where a segment is sealed at the latest: at 2 ranks ~600 step records (~20 s of a small model's training
+# between rewrites of at most this much), at 64 ranks ~50.
+SEGMENT_BYTES = 256 * 1024
+
+
 class HealthLog:
     """Accumulates records and rewrites health.jsonl whole on flush, sealing a segment every
-    `segment_lines` records.
+    `segment_lines` records or `segment_bytes` bytes.
 
     Whole-object writes because S3 has no append; they are atomic, so a reader sees a consistent prefix.
     Flushes are rate-limited to every `flush_seconds` except when forced (end of run, fatal verdict).
     """
 
     def __init__(self, store: ObjectStore, flush_seconds: float = 1.0, enabled: bool = True,
-                 segment_lines: int = 2_000, attempt: str | None = None):
+                 segment_lines: int = 2_000, attempt: str | None = None, segment_bytes: int = SEGMENT_BYTES):
         self._store = store
         self._attempt = attempt
         self._flush_seconds = flush_seconds
         self._enabled = enabled
         self._segment_lines = segment_lines
+        self._segment_bytes = segment_bytes
         self._lines: list[str] = []
+        self._bytes = 0  # of _lines as written: each line and its newline
         self._lock = threading.Lock()
         self._last_flush = 0.0
         self._dirty = False
@@ -147,6 +156,7 @@ class HealthLog:
             try:
                 existing = store.get_bytes(HEALTH_KEY).decode("utf-8", errors="replace")
                 self._lines = [line for line in existing.splitlines() if line.strip()]
+                self._bytes = sum(len(line.encode()) + 1 for line in self._lines)
             except ObjectNotFound:
                 pass
             sealed = _segment_keys(store)
@@ -161,7 +171,9 @@ class HealthLog:
             return
         with self._lock:
             stamp = {"seq": self._next_seq} | ({"attempt": self._attempt} if self._attempt else {})
-            self._lines.append(json.dumps(rec | stamp, sort_keys=True))
+            line = json.dumps(rec | stamp, sort_keys=True)
+            self._lines.append(line)
+            self._bytes += len(line) + 1  # json.dumps escapes non-ASCII: one byte a character
             self._next_seq += 1
             self._dirty = True
         self.flush(force=force_flush)
@@ -173,10 +185,10 @@ class HealthLog:
             now = time.monotonic()
             if not self._dirty or (not force and now - self._last_flush < self._flush_seconds):
                 return
-            if len(self._lines) >= self._segment_lines:
+            if len(self._lines) >= self._segment_lines or self._bytes >= self._segment_bytes:
                 # Sealed first, then health.jsonl starts over: see read_health for why in this order.
                 self._store.put_bytes(_segment_key(self._segments), ("\n".join(self._lines) + "\n").encode())
                 self._segments += 1
-                self._lines = []
+                self._lines, self._bytes = [], 0
             self._store.put_bytes(HEALTH_KEY, ("\n".join(self._lines) + "\n").encode() if self._lines else b"")
             self._last_flush, self._dirty = now, False

@@ -19,6 +19,25 @@ def test_long_run_seals_segments_and_reads_back_in_order(tmp_path):
     assert [r["step"] for r in records] == list(range(8)) and [r["seq"] for r in records] == list(range(8))
 
 
+def test_large_records_seal_by_size_before_the_line_count(tmp_path):
+    """Step records of a wide job are long: the rewrite of health.jsonl stays bounded in bytes too."""
+    store = LocalFolderStore(str(tmp_path))
+    health = log(store, segment_lines=1_000, segment_bytes=4_000)
+    wide = [0.1] * 200  # one rank's time each: a record of ~1 kB
+    for step in range(10):
+        health.append(record("step", step=step, step_time=wide))
+    segments = sorted(i.key for i in store.list("health/"))
+    assert len(segments) == 2 and all(len(store.get_bytes(k)) <= 4_000 + 1_200 for k in segments)
+    assert len(store.get_bytes(HEALTH)) < 4_000
+    assert [r["step"] for r in read_health(store)] == list(range(10))
+    # A resumed log counts the bytes already in health.jsonl.
+    resumed = log(store, segment_lines=1_000, segment_bytes=4_000)
+    for step in range(10, 13):
+        resumed.append(record("step", step=step, step_time=wide))
+    assert len(sorted(i.key for i in store.list("health/"))) == 3
+    assert [r["step"] for r in read_health(store)] == list(range(13))
+
+
 def test_resumed_run_continues_after_the_records_of_the_attempts_before(tmp_path):
     store = LocalFolderStore(str(tmp_path))
     first = log(store)
