@@ -36,16 +36,17 @@ def mlflow_connection(mlflow_server, monkeypatch):
     return CONN_ID
 
 
-def context(run_id: str, task_id: str):
-    return {"ti": types.SimpleNamespace(dag_id=DAG_ID, run_id=run_id, task_id=task_id, try_number=1, map_index=-1)}
+def context(run_id: str, task_id: str, map_index: int = -1):
+    return {"ti": types.SimpleNamespace(dag_id=DAG_ID, run_id=run_id, task_id=task_id, try_number=1,
+                                        map_index=map_index)}
 
 
-def train(tmp_path, store, manifest, run_id: str, **kwargs) -> dict:
+def train(tmp_path, store, manifest, run_id: str, map_index: int = -1, **kwargs) -> dict:
     """The train task as Airflow runs it: execute, the trigger's one event, execute_complete."""
     op = HorovodTrainOperator(task_id="train", manifest_uri=manifest, store_uri=str(store), conn_id=None,
                               backend=LocalProcessBackend(work_dir=str(tmp_path / "jobs"), stop_grace_seconds=2),
                               mlflow_conn_id=CONN_ID, **kwargs)
-    ctx = context(run_id, "train")
+    ctx = context(run_id, "train", map_index)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(ctx)
 
@@ -159,6 +160,45 @@ def test_runs_are_tracked_and_promotions_registered_and_rolled_back(tmp_path, di
     assert (back["version"], back["mlflow_version"]) == (1, 1)
     assert client.get_model_version_by_alias(name, "champion").version == "1"
     assert champion_accuracy(mlflow_server.uri, name, features, labels) == pytest.approx(accuracy_a, abs=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_sweeps_winner_is_registered_from_its_own_mlflow_run(tmp_path, digits_manifest, mlflow_server,
+                                                                 mlflow_connection, monkeypatch):
+    """The sweep's select task registers the winning candidate, not another one: the model version points at
+    the winner's MLflow run and serves the winner's model."""
+    from mlflow import MlflowClient
+
+    from ringflow.operators.sweep import SelectAndPromoteOperator
+    from ringflow.training.runs import store_layout
+
+    store, name, run_id, group = tmp_path / "store", "digits-swept", "manual__sweep", "sweep"
+    configurations = [{"learning_rate": 0.0005}, {"learning_rate": 0.004}]
+    trained, evaluated = [], []
+    for index, overrides in enumerate(configurations):  # each candidate's train and evaluate, as mapped tasks run them
+        run_uri = store_layout.run_uri(str(store), DAG_ID, run_id, group, map_index=index)
+        trained.append(train(tmp_path, store, digits_manifest, run_id, map_index=index, run_uri=run_uri, epochs=1,
+                             **overrides))
+        evaluated.append(EvaluateModelOperator(task_id=f"{group}.evaluate", run_uri=run_uri, conn_id=None,
+                                               mlflow_conn_id=CONN_ID).execute(
+            context(run_id, f"{group}.evaluate", index)))
+    accuracies = [ev["metrics"]["accuracy"] for ev in evaluated]
+    assert accuracies[0] != accuracies[1]  # two different models, or the winner's identity proves nothing
+    best = accuracies.index(max(accuracies))
+
+    out = SelectAndPromoteOperator(task_id=f"{group}.select", name=name, store_uri=str(store),
+                                   configurations=configurations, group_id=group, conn_id=None,
+                                   mlflow_conn_id=CONN_ID).execute(context(run_id, f"{group}.select"))
+    assert out["promoted"] and out["winner"] == best and (out["version"], out["mlflow_version"]) == (1, 1)
+
+    client = MlflowClient(mlflow_server.uri)
+    champion = client.get_model_version_by_alias(name, "champion")
+    assert champion.version == "1" and champion.tags["ringflow.version"] == "1"
+    assert champion.run_id == trained[best]["mlflow_run_id"] != trained[1 - best]["mlflow_run_id"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
+    features, labels = eval_rows(digits_manifest)
+    assert champion_accuracy(mlflow_server.uri, name, features, labels) == pytest.approx(accuracies[best], abs=1e-12)
 
 
 @pytest.mark.slow
