@@ -315,17 +315,21 @@ class HorovodTrainOperator(BaseOperator):
                 "mlflow_run_id": mlflow_run_id}
 
     def _read_run_folder(self) -> tuple[Any, list[dict[str, Any]] | None]:
-        """The store at run_uri and its health records, read once for the plot and MLflow; (None, None)
-        when the folder cannot be read: the job's own outcome still decides, and MLflow reads it itself."""
+        """The store at run_uri and its health records, read once for the plot, the links and MLflow. None
+        for what cannot be read (the store, or only its records): the job's own outcome still decides."""
         from ringflow.operators.connections import open_store_for
         from ringflow.training.health.records import read_health
 
         try:
             run = open_store_for(self.run_uri, self.conn_id)
-            return run, read_health(run)
         except Exception as exc:  # noqa: BLE001 - an unreadable folder must not hide the job's own outcome
-            self.log.warning("could not read the health records of %s: %s", self.run_uri, exc)
+            self.log.warning("could not open the run folder %s: %s", self.run_uri, exc)
             return None, None
+        try:
+            return run, read_health(run)
+        except Exception as exc:  # noqa: BLE001 - as above; the links and MLflow still get the folder
+            self.log.warning("could not read the health records of %s: %s", self.run_uri, exc)
+            return run, None
 
     def _log_to_mlflow(self, context, event: dict[str, Any], run: Any = None,
                        records: list[dict[str, Any]] | None = None) -> str | None:

@@ -139,6 +139,19 @@ def test_execute_complete_returns_the_jobs_own_result(tmp_path, digits_manifest)
         op.execute_complete(context(), missing)
 
 
+def test_a_run_folder_whose_health_records_cannot_be_read_is_still_handed_on(tmp_path, digits_manifest):
+    from ringflow.training.run_layout import HEALTH
+
+    op = operator(tmp_path, digits_manifest)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / HEALTH).symlink_to(HEALTH)  # a link to itself: reading it fails (ELOOP), not "missing"
+    run, records = op._read_run_folder()
+    assert records is None and run is not None and run.uri.rstrip("/").endswith("/run")
+    bad = operator(tmp_path, digits_manifest)
+    bad.run_uri = "nosuchscheme://bucket/run"
+    assert bad._read_run_folder() == (None, None)
+
+
 @pytest.mark.parametrize("overrides, field", [
     ({"manifest_uri": "s3://other-team/shards/manifest.json"}, "manifest_uri"),
     ({"run_uri": "s3://other-team/runs/x", "checkpoint": {"every_steps": 10}}, "run_uri"),
