@@ -331,8 +331,8 @@ class HorovodTrainOperator(BaseOperator):
             self.log.warning("could not read the health records of %s: %s", self.run_uri, exc)
             return run, None
 
-    def _log_to_mlflow(self, context, event: dict[str, Any], run: Any = None,
-                       records: list[dict[str, Any]] | None = None) -> str | None:
+    def _log_to_mlflow(self, context, event: dict[str, Any], run: Any,
+                       records: list[dict[str, Any]] | None) -> str | None:
         """This attempt in MLflow, when mlflow_conn_id is set. A tracking error fails a task whose training
         succeeded (the run must be in MLflow; the retry resumes from the final checkpoint and logs again),
         and is only a warning after a failed training, whose own message must stay the task's error."""

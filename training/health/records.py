@@ -4,8 +4,9 @@ A store has no append, so the log rewrites health.jsonl whole on each flush. To 
 memory behind it) bounded on a long run, every `segment_lines` records or `segment_bytes` bytes, whichever
 comes first, the current lines are sealed into health/<n>.jsonl and health.jsonl starts over. The byte
 bound keeps the write small where records are large: a step record lists every rank's times, so at 64
-ranks 2,000 of them would be ~10 MB rewritten every flush_seconds by rank 0's training thread. Each record carries `seq`, its place in the run, so a reader
-that catches the switch half done drops the lines it sees twice, and `attempt`, the launch that wrote it.
+ranks 2,000 of them would be ~10 MB rewritten every flush_seconds by rank 0's training thread. Each record
+carries `seq`, its place in the run, so a reader that catches the switch half done drops the lines it sees
+twice, and `attempt`, the launch that wrote it.
 A sealed segment never changes: `HealthReader` reads each once and only the new lines of health.jsonl.
 """
 from __future__ import annotations
@@ -146,7 +147,8 @@ class HealthLog:
         self._segment_lines = segment_lines
         self._segment_bytes = segment_bytes
         self._lines: list[str] = []
-        self._bytes = 0  # of _lines as written: each line and its newline
+        # Of _lines as written, each line and its newline; json.dumps escapes non-ASCII, so one byte a character.
+        self._bytes = 0
         self._lock = threading.Lock()
         self._last_flush = 0.0
         self._dirty = False
@@ -156,7 +158,7 @@ class HealthLog:
             try:
                 existing = store.get_bytes(HEALTH_KEY).decode("utf-8", errors="replace")
                 self._lines = [line for line in existing.splitlines() if line.strip()]
-                self._bytes = sum(len(line.encode()) + 1 for line in self._lines)
+                self._bytes = sum(len(line) + 1 for line in self._lines)
             except ObjectNotFound:
                 pass
             sealed = _segment_keys(store)
@@ -173,7 +175,7 @@ class HealthLog:
             stamp = {"seq": self._next_seq} | ({"attempt": self._attempt} if self._attempt else {})
             line = json.dumps(rec | stamp, sort_keys=True)
             self._lines.append(line)
-            self._bytes += len(line) + 1  # json.dumps escapes non-ASCII: one byte a character
+            self._bytes += len(line) + 1
             self._next_seq += 1
             self._dirty = True
         self.flush(force=force_flush)
