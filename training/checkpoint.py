@@ -22,11 +22,12 @@ import datetime
 import hashlib
 import json
 import logging
+import os
 import re
 import warnings
-from typing import Any
+from typing import Any, Callable, Mapping
 
-from .store.base import ObjectNotFound, ObjectStore, check_key, join_key
+from .store.base import ObjectNotFound, ObjectStore, Progress, check_key, join_key
 
 FORMAT = "ringflow.checkpoint/v1"
 MANIFEST_NAME = "MANIFEST.json"
@@ -139,17 +140,30 @@ class CheckpointStore:
     # -- writing --------------------------------------------------------------------------------
 
     def save(self, step: int, files: dict[str, bytes], meta: dict[str, Any]) -> str:
-        """Write a checkpoint, MANIFEST last, then prune. Returns its name."""
+        """Write a checkpoint from bytes in memory, MANIFEST last, then prune. Returns its name."""
+        for file, data in files.items():
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise TypeError(f"checkpoint file {file!r} must be bytes (serialise it first), got {type(data).__name__}")
+        return self._save(step, {f: (lambda key, d=bytes(d): self.store.put_bytes(key, d), _entry_of_bytes(bytes(d)))
+                                 for f, d in files.items()}, meta)
+
+    def save_files(self, step: int, paths: Mapping[str, str], meta: dict[str, Any],
+                   progress: Progress | None = None) -> str:
+        """Write a checkpoint from local files (what the background writer serialised: nothing of it held in
+        memory twice), MANIFEST last, then prune. `progress` gets the bytes uploaded. Returns its name."""
+        return self._save(step, {f: (lambda key, p=p: self.store.put_file(key, p, progress=progress),
+                                     _entry_of_file(p)) for f, p in paths.items()}, meta)
+
+    def _save(self, step: int, files: Mapping[str, tuple[Callable[[str], None], "FileEntry"]],
+              meta: dict[str, Any]) -> str:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         if not files:
             raise ValueError("a checkpoint needs at least one file")
-        for file, data in files.items():
+        for file in files:
             if "/" in file or file == MANIFEST_NAME:
                 raise ValueError(f"checkpoint file name {file!r} must be a plain name other than {MANIFEST_NAME}")
             check_key(file)
-            if not isinstance(data, (bytes, bytearray, memoryview)):
-                raise TypeError(f"checkpoint file {file!r} must be bytes (serialise it first), got {type(data).__name__}")
         json.dumps(meta)  # fail before writing anything if meta is not JSON
 
         name = checkpoint_name(step)
@@ -157,10 +171,9 @@ class CheckpointStore:
         # vouches for new, half-written files: take the checkpoint out of "complete" first.
         self.store.delete(self._key(name, MANIFEST_NAME))
         entries = {}
-        for file, data in files.items():
-            data = bytes(data)
-            self.store.put_bytes(self._key(name, file), data)
-            entries[file] = FileEntry(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+        for file, (upload, entry) in files.items():
+            upload(self._key(name, file))
+            entries[file] = entry
         manifest = CheckpointManifest(
             name=name, step=step, files=entries, meta=meta, prefix=self.prefix,
             created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
@@ -212,10 +225,10 @@ class CheckpointStore:
             ) from exc
         return CheckpointManifest.from_json(name, raw, prefix=self.prefix)
 
-    def _checked_bytes(self, manifest: CheckpointManifest, file: str) -> bytes:
+    def _checked_bytes(self, manifest: CheckpointManifest, file: str, progress: Progress | None = None) -> bytes:
         entry = manifest.files[file]
         try:
-            data = self.store.get_bytes(manifest.key(file))
+            data = self.store.get_bytes(manifest.key(file), progress=progress)
         except ObjectNotFound as exc:
             raise CheckpointCorrupt(f"checkpoint {manifest.name}: file {file!r} is missing") from exc
         if len(data) != entry.size:
@@ -231,9 +244,9 @@ class CheckpointStore:
             )
         return data
 
-    def load(self, name: str) -> LoadedCheckpoint:
+    def load(self, name: str, progress: Progress | None = None) -> LoadedCheckpoint:
         manifest = self.read_manifest(name)
-        return LoadedCheckpoint(manifest, {f: self._checked_bytes(manifest, f) for f in manifest.files})
+        return LoadedCheckpoint(manifest, {f: self._checked_bytes(manifest, f, progress) for f in manifest.files})
 
     def verify(self, name: str) -> CheckpointManifest:
         """Check every file against the manifest, holding one file at a time."""
@@ -242,7 +255,7 @@ class CheckpointStore:
             self._checked_bytes(manifest, file)
         return manifest
 
-    def latest_valid(self) -> LoadedCheckpoint | None:
+    def latest_valid(self, progress: Progress | None = None) -> LoadedCheckpoint | None:
         """The newest complete checkpoint whose files verify; None if there is none.
 
         A corrupt one is skipped loudly (warning), because resuming silently from an older step
@@ -256,9 +269,21 @@ class CheckpointStore:
                          name, self.store.uri, MANIFEST_NAME)
         for name in complete:
             try:
-                return self.load(name)
+                return self.load(name, progress)
             except (CheckpointCorrupt, ObjectNotFound) as exc:
                 message = f"skipping checkpoint {name} in {self.store.uri}: {exc}"
                 log.warning(message)
                 warnings.warn(message, CheckpointWarning, stacklevel=2)
         return None
+
+
+def _entry_of_bytes(data: bytes) -> FileEntry:
+    return FileEntry(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+
+
+def _entry_of_file(path: str) -> FileEntry:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            digest.update(chunk)
+    return FileEntry(sha256=digest.hexdigest(), size=os.path.getsize(path))

@@ -96,6 +96,10 @@ class HealthConfig:
     straggler_min_lag_seconds: float = 0.005
     max_sync_share: float = 0.85
     stall_seconds: float = 120.0
+    # A store operation the training thread waits for (the first window of data, a checkpoint due while the
+    # previous one still uploads) that moves no byte for this long ends the job with STORE_UNAVAILABLE (not
+    # STALLED); a slow store that still moves bytes is waited for (health/liveness.py).
+    store_timeout_seconds: float = 300.0
     divergence_tolerance: float = 1e-5
     stop_on_degraded: bool = False
     flush_seconds: float = 1.0
@@ -129,6 +133,7 @@ class HealthConfig:
                  f"is {self.max_sync_share!r}", "use a fraction in (0, 1]")
         _positive_number(self, "straggler_min_lag_seconds", "health.straggler_min_lag_seconds", allow_zero=True)
         _positive_number(self, "stall_seconds", "health.stall_seconds")
+        _positive_number(self, "store_timeout_seconds", "health.store_timeout_seconds")
         _positive_number(self, "divergence_tolerance", "health.divergence_tolerance")
         _positive_number(self, "flush_seconds", "health.flush_seconds")
         _require(isinstance(self.stop_on_degraded, bool), "health.stop_on_degraded",

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
-import os
-import tempfile
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -24,7 +21,10 @@ import torch
 
 from ringflow.training.datasets import tensor_matrix
 from ringflow.training.devices import Placement, to_device
-from ringflow.training.manifest import ManifestError, PartitionEntry, ShardManifest, ShardSchema
+from ringflow.training.health.progress import VERIFY, Progress
+from ringflow.training.health.store_ops import StoreOp
+from ringflow.training.manifest import ShardManifest, ShardSchema
+from ringflow.training.partition_stream import PartitionSource, open_partition
 from ringflow.training.store.base import ObjectStore
 
 # Row groups shuffled together: with the shard step's ~4 MiB row groups, a 16 MiB shuffle buffer.
@@ -104,40 +104,31 @@ def to_tensors(table: "pa.Table | pa.RecordBatch", schema: ShardSchema) -> tuple
     return torch.from_numpy(x), y_t
 
 
-def local_partition(store: ObjectStore, entry: PartitionEntry, folder: str) -> str:
-    """A path to the partition's file on this machine, its sha256 checked (streamed, not loaded): the
-    store's own file for a local folder, else a download into `folder`."""
-    from ringflow.training.store import LocalFolderStore
-
-    if isinstance(store, LocalFolderStore):
-        path = str(store.root / entry.key)
-    else:
-        path = os.path.join(folder, os.path.basename(entry.key))
-        store.get_file(entry.key, path)
-    with open(path, "rb") as fh:
-        actual = hashlib.file_digest(fh, "sha256").hexdigest()
-    if actual != entry.sha256:
-        raise ManifestError(
-            f"partition {entry.key!r} fails its checksum (manifest sha256 {entry.sha256[:12]}…, "
-            f"file {actual[:12]}…): the shard was changed after sharding; re-run the shard step")
-    return path
-
-
 class PartitionData:
     """One rank's partition, streamed. `batches(seed, cursor)` yields (batch_index, x, y) for the cursor's
     epoch from its minibatch on, reading one window of row groups at a time while the next one loads.
+
+    The partition comes from `store` (partition_stream.open_partition: ranged reads of a v3 manifest's row
+    groups, each checked as it arrives; an older manifest's file whole, checked first). Opening it and each
+    window's read are store operations (health/store_ops.py); when the training thread has to wait for one,
+    it waits through `progress` (the store is judged, not the thread).
 
     placement: where the batches go (devices.py). On a GPU a window is put in pinned host memory by the
     loader thread, and each batch is copied from it without blocking, so the copy overlaps the compute."""
 
     def __init__(self, store: ObjectStore, manifest: ShardManifest, rank: int, world_size: int, batch_size: int,
-                 window: int = SHUFFLE_WINDOW, placement: Placement | None = None):
+                 window: int = SHUFFLE_WINDOW, placement: Placement | None = None,
+                 progress: Progress | None = None):
+        self.progress = progress or Progress()
         entry = manifest.partition_for_rank(rank, world_size)
-        self._tmp = tempfile.TemporaryDirectory(prefix="ringflow-partition-")
-        self.path = local_partition(store, entry, self._tmp.name)
-        self.file = pq.ParquetFile(self.path)
+        opening = StoreOp(f"read of {entry.key}'s index" if entry.indexed else f"download of {entry.key}",
+                          store.uri, None if entry.indexed else entry.size or None)
+        with self.progress.waiting(opening):
+            self.source: PartitionSource = open_partition(store, entry, opening.moved,
+                                                          on_verify=lambda: self.progress.phase(VERIFY))
+        opening.finish()
         self.schema = manifest.schema
-        self.group_rows = [self.file.metadata.row_group(g).num_rows for g in range(self.file.num_row_groups)]
+        self.group_rows = list(self.source.group_rows)
         self.rows = sum(self.group_rows)
         self.rank = rank
         self.batch_size = batch_size
@@ -153,25 +144,43 @@ class PartitionData:
         self._group_start = np.concatenate([[0], np.cumsum(self.group_rows)[:-1]]).astype(np.int64)
         # One loader thread: Parquet decoding releases the GIL, so the next window loads while this one trains.
         self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringflow-prefetch")
-        self._ahead: tuple[tuple[int, int], concurrent.futures.Future] | None = None  # (seed, epoch), its first window
+        self._ahead: tuple[tuple[int, int], "_Pending"] | None = None  # (seed, epoch), its first window
 
     def __len__(self) -> int:
         return self.rows
 
-    def _load(self, w: Window) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self._keep_decoded:
-            x, y = to_tensors(self.file.read_row_groups(list(w.groups), columns=self._columns), self.schema)
-            index = torch.from_numpy(w.order)
-        else:  # the window's rows, permuted, picked straight from the decoded partition
-            if self._decoded is None:  # rows in file order
-                self._decoded = to_tensors(self.file.read(columns=self._columns), self.schema)
-            x, y = self._decoded
-            rows = np.concatenate([np.arange(self._group_start[g], self._group_start[g] + self.group_rows[g])
-                                   for g in w.groups])
-            index = torch.from_numpy(rows[w.order])
-        x, y = x[index], y[index]
-        if self.placement is not None and self.placement.pin_memory:
-            x, y = x.pin_memory(), y.pin_memory()
+    def _submit(self, w: Window) -> "_Pending":
+        groups = range(len(self.group_rows)) if self._keep_decoded and self._decoded is None else w.groups
+        op = StoreOp(f"read of {self.source.key} row groups {sorted(groups)}", self.source.store_uri,
+                     self.source.group_bytes(list(groups)))
+        return _Pending(op, self._loader.submit(self._load, w, op))
+
+    def _wait(self, pending: "_Pending") -> tuple[torch.Tensor, torch.Tensor]:
+        """The window's tensors; a wait for them is a wait for the store."""
+        if not pending.future.done():
+            with self.progress.waiting(pending.op):
+                return pending.future.result()
+        return pending.future.result()
+
+    def _load(self, w: Window, op: StoreOp) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            if not self._keep_decoded:
+                x, y = to_tensors(self.source.read(w.groups, self._columns, op.moved), self.schema)
+                index = torch.from_numpy(w.order)
+            else:  # the window's rows, permuted, picked straight from the decoded partition
+                if self._decoded is None:  # rows in file order
+                    self._decoded = to_tensors(self.source.read_all(self._columns, op.moved), self.schema)
+                x, y = self._decoded
+                rows = np.concatenate([np.arange(self._group_start[g], self._group_start[g] + self.group_rows[g])
+                                       for g in w.groups])
+                index = torch.from_numpy(rows[w.order])
+            x, y = x[index], y[index]
+            if self.placement is not None and self.placement.pin_memory:
+                x, y = x.pin_memory(), y.pin_memory()
+        except BaseException as exc:
+            op.finish(exc)
+            raise
+        op.finish()
         return x, y
 
     def _load_ahead(self, seed: int, epoch: int) -> None:
@@ -179,8 +188,7 @@ class PartitionData:
         by waiting for its data (a partition of one window waited at every epoch). After the last epoch
         this loads one window that nobody takes."""
         first = epoch_windows(self.group_rows, seed, epoch, self.rank, self.window)[0]
-        self._ahead = ((seed, epoch), self._loader.submit(self._load, first))
-
+        self._ahead = ((seed, epoch), self._submit(first))
     def _cat(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         # Into pinned memory when the window was: the rest of the window is served from it.
         pin = self.placement is not None and self.placement.pin_memory
@@ -201,13 +209,13 @@ class PartitionData:
         if ahead is not None and ahead[0] == (seed, cursor.epoch) and todo and todo[0].start == 0:
             pending = ahead[1]  # loaded while the previous epoch's last window trained
         else:
-            pending = self._loader.submit(self._load, todo[0]) if todo else None
+            pending = self._submit(todo[0]) if todo else None
         carry_x, carry_y, position = None, None, first_row
         b = cursor.batch
         for i, w in enumerate(todo):
-            x, y = pending.result()
+            x, y = self._wait(pending)
             if i + 1 < len(todo):
-                pending = self._loader.submit(self._load, todo[i + 1])
+                pending = self._submit(todo[i + 1])
             else:  # the last window of this epoch: start loading the next epoch's first one
                 self._load_ahead(seed, cursor.epoch + 1)
                 pending = None
@@ -225,3 +233,11 @@ class PartitionData:
             rest = whole * self.batch_size
             carry_x, carry_y = (x[rest:], y[rest:]) if rest < len(x) else (None, None)
             position = w.start + w.rows
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pending:
+    """A window being loaded: its store operation and the loader's future."""
+
+    op: StoreOp
+    future: concurrent.futures.Future

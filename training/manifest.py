@@ -7,7 +7,7 @@ Layout under a shard prefix:
     part-00001.parquet       ...
     eval.parquet             held-out evaluation split
 
-`manifest.json` (format "ringflow.shards/v2"):
+`manifest.json` (format "ringflow.shards/v3"):
 
     {"format": "ringflow.shards/v2",
      "fingerprint": "<sha256 of the dataset's content fingerprint and the sharding parameters>",
@@ -18,14 +18,21 @@ Layout under a shard prefix:
                 "columns": [{"name": "f0", "shape": [], "dtype": "float32"}, ...,
                             {"name": "target", "shape": [], "dtype": "int64"}]},
      "partitions": [{"index": 0, "key": "part-00000.parquet", "rows": 704, "minibatches": 22,
-                     "sha256": "..."}, ...],
-     "eval": {"key": "eval.parquet", "rows": 389, "sha256": "..."},
+                     "sha256": "...", "size": 41234,
+                     "row_groups": [{"offset": 4, "length": 40000, "rows": 704, "sha256": "..."}],
+                     "footer": {"offset": 40004, "length": 1230, "sha256": "..."}}, ...],
+     "eval": {"key": "eval.parquet", "rows": 389, "sha256": "...", "size": ..., "row_groups": [...], "footer": {...}},
      "remainder_rows": 5}
 
 Every partition holds the same number of whole minibatches, so every rank takes the same number of
 synchronous steps per epoch (a rank with one batch more would wait forever in all-reduce). Training rows
 that do not fill a whole minibatch on every partition (`remainder_rows`) are moved to the eval split
 rather than dropped.
+
+v3 adds each partition's index (`size`, `row_groups`, `footer`: byte ranges of the Parquet file with their
+sha256, partition_index.py), so a rank streams its partition from the store a row group at a time, each
+checked as it arrives, instead of downloading the whole file and hashing it first (partition_stream.py).
+v2 and v1 manifests are still read: their partitions are downloaded whole and checked by the file's sha256.
 
 v2 adds `schema.columns` (each stored column's shape and dtype: a tensor-valued feature such as a 1x8x8 image
 has shape [1, 8, 8]; the mean and std of such a feature are over all its elements) and
@@ -40,8 +47,8 @@ import json
 import math
 from typing import Any
 
-FORMAT = "ringflow.shards/v2"
-READABLE_FORMATS = ("ringflow.shards/v1", FORMAT)
+FORMAT = "ringflow.shards/v3"
+READABLE_FORMATS = ("ringflow.shards/v1", "ringflow.shards/v2", FORMAT)
 MANIFEST_NAME = "manifest.json"
 TASKS = ("classification", "regression")
 
@@ -55,12 +62,46 @@ def sha256_hex(data: bytes) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class ByteRange:
+    """Bytes [offset, offset + length) of a partition file, their sha256, and (a row group) its rows."""
+
+    offset: int
+    length: int
+    sha256: str
+    rows: int = 0
+
+    def check(self, data: bytes, where: str) -> None:
+        actual = sha256_hex(data)
+        if len(data) != self.length or actual != self.sha256:
+            raise ManifestError(
+                f"{where} fails its checksum (manifest: {self.length} bytes, sha256 {self.sha256[:12]}…; read: "
+                f"{len(data)} bytes, sha256 {actual[:12]}…): the shard was changed after sharding; re-run the "
+                f"shard step")
+
+
+@dataclasses.dataclass(frozen=True)
 class PartitionEntry:
     key: str
     rows: int
     sha256: str
     index: int = -1
     minibatches: int = 0
+    # v3: the file's size and the byte ranges of its row groups and footer (partition_index.py); empty in an
+    # older manifest, whose partitions are read whole.
+    size: int = 0
+    row_groups: tuple[ByteRange, ...] = ()
+    footer: ByteRange | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "row_groups",
+                           tuple(g if isinstance(g, ByteRange) else ByteRange(**g) for g in self.row_groups))
+        if isinstance(self.footer, dict):
+            object.__setattr__(self, "footer", ByteRange(**self.footer))
+
+    @property
+    def indexed(self) -> bool:
+        """Whether it can be streamed a row group at a time (a v3 entry)."""
+        return bool(self.row_groups) and self.footer is not None
 
     def check(self, data: bytes) -> None:
         """Raise if `data` is not this partition's bytes (truncated, tampered, or a different file)."""
@@ -218,10 +259,15 @@ class ShardManifest:
         return manifest
 
 
-def load_manifest(uri: str):
-    """Read and check a manifest by URI; returns (manifest, the store its partitions live in)."""
+def split_manifest_uri(uri: str):
+    """(the store the manifest and its partitions live in, the manifest's key in it)."""
     from ringflow.training.store import open_store, split_uri
 
     parent, name = split_uri(uri)
-    store = open_store(parent)
+    return open_store(parent), name
+
+
+def load_manifest(uri: str):
+    """Read and check a manifest by URI; returns (manifest, the store its partitions live in)."""
+    store, name = split_manifest_uri(uri)
     return ShardManifest.from_json(store.get_bytes(name)), store

@@ -4,7 +4,11 @@
      "step": 340, "epoch": 5, "loss": 0.12, "checkpoint": "ckpt-000000340" | null,
      "verdict": {"status": "HEALTHY", "reason": "…", "evidence": {…}} | null,
      "resumed_from": "ckpt-…" | null, "world_size": 2,
-     "samples_per_sec_after_warmup": 5100.0 | null, "health_monitor_share_after_warmup": 0.013 | null}
+     "samples_per_sec_after_warmup": 5100.0 | null, "health_monitor_share_after_warmup": 0.013 | null,
+     "checkpoint_blocked_seconds": 0.4 | null}
+
+`checkpoint_blocked_seconds`: rank 0's training thread's time in checkpoints (snapshots, and waits for a
+previous upload still running; checkpoint_writer.py); the uploads themselves run in the background.
 
 It is the job's outcome as the job itself decided it: the launcher turns it into the process's exit status
 (`exit_code`), the Airflow trigger hands it to the operator in its event, and evaluate and promote read the
@@ -60,6 +64,7 @@ class RunResult:
     resumed_from: str | None = None
     samples_per_sec_after_warmup: float | None = None
     health_monitor_share_after_warmup: float | None = None
+    checkpoint_blocked_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -117,7 +122,8 @@ class RunResult:
                        verdict=verdict, loss=_float(doc.get("loss", math.nan)),
                        resumed_from=doc.get("resumed_from"),
                        samples_per_sec_after_warmup=_float(doc.get("samples_per_sec_after_warmup")),
-                       health_monitor_share_after_warmup=_float(doc.get("health_monitor_share_after_warmup")))
+                       health_monitor_share_after_warmup=_float(doc.get("health_monitor_share_after_warmup")),
+                       checkpoint_blocked_seconds=_float(doc.get("checkpoint_blocked_seconds")))
         except ResultError as exc:
             raise ResultError(f"{where}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:

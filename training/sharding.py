@@ -42,6 +42,7 @@ from ringflow.training.input_gate import InputGate, check_trainable, feature_col
 from ringflow.training.manifest import (
     MANIFEST_NAME, ColumnSpec, ManifestError, PartitionEntry, ShardManifest, ShardSchema, sha256_hex,
 )
+from ringflow.training.partition_index import index_parquet_file
 from ringflow.training.store.base import ObjectNotFound, ObjectStore
 
 log = logging.getLogger(__name__)
@@ -393,7 +394,7 @@ def shard(
         if plan.destination_rows(num_partitions):
             keys.append("eval.parquet")
 
-        def write(destination_index: int) -> tuple[str, int, str]:
+        def write(destination_index: int) -> tuple[str, int, str, tuple]:
             key = keys[destination_index]
             path = os.path.join(spill, key)
             sink = _HashingFile(path)
@@ -413,9 +414,10 @@ def shard(
                     rows += table.num_rows
                     os.unlink(bucket_path)
             sink.close()
+            index = index_parquet_file(path)  # (size, row groups, footer): ranks stream it by these ranges
             store.put_file(key, path)
             os.unlink(path)
-            return key, rows, sink.sha256.hexdigest()
+            return key, rows, sink.sha256.hexdigest(), index
 
         workers = max(1, min(len(keys), os.cpu_count() or 1, 4))
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
@@ -423,10 +425,13 @@ def shard(
     finally:
         shutil.rmtree(spill, ignore_errors=True)
 
-    entries = tuple(PartitionEntry(key=key, rows=rows, sha256=sha, index=i, minibatches=plan.batches)
-                    for i, (key, rows, sha) in enumerate(written[:num_partitions]))
-    eval_entry = (PartitionEntry(key=written[-1][0], rows=written[-1][1], sha256=written[-1][2])
-                  if len(written) > num_partitions else None)
+    entries = tuple(PartitionEntry(key=key, rows=rows, sha256=sha, index=i, minibatches=plan.batches, size=size,
+                                   row_groups=groups, footer=footer)
+                    for i, (key, rows, sha, (size, groups, footer)) in enumerate(written[:num_partitions]))
+    eval_entry = None
+    if len(written) > num_partitions:
+        key, rows, sha, (size, groups, footer) = written[-1]
+        eval_entry = PartitionEntry(key=key, rows=rows, sha256=sha, size=size, row_groups=groups, footer=footer)
     schema_out = ShardSchema(
         features=tuple(features), target=target, task=task, num_classes=num_classes,
         # At float32 precision: training normalizes in float32, and the last float64 bits would depend on how

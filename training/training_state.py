@@ -38,14 +38,39 @@ class TrainingState:
     # with the scale it had reached instead of overflowing its way down from 65536 again; None otherwise.
     grad_scaler: dict[str, Any] | None = None
 
-    def to_bytes(self) -> bytes:
-        buf = io.BytesIO()
+    def _doc(self) -> dict[str, Any]:
         doc = {"model": self.model, "optimizer": self.optimizer, "cursor": list(self.cursor), "step": self.step,
                "torch_rng": self.torch_rng}
         if self.grad_scaler is not None:
             doc["grad_scaler"] = self.grad_scaler
-        torch.save(on_cpu(doc), buf)
+        return doc
+
+    def to_bytes(self) -> bytes:
+        buf = io.BytesIO()
+        torch.save(on_cpu(self._doc()), buf)
         return buf.getvalue()
+
+    def save(self, path: str) -> None:
+        """Serialise to a file: what the background checkpoint writer uploads (host_copy made it CPU-only)."""
+        torch.save(on_cpu(self._doc()), path)
+
+    def host_copy(self, pin_memory: bool = False) -> "TrainingState":
+        """This state with every tensor copied to host memory (pinned on a GPU host, so the copy runs
+        without blocking), sharing nothing with the live model and optimizer: the snapshot an asynchronous
+        checkpoint writes while training goes on and changes the originals in place."""
+        copied = host_copy(self._doc(), pin_memory)
+        if pin_memory and torch.cuda.is_available():
+            torch.cuda.synchronize()  # the non-blocking copies have landed before the writer reads them
+        return dataclasses.replace(self, model=copied["model"], optimizer=copied["optimizer"],
+                                   torch_rng=copied["torch_rng"], grad_scaler=copied.get("grad_scaler"))
+
+    def nonfinite_tensors(self) -> list[str]:
+        """The model parameters and optimizer state tensors holding NaN/Inf, by name ("model.fc.weight",
+        "optimizer.state.3.exp_avg"): a checkpoint must never hold one, whether health checks run or not."""
+        found: list[str] = []
+        _nonfinite(self.model, "model", found)
+        _nonfinite(self.optimizer, "optimizer", found)
+        return found
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> "TrainingState":
@@ -69,6 +94,34 @@ def on_cpu(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(on_cpu(v) for v in obj)
     return obj
+
+
+def host_copy(obj: Any, pin_memory: bool = False) -> Any:
+    """`obj` with every tensor in it (through dicts, lists, tuples) copied to new host memory; CPU tensors are
+    cloned too, since the optimizer changes its state in place while a checkpoint of it is being written."""
+    if isinstance(obj, torch.Tensor):
+        tensor = obj.detach()
+        if tensor.device.type == "cpu":
+            return tensor.clone()
+        out = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin_memory)
+        return out.copy_(tensor, non_blocking=pin_memory)
+    if isinstance(obj, dict):
+        return {k: host_copy(v, pin_memory) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(host_copy(v, pin_memory) for v in obj)
+    return obj
+
+
+def _nonfinite(obj: Any, path: str, found: list[str]) -> None:
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point() and obj.numel() and not bool(torch.isfinite(obj).all()):
+            found.append(path)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _nonfinite(v, f"{path}.{k}", found)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _nonfinite(v, f"{path}.{i}", found)
 
 
 def load_plain(data: bytes, where: str) -> dict[str, Any]:

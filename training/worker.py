@@ -4,12 +4,20 @@ ringflow.training CONFIG`).
 
 The loop itself is loop.py; health, liveness, checkpoints, faults, logging and throughput are callbacks on
 it (callbacks/); the data-parallel library is behind engine.py (engines/: Horovod, DDP).
+
+Liveness starts first, before the engine's rendezvous when the launcher's environment names the rank, and
+start-up marks its phases on it (rendezvous, fetch, restore, first step): every store read on the training
+thread is a wait for the store (health/progress.py), so a slow store during start-up is never a stall.
+No store write happens on the training thread while training: checkpoints upload in the background
+(checkpoint_writer.py), health records are written by their own thread (records.py), the heartbeat by its.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
+import threading
 import time
 import uuid
 from typing import Sequence
@@ -26,20 +34,23 @@ from ringflow.training.callbacks.liveness import Liveness
 from ringflow.training.callbacks.logging import ProgressLog, say
 from ringflow.training.callbacks.throughput import Throughput
 from ringflow.training.checkpoint import CheckpointStore
+from ringflow.training.checkpoint_writer import AsyncCheckpointWriter, WrittenCheckpoint
 from ringflow.training.config import JobConfig
 from ringflow.training.data import Cursor, PartitionData
 from ringflow.training.engine import Engine
 from ringflow.training.engines import start_engine
 from ringflow.training.health.monitor import SyncHealthMonitor
+from ringflow.training.health.progress import FETCH, RESTORE, Progress
 from ringflow.training.health.records import HealthLog, record
-from ringflow.training.health.verdict import Verdict
+from ringflow.training.health.store_ops import StoreOp
+from ringflow.training.health.verdict import STALLED, STORE_UNAVAILABLE, Verdict, store_unavailable
 from ringflow.training.loop import TrainingLoop
-from ringflow.training.manifest import load_manifest
+from ringflow.training.manifest import ShardManifest, split_manifest_uri
 from ringflow.training.models import build_model
 from ringflow.training.run_result import FAILED, SUCCEEDED, ResultError, RunResult, read_result, write_result
-from ringflow.training.store import open_store
+from ringflow.training.store import ObjectStore, StoreConfigError, StoreUnavailable, open_store
 from ringflow.training.training_state import STATE_FILE, TrainingState
-from ringflow.training.worker_env import ATTEMPT_ENV
+from ringflow.training.worker_env import ATTEMPT_ENV, launcher_rank, launcher_world_size
 
 
 def make_optimizer(cfg: JobConfig, model: torch.nn.Module, world_size: int) -> torch.optim.Optimizer:
@@ -50,29 +61,53 @@ def make_optimizer(cfg: JobConfig, model: torch.nn.Module, world_size: int) -> t
     return torch.optim.Adam(model.parameters(), lr=lr)
 
 
+def store_call(progress: Progress, what: str, store: ObjectStore, call):
+    """`call(moved)` on the training thread as a wait for the store: its time is the store's, not silence."""
+    op = StoreOp(what, store.uri)
+    with progress.waiting(op):
+        try:
+            result = call(op.moved)
+        except BaseException as exc:
+            op.finish(exc)
+            raise
+    op.finish()
+    return result
+
+
 class Trainer:
-    def __init__(self, cfg: JobConfig, engine: Engine, callbacks: Sequence[Callback] = ()):
-        """callbacks: more callbacks on the loop, after fault injection and before the built-in ones."""
+    def __init__(self, cfg: JobConfig, engine: Engine, callbacks: Sequence[Callback] = (),
+                 liveness: Liveness | None = None):
+        """callbacks: more callbacks on the loop, after fault injection and before the built-in ones.
+        liveness: started by main() before the engine's rendezvous; else started here."""
         self.cfg, self.engine = cfg, engine
         self.rank, self.size = engine.rank, engine.size
         self.run_folder = open_store(cfg.run_uri)  # the store at run_uri: checkpoints, health, result
         self.checkpoints = CheckpointStore(self.run_folder, keep_last=cfg.checkpoint.keep_last)
         # The launcher names the attempt; a rank started some other way (plain mpirun) makes one up.
         self.attempt = os.environ.get(ATTEMPT_ENV) or uuid.uuid4().hex
-        self.health_log = HealthLog(self.run_folder, cfg.health.flush_seconds, enabled=self.rank == 0,
-                                    attempt=self.attempt)
         self.step, self.cursor, self.resumed_from, self.last_loss = 0, Cursor(), None, float("nan")
         self.loop: TrainingLoop | None = None
         self.throughput: Throughput | None = None
-        # Started first: reading the data and the checkpoint can hang on a store, the first collectives on
-        # a dead peer.
-        self.liveness = Liveness(self.run_folder, self.attempt, cfg.health, self.rank, self.on_stall)
+        self.checkpointing: Checkpointing | None = None
+        self.health_log: HealthLog | None = None
+        # Started before anything that can hang: reading the data and the checkpoint from a store, the first
+        # collectives on a dead peer.
+        self.liveness = liveness or Liveness(self.run_folder, self.attempt, cfg.health, self.rank, self.on_stall)
+        self.liveness.on_stall = self.on_stall
         self.liveness.start()
-        manifest, shard_store = load_manifest(cfg.manifest_uri)
-        self.manifest = manifest
+        progress = self.progress = self.liveness.progress
+        progress.phase(FETCH)
+        self.health_log = store_call(progress, "read of the health log", self.run_folder, lambda moved: HealthLog(
+            self.run_folder, cfg.health.flush_seconds, enabled=self.rank == 0, attempt=self.attempt))
+        self.health_log.start_flushing()
+        manifest_store, manifest_key = split_manifest_uri(cfg.manifest_uri)
+        manifest = self.manifest = store_call(progress, f"read of {manifest_key}", manifest_store, lambda moved:
+                                              ShardManifest.from_json(manifest_store.get_bytes(manifest_key,
+                                                                                               progress=moved)))
         # The engine chose this rank's device and precision when it started (devices.py).
         placement = engine.placement
-        self.data = PartitionData(shard_store, manifest, self.rank, self.size, cfg.batch_size, placement=placement)
+        self.data = PartitionData(manifest_store, manifest, self.rank, self.size, cfg.batch_size,
+                                  placement=placement, progress=progress)
         if self.data.batches_per_epoch == 0:
             raise ValueError(f"batch_size {cfg.batch_size} exceeds the partition's {self.data.rows} rows")
         torch.manual_seed(cfg.seed)
@@ -82,14 +117,17 @@ class Trainer:
         # On its device before the optimizer holds its parameters; a checkpoint's CPU tensors are copied in.
         self.model = engine.precision.prepare(self.model.to(placement.device))
         self.optimizer = engine.distribute(self.model, make_optimizer(cfg, self.model, self.size))
+        progress.phase(RESTORE)
         self._resume()
         engine.broadcast_state(self.model, self.optimizer)
 
         self.monitor = SyncHealthMonitor(engine, cfg.health, self.health_log, cfg.batch_size)
-        self.checkpointing = Checkpointing(self.checkpoints, cfg.checkpoint.every_steps, self.rank, self.size, {
+        writer = (AsyncCheckpointWriter(self.checkpoints, progress, self._on_checkpoint_written)
+                  if self.rank == 0 else None)
+        self.checkpointing = Checkpointing(writer, cfg.checkpoint.every_steps, self.size, {
             "manifest_uri": cfg.manifest_uri, "model": json.loads(json.dumps(cfg.to_dict()["model"])),
             "schema": {"num_features": schema.num_features, "input_shape": list(schema.input_shape),
-                       "num_outputs": schema.num_outputs, "task": schema.task}})
+                       "num_outputs": schema.num_outputs, "task": schema.task}}, pin_memory=placement.pin_memory)
         self.health = HealthMonitoring(self.monitor, self.health_log, cfg.health, self.rank, self.checkpointing.due,
                                        {"world_size": self.size, "engine": engine.name,
                                         "device": placement.device, "precision": cfg.precision,
@@ -97,7 +135,7 @@ class Trainer:
         self.throughput = Throughput(self.size, engine.accumulation_steps, lambda: self.health.seconds_in_monitor)
         self.garbage_collection = (ScheduledGarbageCollection(cfg.gc_every_steps) if cfg.gc_every_steps else None)
         # In this order on every hook: faults act before anything measures, the health verdict comes before
-        # the final checkpoint, and a checkpoint is written last in a step.
+        # the final checkpoint, and a checkpoint is taken last in a step.
         # Fault injection only on a rank with faults to inject: its hooks run on every micro-batch.
         faults = FaultInjection(cfg, self.rank)
         self.callbacks: list[Callback] = [
@@ -105,9 +143,17 @@ class Trainer:
             ProgressLog(self.rank, self.size, cfg.log_every_steps, cfg.batch_size, cfg.learning_rate),
             *([self.garbage_collection] if self.garbage_collection else []), self.checkpointing]
 
+    def _on_checkpoint_written(self, written: WrittenCheckpoint) -> None:
+        """From the writer's thread: what the checkpoint cost, in the health log and the job's log."""
+        self.health_log.append(record("checkpoint", **dataclasses.asdict(written)))
+        waited = f", waited {written.waited_seconds:.1f}s for the previous upload" if written.waited_seconds > 0.05 else ""
+        say(f"checkpoint {written.name} written: {written.bytes / 2**20:.1f} MiB in {written.write_seconds:.1f}s in "
+            f"the background (snapshot {written.snapshot_seconds * 1000:.0f} ms{waited})")
+
     def _resume(self) -> None:
         # Every rank reads the checkpoint itself; the broadcast that follows makes rank 0's copy the truth.
-        loaded = self.checkpoints.latest_valid()
+        loaded = store_call(self.progress, "read of the newest checkpoint", self.run_folder,
+                            lambda moved: self.checkpoints.latest_valid(progress=moved))
         if loaded is None:
             return
         state = TrainingState.from_bytes(loaded.files[STATE_FILE],
@@ -130,35 +176,47 @@ class Trainer:
         return self.cfg.to_dict()["health"]
 
     def write_result(self, status: str, verdict: Verdict | None, checkpoint: str | None) -> RunResult:
-        """This attempt's outcome, the same on every rank; rank 0 writes it (result.json)."""
-        at = self.loop if self.loop is not None else self  # where training stands now
-        throughput = self.throughput
-        result = RunResult(status=status, attempt=self.attempt, step=at.step, epoch=at.cursor.epoch,
-                           world_size=self.size, checkpoint=checkpoint, verdict=verdict, loss=at.last_loss,
-                           resumed_from=self.resumed_from,
-                           samples_per_sec_after_warmup=throughput.samples_per_sec if throughput else None,
-                           health_monitor_share_after_warmup=throughput.monitor_share if throughput else None)
+        """This attempt's outcome, the same on every rank; rank 0 writes it (result.json), after the health
+        records it has not yet written."""
+        result = self.result(status, verdict, checkpoint)
         if self.rank == 0:
-            self.health_log.append(record("end", status=status, step=at.step), force_flush=True)
+            self.health_log.append(record("end", status=status, step=result.step))
+            self.health_log.close()
             write_result(self.run_folder, result)
         return result
+
+    def result(self, status: str, verdict: Verdict | None, checkpoint: str | None) -> RunResult:
+        at = self.loop if self.loop is not None else self  # where training stands now
+        throughput = self.throughput
+        return RunResult(status=status, attempt=self.attempt, step=at.step, epoch=at.cursor.epoch,
+                         world_size=self.size, checkpoint=checkpoint, verdict=verdict, loss=at.last_loss,
+                         resumed_from=self.resumed_from,
+                         samples_per_sec_after_warmup=throughput.samples_per_sec if throughput else None,
+                         health_monitor_share_after_warmup=throughput.monitor_share if throughput else None,
+                         checkpoint_blocked_seconds=(self.checkpointing.blocked_seconds
+                                                     if self.checkpointing is not None and self.rank == 0 else None))
 
     def stop_on(self, verdict: Verdict) -> int:
         if self.rank == 0:
             say(f"health verdict {verdict.status}: {verdict.reason}")
             say(f"evidence: {json.dumps(dict(verdict.evidence), default=str)}")
+            if verdict.status == STORE_UNAVAILABLE:
+                self.health_log.append(store_record(verdict))
         result = self.write_result(FAILED, verdict, None)
         self.liveness.stop()
         return result.exit_code
 
     def on_stall(self, verdict: Verdict) -> None:
-        """The watchdog's call, from its thread, while the training loop is stuck: record, then exit."""
-        evidence = verdict.evidence
+        """The watchdog's call, from its thread, while the training thread is stuck or waits for a store
+        that moves nothing: record, then exit."""
         print(f"[ringflow] rank {self.rank}: {verdict.reason}", file=sys.stderr, flush=True)
-        if self.rank == 0:
-            self.health_log.append(record("stall", rank=self.rank, last_step=evidence["last_step"],
-                                          seconds=evidence["seconds"], limit=evidence["limit"]), force_flush=True)
-            self.write_result(FAILED, verdict, None)
+        if self.rank == 0 and self.health_log is not None:
+            self.health_log.append(liveness_record(verdict, self.rank))
+            # The store may be what is stuck: the last word gets a while, then the process goes anyway.
+            within(LAST_WORD_SECONDS, lambda: (self.health_log.close(),
+                                               write_result(self.run_folder, self.result(FAILED, verdict, None))))
+        elif self.rank == 0:
+            write_failed_result(self.run_folder, self.attempt, self.size, verdict)
         else:
             time.sleep(5)  # give rank 0 the chance to record the verdict before the job is torn down
         os._exit(exit_codes.for_verdict(verdict.status))
@@ -214,9 +272,92 @@ class Trainer:
         return result.exit_code
 
 
+# How long a rank stopping on a liveness verdict tries to record it (the store may be what is stuck).
+LAST_WORD_SECONDS = 30.0
+
+
+def within(seconds: float, call) -> None:
+    """Run `call` on a thread of its own and wait at most `seconds` for it (errors printed, not raised)."""
+    def run():
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - the last word is best effort
+            print(f"[ringflow] could not record how the attempt ended: {exc!r}", file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=run, name="ringflow-last-word", daemon=True)
+    thread.start()
+    thread.join(seconds)
+
+
+def liveness_record(verdict: Verdict, rank: int) -> dict:
+    """The health record that carries a liveness verdict (verdict.py reads it back as the same verdict)."""
+    if verdict.status == STALLED:
+        e = verdict.evidence
+        return record("stall", rank=rank, last_step=e["last_step"], seconds=e["seconds"], limit=e["limit"],
+                      phase=e.get("phase"))
+    return store_record(verdict)
+
+
+def store_record(verdict: Verdict) -> dict:
+    e = verdict.evidence
+    return record("store", store=e["store"], operation=e["operation"], seconds=e["seconds"], limit=e["limit"],
+                  seen_by=e["seen_by"], error=e.get("error"), last_step=e.get("last_step"))
+
+
+def write_failed_result(run_folder: ObjectStore, attempt: str, world_size: int, verdict: Verdict) -> None:
+    """Rank 0's last word when it stops before the Trainer exists (during the rendezvous)."""
+    within(LAST_WORD_SECONDS, lambda: write_result(run_folder, RunResult(
+        status=FAILED, attempt=attempt, step=0, epoch=0, world_size=world_size, verdict=verdict)))
+
+
+def start_liveness_early(cfg: JobConfig) -> Liveness | None:
+    """Liveness from before the engine's rendezvous, when the launcher's environment names this rank (else
+    the Trainer starts it once the engine knows): a rank that never gets past the rendezvous is still judged."""
+    rank = launcher_rank(os.environ)
+    if rank is None:
+        return None
+    attempt = os.environ.get(ATTEMPT_ENV) or uuid.uuid4().hex
+    os.environ[ATTEMPT_ENV] = attempt  # the Trainer names the same attempt
+    run_folder = open_store(cfg.run_uri)
+    world_size = launcher_world_size(os.environ) or 1
+
+    def on_stall(verdict: Verdict) -> None:
+        print(f"[ringflow] rank {rank}: {verdict.reason}", file=sys.stderr, flush=True)
+        if rank == 0:
+            write_failed_result(run_folder, attempt, world_size, verdict)
+        os._exit(exit_codes.for_verdict(verdict.status))
+
+    liveness = Liveness(run_folder, attempt, cfg.health, rank, on_stall)
+    liveness.start()
+    return liveness
+
+
+def store_failure(exc: BaseException, cfg: JobConfig, seconds: float) -> Verdict:
+    """A store that failed after every retry, or cannot be reached, as the verdict it means."""
+    return store_unavailable(getattr(exc, "where", None) or cfg.run_uri, "a store operation", seconds, None,
+                             "the training thread", error=str(exc))
+
+
 def main(cfg: JobConfig) -> int:
+    started = time.monotonic()
+    liveness = start_liveness_early(cfg)
     engine = start_engine(cfg)  # the one its launcher was chosen for (engines.ENGINE_ENV), else cfg.engine
+    trainer = None
     try:
-        return Trainer(cfg, engine).train()
+        trainer = Trainer(cfg, engine, liveness=liveness)
+        return trainer.train()
+    except (StoreUnavailable, StoreConfigError) as exc:
+        # The store kept failing (or cannot be reached): its own verdict, not a crash.
+        verdict = store_failure(exc, cfg, time.monotonic() - started)
+        print(f"[ringflow] rank {engine.rank}: {verdict.reason}", file=sys.stderr, flush=True)
+        if engine.rank == 0:
+            if trainer is not None and trainer.health_log is not None:
+                trainer.health_log.append(store_record(verdict))
+                within(LAST_WORD_SECONDS, lambda: (trainer.health_log.close(), write_result(
+                    trainer.run_folder, trainer.result(FAILED, verdict, None))))
+            else:
+                write_failed_result(open_store(cfg.run_uri), os.environ.get(ATTEMPT_ENV) or "unknown", engine.size,
+                                    verdict)
+        return exit_codes.for_verdict(verdict.status)
     finally:
         engine.shutdown()

@@ -1,3 +1,30 @@
-"""Environment variables the launcher sets for every rank (kept torch-free: the launcher imports it)."""
+"""Environment variables the launcher sets for every rank (kept torch-free: the launcher imports it), and what
+a rank can learn from its launcher's environment before its engine starts."""
+from __future__ import annotations
+
+from typing import Mapping
+
 # Identifies one launch, so the launcher can tell this attempt's result.json from an earlier attempt's.
 ATTEMPT_ENV = "RINGFLOW_ATTEMPT_ID"
+
+# Where each launcher says which rank a process is, before hvd.init or the c10d rendezvous: Open MPI's
+# mpirun (horovodrun --mpi, an MPIJob's launcher), horovodrun's Gloo controller, torchrun.
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "RANK", "PMI_RANK")
+_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "WORLD_SIZE", "PMI_SIZE")
+
+
+def _first_int(environ: Mapping[str, str], names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def launcher_rank(environ: Mapping[str, str]) -> int | None:
+    """This process's rank as its launcher set it, or None when started some other way."""
+    return _first_int(environ, _RANK_VARS)
+
+
+def launcher_world_size(environ: Mapping[str, str]) -> int | None:
+    return _first_int(environ, _SIZE_VARS)

@@ -49,7 +49,7 @@ def test_resuming_from_a_cursor_neither_repeats_nor_skips(tmp_path, small_row_gr
     manifest = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
     assert manifest.params["row_group_rows"] == 32
     data = PartitionData(store, manifest, rank=1, world_size=2, batch_size=16, window=window)
-    assert data.file.num_row_groups == 22 and len(data) == data.rows == 704
+    assert len(data.group_rows) == 22 and len(data) == data.rows == 704
     full = [(b, x, y) for b, x, y in data.batches(seed=5, cursor=Cursor(1, 0))]
     assert [b for b, _, _ in full] == list(range(data.batches_per_epoch))
     for cut in (1, 2, 7, 43):  # inside a row group, at its edge, inside a window, the last batch
@@ -85,7 +85,7 @@ def test_each_batch_is_the_epoch_order_s_rows(tmp_path, small_row_groups, batch_
     store = LocalFolderStore(str(tmp_path))
     manifest = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
     data = PartitionData(store, manifest, rank=1, world_size=2, batch_size=batch_size, window=window)
-    x_all, y_all = to_tensors(pq.read_table(data.path), data.schema)  # the partition in file order
+    x_all, y_all = to_tensors(pq.read_table(store.root / manifest.partitions[1].key), data.schema)  # file order
     order = torch.from_numpy(epoch_order(data.group_rows, seed=3, epoch=1, rank=1, window=window))
     for start in (0, 3):  # from the epoch's start, and resumed inside it
         served = list(data.batches(seed=3, cursor=Cursor(1, start)))
@@ -117,23 +117,68 @@ def test_prefetch_loads_the_next_window_while_this_one_is_served(tmp_path, small
     data = PartitionData(store, manifest, rank=0, world_size=2, batch_size=16, window=2)
     loaded = []
     real = data._load
-    monkeypatch.setattr(data, "_load", lambda w: (loaded.append(w.groups), real(w))[1])
+    monkeypatch.setattr(data, "_load", lambda w, op: (loaded.append(w.groups), real(w, op))[1])
     batches = data.batches(seed=0, cursor=Cursor())
     next(batches)  # the first window is being served: the second one is already asked for
     data._loader.submit(lambda: None).result()  # wait until the loader thread is idle
     assert len(loaded) == 2
 
 
-def test_a_store_that_is_not_local_is_downloaded_and_checked(tmp_path, monkeypatch):
-    class Remote:  # any ObjectStore: the rank downloads its partition to local disk, never into memory
-        def __init__(self, inner):
-            self.inner = inner
+class RangesOnly:
+    """A store that serves ranged reads alone, counting their bytes: a rank must not download its partition."""
 
-        def get_file(self, key, path):
-            self.inner.get_file(key, path)
+    def __init__(self, inner):
+        self.inner, self.uri, self.ranges = inner, "s3://test/shards", []
+
+    def get_range(self, key, start, length, progress=None):
+        self.ranges.append((key, start, length))
+        return self.inner.get_range(key, start, length, progress=progress)
+
+
+def test_a_v3_partition_is_streamed_by_ranges_each_checked_and_nothing_is_downloaded(tmp_path, small_row_groups):
+    inner = LocalFolderStore(str(tmp_path / "s"))
+    manifest = write_shards(load_builtin("digits"), inner, target="target", num_partitions=2, batch_size=16)
+    entry = manifest.partitions[0]
+    assert entry.indexed and len(entry.row_groups) == 22
+    store = RangesOnly(inner)
+    data = PartitionData(store, manifest, rank=0, world_size=2, batch_size=16, window=4)
+    assert store.ranges == [(entry.key, entry.footer.offset, entry.footer.length)]  # opening reads the footer only
+    served = list(data.batches(seed=0, cursor=Cursor()))
+    assert len(served) == data.batches_per_epoch
+    read = sorted((start, length) for _, start, length in store.ranges[1:23])  # the epoch's 22 row groups, once each
+    assert read == [(g.offset, g.length) for g in entry.row_groups]
+
+
+def test_a_row_group_changed_after_sharding_is_refused_when_it_arrives(tmp_path, small_row_groups):
+    from ringflow.training.manifest import ManifestError
+
+    store = LocalFolderStore(str(tmp_path))
+    manifest = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
+    group = manifest.partitions[0].row_groups[5]
+    path = store.root / manifest.partitions[0].key
+    raw = bytearray(path.read_bytes())
+    raw[group.offset + 10] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    data = PartitionData(store, manifest, rank=0, world_size=2, batch_size=16, window=4)
+    with pytest.raises(ManifestError, match="row group 5 of partition 'part-00000.parquet' fails its checksum"):
+        list(data.batches(seed=0, cursor=Cursor()))
+
+
+def test_an_older_manifest_without_an_index_is_downloaded_and_checked(tmp_path):
+    import dataclasses
+
+    class Remote:  # any ObjectStore: the rank downloads an unindexed partition to local disk, never into memory
+        def __init__(self, inner):
+            self.inner, self.uri, self.moved = inner, "s3://test/shards", 0
+
+        def get_file(self, key, path, progress=None):
+            self.inner.get_file(key, path, progress=progress)
 
     inner = LocalFolderStore(str(tmp_path / "s"))
     manifest = write_shards(load_builtin("wine"), inner, target="target", num_partitions=2, batch_size=8)
-    data = PartitionData(Remote(inner), manifest, rank=0, world_size=2, batch_size=8)
-    assert data.path != str(inner.root / manifest.partitions[0].key) and data.rows == manifest.partitions[0].rows
+    v2 = dataclasses.replace(manifest, partitions=tuple(dataclasses.replace(p, row_groups=(), footer=None, size=0)
+                                                         for p in manifest.partitions))
+    data = PartitionData(Remote(inner), v2, rank=0, world_size=2, batch_size=8)
+    assert data.source.path != str(inner.root / manifest.partitions[0].key)
+    assert data.rows == manifest.partitions[0].rows
     assert data_module.SHUFFLE_WINDOW >= 1

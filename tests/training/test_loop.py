@@ -7,8 +7,10 @@ import torch
 from ringflow.training.callbacks.base import Callback
 from ringflow.training.callbacks.checkpointing import Checkpointing
 from ringflow.training.checkpoint import CheckpointStore
+from ringflow.training.checkpoint_writer import AsyncCheckpointWriter
 from ringflow.training.data import Cursor
 from ringflow.training.engine import Engine
+from ringflow.training.health.progress import Progress
 from ringflow.training.health.verdict import Verdict
 from ringflow.training.loop import TrainingLoop
 from ringflow.training.store import LocalFolderStore
@@ -166,16 +168,18 @@ def test_checkpointing_writes_on_its_cadence_and_a_final_one_with_what_callbacks
         def on_checkpoint(self, loop, name, final):
             seen.append((name, final))
 
-    checkpointing = Checkpointing(store, every_steps=4, rank=0, world_size=1, run_meta={"manifest_uri": "m"})
+    writer = AsyncCheckpointWriter(store, Progress())
+    checkpointing = Checkpointing(writer, every_steps=4, world_size=1, run_meta={"manifest_uri": "m"})
     loop = make_loop([Adds(), checkpointing])
     assert loop.run() is None
     assert seen == [("ckpt-000000004", False), ("ckpt-000000006", True)] and checkpointing.final == "ckpt-000000006"
+    assert store.names() == ["ckpt-000000006", "ckpt-000000004"]  # the final one is complete when run() returns
     meta = store.read_manifest("ckpt-000000006").meta
     assert meta["final"] and meta["note"] == "final" and meta["cursor"] == [2, 0] and meta["manifest_uri"] == "m"
     state = TrainingState.from_bytes(store.load("ckpt-000000004").files[STATE_FILE], "ckpt-000000004")
     assert state.step == 4 and state.cursor == (1, 1)
-    other_rank = Checkpointing(store, every_steps=4, rank=1, world_size=2, run_meta={})
-    assert other_rank.save(loop) == "ckpt-000000006"  # the name rank 0 writes; rank 1 writes nothing
+    other_rank = Checkpointing(None, every_steps=4, world_size=2, run_meta={})
+    assert other_rank.on_train_end(loop) is None and other_rank.final == "ckpt-000000006"  # rank 1 writes nothing
 
 
 def test_the_loop_leaves_the_loss_a_tensor_until_it_is_read():

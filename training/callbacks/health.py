@@ -86,9 +86,6 @@ class HealthMonitoring(Callback):
         self.seconds_in_monitor += time.perf_counter() - started
         return verdict
 
-    def on_step_end(self, loop, timing) -> None:
-        self._log.flush()
-
     def before_checkpoint(self, loop, meta: dict, final: bool) -> None:
         if final:
             # A rerun that resumes here has nothing left to measure: it carries this verdict instead.
@@ -96,8 +93,9 @@ class HealthMonitoring(Callback):
             meta["verdict"] = json.loads(json.dumps(verdict.to_dict(), default=str)) if verdict else None
 
     def on_checkpoint(self, loop, name: str, final: bool) -> None:
-        # The records up to a checkpoint go out with it: a crash after it loses neither.
-        self._log.flush(force=True)
+        # The records up to a checkpoint go out with it (the log's own thread writes them now, beside the
+        # checkpoint's upload): a crash after both loses neither.
+        self._log.flush_soon()
 
     def on_train_end(self, loop) -> Verdict | None:
         return self.monitor.collect()  # the last measurements, still in flight

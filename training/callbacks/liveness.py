@@ -1,8 +1,10 @@
 """Liveness: the stall watchdog (every rank) and rank 0's heartbeat, both judging one Progress.
 
-Started by the worker before anything that can hang (reading the data and the checkpoint from a store,
-the first collectives with a dead peer), and stopped after result.json is written; on the loop it only
-marks progress: once when training is ready to start, then after every completed step.
+Started before anything that can hang: by the worker before the engine's rendezvous when the launcher's
+environment names the rank (worker_env.launcher_rank), else by the Trainer once the engine knows it; then
+reading the data and the checkpoint from a store, the first collectives with a dead peer. Stopped after
+result.json is written. Start-up code marks its phases and what they did on `progress`; on the loop it marks
+progress once when training is ready to start, then after every completed step.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Callable
 from ringflow.training.callbacks.base import Callback
 from ringflow.training.config import HealthConfig
 from ringflow.training.health.heartbeat import ATTEMPT_LINE, ENDED, HeartbeatWriter
-from ringflow.training.health.progress import Progress
+from ringflow.training.health.progress import FIRST_STEP, Progress
 from ringflow.training.health.verdict import Verdict
 from ringflow.training.health.watchdog import StallWatchdog
 from ringflow.training.store.base import ObjectStore
@@ -20,17 +22,26 @@ from ringflow.training.store.base import ObjectStore
 class Liveness(Callback):
     def __init__(self, store: ObjectStore, attempt: str, cfg: HealthConfig, rank: int,
                  on_stall: Callable[[Verdict], None]):
+        """on_stall: called from the watchdog's thread with a STALLED or STORE_UNAVAILABLE verdict; it must
+        end the process. Whoever can say most about the attempt replaces it (`on_stall = ...`)."""
         self.progress = Progress()
-        self.watchdog = StallWatchdog(self.progress, cfg.stall_seconds, rank, on_stall)
+        self.rank = rank
+        self.on_stall = on_stall
+        self.watchdog = StallWatchdog(self.progress, cfg.stall_seconds, cfg.store_timeout_seconds, rank,
+                                      lambda verdict: self.on_stall(verdict))
         self.heartbeat = None
         if rank == 0:
             # The watcher outside the job learns from the log which attempt it watches.
             print(ATTEMPT_LINE.format(attempt=attempt), flush=True)
             self.heartbeat = HeartbeatWriter(store, attempt, self.progress, cfg.heartbeat_interval(),
                                              cfg.stall_seconds)
+        self._started = False
 
     def start(self) -> None:
         """From here on, no progress for stall_seconds is a stall."""
+        if self._started:
+            return
+        self._started = True
         self.watchdog.start()
         if self.heartbeat is not None:
             self.heartbeat.start()
@@ -41,7 +52,7 @@ class Liveness(Callback):
             self.heartbeat.stop(ENDED)
 
     def on_train_start(self, loop) -> None:
-        self.progress.beat(loop.step)  # ready to train: resume and first collectives done
+        self.progress.phase(FIRST_STEP)  # resume and first collectives done: the first step is next
 
     def on_step_end(self, loop, timing) -> None:
         self.progress.beat(timing.step)

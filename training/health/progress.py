@@ -1,23 +1,87 @@
-"""The training loop's last sign of progress: which step completed last, and when.
+"""The training thread's last sign of progress, and what it is waiting for.
 
-The loop writes it after every completed step; the stall watchdog (every rank) and the heartbeat writer
-(rank 0) read it from their threads. Both therefore judge one quantity, the time since the last completed
-step (or since the attempt started, before its first step), which is what `verdict.stalled` decides on.
+The stall watchdog (every rank) and the heartbeat writer (rank 0) read one `Progress` from their threads, so
+both judge the same quantities (liveness.py decides):
+
+- `step`: the last completed step (None before the first), and `silent_seconds`, how long the training
+  thread has made no progress: since the last step, or, before the first step, since the start-up phase
+  last moved (`phase`, `advance`, the end of a wait for the store);
+- `phase`: where start-up stands (rendezvous, fetch, verify, restore, first step; "training" after the
+  first step), with what it has done (`done`: bytes, row groups), so a start-up that keeps moving is never
+  stalled however long it takes;
+- `waiting`: the store operation the training thread is blocked on (store_ops.py), if any. Time spent
+  waiting for the store is not silence: the store has a rule of its own, and when the wait ends the
+  silence starts from zero.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import threading
 import time
+from typing import Iterator
+
+from ringflow.training.health.store_ops import StoreOp, StoreOpReading
+
+RENDEZVOUS, FETCH, VERIFY, RESTORE, FIRST_STEP, TRAINING = (
+    "rendezvous", "fetch", "verify", "restore", "first step", "training")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressReading:
+    step: int | None
+    phase: str
+    silent_seconds: float
+    progress_at: float               # wall-clock time of the last progress (for the heartbeat)
+    done: dict[str, int]             # what the current start-up phase has done, e.g. {"bytes": 123}
+    waiting: StoreOpReading | None   # the store operation the training thread waits for
 
 
 class Progress:
-    def __init__(self, step: int | None = None):
-        self.beat(step)
+    def __init__(self, step: int | None = None, phase: str = RENDEZVOUS):
+        self._lock = threading.Lock()
+        self._step, self._phase, self._done = step, phase if step is None else TRAINING, {}
+        self._mono, self._wall = time.monotonic(), time.time()
+        self._waiting: StoreOp | None = None
+
+    def _moved(self) -> None:
+        self._mono, self._wall = time.monotonic(), time.time()
 
     def beat(self, step: int | None) -> None:
-        # One tuple, replaced whole: a reading thread never sees a step with another step's time.
-        self._last = (step, time.monotonic(), time.time())
+        """A step completed (or, with None, training is ready to start)."""
+        with self._lock:
+            self._step = step
+            if step is not None:
+                self._phase, self._done = TRAINING, {}
+            self._moved()
 
-    def read(self) -> tuple[int | None, float, float]:
-        """(last step, seconds since it on the monotonic clock, its wall-clock time), all of one beat."""
-        step, mono, wall = self._last
-        return step, time.monotonic() - mono, wall
+    def phase(self, name: str) -> None:
+        """Start-up moved on to phase `name`."""
+        with self._lock:
+            self._phase, self._done = name, {}
+            self._moved()
+
+    def advance(self, **done: int) -> None:
+        """The current start-up phase did more (e.g. bytes=4096): progress."""
+        with self._lock:
+            for unit, amount in done.items():
+                self._done[unit] = self._done.get(unit, 0) + amount
+            self._moved()
+
+    @contextlib.contextmanager
+    def waiting(self, op: StoreOp) -> Iterator[StoreOp]:
+        """The training thread blocks on `op` inside this block: not silence, the store's time."""
+        with self._lock:
+            outer, self._waiting = self._waiting, op
+        try:
+            yield op
+        finally:
+            with self._lock:
+                self._waiting = outer
+                self._moved()
+
+    def read(self) -> ProgressReading:
+        with self._lock:
+            now = time.monotonic()
+            waiting = self._waiting.reading(now) if self._waiting is not None else None
+            return ProgressReading(self._step, self._phase, now - self._mono, self._wall, dict(self._done), waiting)

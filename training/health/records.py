@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import threading
 import time
 from typing import Any
@@ -136,6 +137,9 @@ class HealthLog:
 
     Whole-object writes because S3 has no append; they are atomic, so a reader sees a consistent prefix.
     Flushes are rate-limited to every `flush_seconds` except when forced (end of run, fatal verdict).
+    Once `start_flushing()` runs, a thread of its own does the writing: `append` only adds to memory (a
+    forced one wakes the thread), so the training thread never waits for the store to take its records.
+    The store write happens outside the lock `append` takes, so a slow store never blocks an append.
     """
 
     def __init__(self, store: ObjectStore, flush_seconds: float = 1.0, enabled: bool = True,
@@ -149,11 +153,16 @@ class HealthLog:
         self._lines: list[str] = []
         # Of _lines as written, each line and its newline; json.dumps escapes non-ASCII, so one byte a character.
         self._bytes = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()        # the lines (append, and taking a flush's snapshot)
+        self._write_lock = threading.Lock()  # one writer to the store at a time, in order
         self._last_flush = 0.0
         self._dirty = False
         self._segments = 0
         self._next_seq = 0
+        self._flusher: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._closing = False
+        self._failures = 0
         if enabled:  # a resumed run keeps the history of the attempts before it
             try:
                 existing = store.get_bytes(HEALTH_KEY).decode("utf-8", errors="replace")
@@ -168,6 +177,34 @@ class HealthLog:
                 last = _last_seq(parse(store.get_bytes(sealed[-1])))
             self._next_seq = last + 1
 
+    def start_flushing(self) -> None:
+        """From now on a background thread writes the records, every flush_seconds or when one is forced."""
+        if not self._enabled or self._flusher is not None:
+            return
+        self._flusher = threading.Thread(target=self._flush_loop, name="ringflow-health-log", daemon=True)
+        self._flusher.start()
+
+    def close(self) -> None:
+        """Stop the background thread and write what is left (blocks until the store took it)."""
+        if self._flusher is not None:
+            self._closing = True
+            self._wake.set()
+            self._flusher.join()
+            self._flusher = None
+        self.flush(force=True)
+
+    def _flush_loop(self) -> None:
+        while not self._closing:
+            forced = self._wake.wait(self._flush_seconds)
+            self._wake.clear()
+            try:
+                self.flush(force=forced)
+            except Exception as exc:  # noqa: BLE001 - kept in memory and written with the next flush
+                self._failures += 1
+                if self._failures in (1, 10, 100):
+                    print(f"[ringflow] writing health records failed ({self._failures}x), kept for the next "
+                          f"try: {exc!r}", file=sys.stderr, flush=True)
+
     def append(self, rec: dict[str, Any], force_flush: bool = False) -> None:
         if not self._enabled:
             return
@@ -178,19 +215,45 @@ class HealthLog:
             self._bytes += len(line) + 1
             self._next_seq += 1
             self._dirty = True
+        if self._flusher is not None:
+            if force_flush:
+                self._wake.set()
+            return
         self.flush(force=force_flush)
+
+    def flush_soon(self) -> None:
+        """Write what there is now: on the log's own thread once it runs, else here."""
+        if self._flusher is not None:
+            self._wake.set()
+        else:
+            self.flush(force=True)
 
     def flush(self, force: bool = False) -> None:
         if not self._enabled:
             return
-        with self._lock:
-            now = time.monotonic()
-            if not self._dirty or (not force and now - self._last_flush < self._flush_seconds):
-                return
-            if len(self._lines) >= self._segment_lines or self._bytes >= self._segment_bytes:
-                # Sealed first, then health.jsonl starts over: see read_health for why in this order.
-                self._store.put_bytes(_segment_key(self._segments), ("\n".join(self._lines) + "\n").encode())
-                self._segments += 1
-                self._lines, self._bytes = [], 0
-            self._store.put_bytes(HEALTH_KEY, ("\n".join(self._lines) + "\n").encode() if self._lines else b"")
-            self._last_flush, self._dirty = now, False
+        with self._write_lock:
+            with self._lock:
+                now = time.monotonic()
+                if not self._dirty or (not force and now - self._last_flush < self._flush_seconds):
+                    return
+                seal = None
+                if len(self._lines) >= self._segment_lines or self._bytes >= self._segment_bytes:
+                    seal = (self._segments, self._lines, self._bytes)
+                    self._segments += 1
+                    self._lines, self._bytes = [], 0
+                current = ("\n".join(self._lines) + "\n").encode() if self._lines else b""
+                self._last_flush, self._dirty = now, False
+            sealed = False
+            try:
+                if seal is not None:
+                    # Sealed first, then health.jsonl starts over: see read_health for why in this order.
+                    self._store.put_bytes(_segment_key(seal[0]), ("\n".join(seal[1]) + "\n").encode())
+                    sealed = True
+                self._store.put_bytes(HEALTH_KEY, current)
+            except BaseException:
+                with self._lock:  # nothing is lost: the next flush writes it again
+                    if seal is not None and not sealed:
+                        self._segments -= 1
+                        self._lines, self._bytes = seal[1] + self._lines, seal[2] + self._bytes
+                    self._dirty = True
+                raise

@@ -5,16 +5,18 @@ that wrote it (worker_env.ATTEMPT_ENV); a verdict only ever uses one attempt's r
   start     an attempt begins: its step, what it resumed from, and its HealthConfig (the run's thresholds)
   step      per measured step: per-rank step/compute/sync seconds, loss, global gradient norm, non-finite flags
   checksum  every m steps: every rank's parameter checksum
-  stall     a rank's watchdog saw no step complete for stall_seconds
+  stall     a rank's watchdog saw no progress for stall_seconds
+  store     a store operation the job waited for moved nothing for store_timeout_seconds, or failed
+  checkpoint  a checkpoint was written (async: when its upload finished), with what it cost
   end       the attempt finished (succeeded or failed)
 
-`stalled` is the one rule for STALLED: the in-job watchdog, a `stall` record and the watcher outside the
-job (heartbeat.py) all go through it. `judge` reads a list of records; `HealthJudge` keeps the same
+`stalled` and `store_unavailable` build the two liveness verdicts; liveness.py decides when, for the in-job
+watchdog and the watcher outside the job alike, and a `stall` or `store` record carries the decision. `judge` reads a list of records; `HealthJudge` keeps the same
 verdict's running state, so a watcher feeds it only new records and each poll costs the same however
 long the run.
 
-Verdicts, worst first: NONFINITE, DIVERGED, STALLED, DEGRADED, HEALTHY. The first three are fatal;
-DEGRADED is fatal only when the job says so (health.stop_on_degraded).
+Verdicts, worst first: NONFINITE, DIVERGED, STALLED, STORE_UNAVAILABLE, DEGRADED, HEALTHY. The first four
+are fatal; DEGRADED is fatal only when the job says so (health.stop_on_degraded).
 """
 from __future__ import annotations
 
@@ -27,7 +29,10 @@ from typing import Any, Iterable, Mapping
 from ringflow.training.config import HealthConfig
 
 HEALTHY, DEGRADED, STALLED, DIVERGED, NONFINITE = "HEALTHY", "DEGRADED", "STALLED", "DIVERGED", "NONFINITE"
-FATAL = (NONFINITE, DIVERGED, STALLED)
+# The store, not the job: a store operation the job had to wait for moved nothing for
+# health.store_timeout_seconds, or failed after every retry. Retried (a store comes back), never STALLED.
+STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
+FATAL = (NONFINITE, DIVERGED, STALLED, STORE_UNAVAILABLE)
 # Fewer measured steps than this and a straggler or sync-share reading is noise, not evidence.
 MIN_STEPS_FOR_DEGRADED = 5
 
@@ -45,36 +50,57 @@ class Verdict:
         return {"status": self.status, "reason": self.reason, "evidence": dict(self.evidence)}
 
 
-# Before an attempt's first step its processes start: imports of torch and Horovod, hvd.init waiting for
-# every rank, reading the data partition and the checkpoint, the first broadcasts. That takes tens of
-# seconds on a busy host, so it is allowed this long, or stall_seconds if longer.
+# Before the first step, start-up moves from phase to phase (progress.py) and every wait for the store is
+# judged by the bytes it moves; between two such signs it does work it cannot measure (the rendezvous, where
+# every rank waits for the others to start and import torch and Horovod; building the model; the first
+# broadcast), which takes tens of seconds on a busy host. So before the first step the silence allowed is
+# this, or stall_seconds if longer, however long start-up takes as a whole; so is the watcher's outside the
+# job before the attempt's first heartbeat.
 STARTUP_SECONDS = 60.0
 
 
-def stall_limit(stall_seconds: float, last_step: int | None) -> float:
-    """The silence allowed: stall_seconds once training began, STARTUP_SECONDS at least before (no step)."""
-    return stall_seconds if last_step is not None else max(stall_seconds, STARTUP_SECONDS)
+def stall_limit(stall_seconds: float, starting: bool) -> float:
+    """The silence allowed: stall_seconds, or at least STARTUP_SECONDS before the first step (`starting`)."""
+    return max(stall_seconds, STARTUP_SECONDS) if starting else stall_seconds
 
 
 def stalled(silent_seconds: float, limit_seconds: float | None, last_step: int | None, seen_by: str,
-            rank: int | None = None) -> Verdict | None:
-    """STALLED when no step completed for more than `limit_seconds` (health.stall_seconds).
+            rank: int | None = None, phase: str | None = None) -> Verdict | None:
+    """STALLED when the training thread made no progress for more than `limit_seconds`
+    (health.stall_seconds): no step completed, or, before the first step, the start-up phase moved nothing.
 
-    `silent_seconds` is the time since the last completed step, or since the attempt started before its
-    first step; never the time since the last health record, which comes only every health.every_steps
-    steps. A step, with the checkpoint write that may follow it, must fit in stall_seconds. A limit of
-    None means the silence was already judged (a `stall` record of a run too old to store its limit).
+    `silent_seconds` never counts the time the training thread waited for a store that was still moving
+    bytes (the store has its own verdict), nor the gaps between health records, which come only every
+    health.every_steps steps. A limit of None means the silence was already judged (a `stall` record of a
+    run too old to store its limit).
     """
     if limit_seconds is not None and not silent_seconds > limit_seconds:
         return None
     limit = f" (limit {limit_seconds:g}s)" if limit_seconds is not None else ""
-    since = f"after step {last_step}" if last_step is not None else "since the attempt started"
+    if last_step is not None:
+        since = f"no step completed for {silent_seconds:.0f}s{limit} after step {last_step}"
+    else:
+        since = f"start-up ({phase or 'before the first step'}) made no progress for {silent_seconds:.0f}s{limit}"
     return Verdict(STALLED,
-                   f"no step completed for {silent_seconds:.0f}s{limit} {since}, seen by {seen_by}: "
-                   "a rank hangs, the network is partitioned or the job is dead; check the workers' logs and "
-                   "the hosts' connectivity",
+                   f"{since}, seen by {seen_by}: a rank hangs, the network is partitioned or the job is dead; "
+                   "check the workers' logs and the hosts' connectivity",
                    {"rank": rank, "last_step": last_step, "seconds": silent_seconds, "limit": limit_seconds,
-                    "seen_by": seen_by})
+                    "seen_by": seen_by, "phase": phase})
+
+
+def store_unavailable(store_uri: str, operation: str, waited_seconds: float, limit_seconds: float | None,
+                      seen_by: str, error: str | None = None, last_step: int | None = None) -> Verdict:
+    """STORE_UNAVAILABLE: the store, its operation and the time waited, and what to check."""
+    if error:
+        what = f"{operation} on {store_uri} failed after {waited_seconds:.0f}s: {error}"
+    else:
+        limit = f" (limit {limit_seconds:g}s, health.store_timeout_seconds)" if limit_seconds is not None else ""
+        what = f"{operation} on {store_uri} moved nothing for {waited_seconds:.0f}s{limit}"
+    return Verdict(STORE_UNAVAILABLE,
+                   f"{what}, seen by {seen_by}; training itself was not stuck. Check the store (its server, "
+                   "disk, load) and the network to it; the task is retried and resumes from the last checkpoint",
+                   {"store": store_uri, "operation": operation, "seconds": waited_seconds, "limit": limit_seconds,
+                    "seen_by": seen_by, "error": error, "last_step": last_step})
 
 
 def judge(records: Iterable[Mapping[str, Any]], cfg: HealthConfig, attempt: str | None = None) -> Verdict:
@@ -85,7 +111,7 @@ def judge(records: Iterable[Mapping[str, Any]], cfg: HealthConfig, attempt: str 
     if starts:
         own = records[starts[-1]].get("attempt")
         records = [records[starts[-1]]] + [r for r in records[starts[-1] + 1:] if _same_attempt(r, own)]
-    for rule in (_nonfinite_in, _diverged_in, _stall_in):
+    for rule in (_nonfinite_in, _diverged_in, _stall_in, _store_in):
         verdict = next(filter(None, (rule(r, cfg) for r in records)), None)
         if verdict:
             return verdict
@@ -126,7 +152,8 @@ class HealthJudge:
             elif kind == "step":
                 self._window.append(r)
                 self._steps += 1
-            for status, rule in ((NONFINITE, _nonfinite_in), (DIVERGED, _diverged_in), (STALLED, _stall_in)):
+            for status, rule in ((NONFINITE, _nonfinite_in), (DIVERGED, _diverged_in), (STALLED, _stall_in),
+                                 (STORE_UNAVAILABLE, _store_in)):
                 if status not in self._first:
                     verdict = rule(r, self.cfg)
                     if verdict:
@@ -134,7 +161,7 @@ class HealthJudge:
         return self
 
     def fatal(self) -> Verdict | None:
-        """The worst fatal finding so far (NONFINITE, DIVERGED, STALLED), or None: without the window's
+        """The worst fatal finding so far (NONFINITE, DIVERGED, STALLED, STORE_UNAVAILABLE), or None: without the window's
         statistics, so a caller that stops only on these can ask after every record."""
         for status in FATAL:
             if status in self._first:
@@ -217,7 +244,15 @@ def _stall_in(r, cfg) -> Verdict | None:
     if r.get("type") != "stall":
         return None
     rank = r.get("rank")
-    return stalled(r["seconds"], r.get("limit"), r.get("last_step"), f"the watchdog of rank {rank}", rank=rank)
+    return stalled(r["seconds"], r.get("limit"), r.get("last_step"), f"the watchdog of rank {rank}", rank=rank,
+                   phase=r.get("phase"))
+
+
+def _store_in(r, cfg) -> Verdict | None:
+    if r.get("type") != "store":
+        return None
+    return store_unavailable(r["store"], r["operation"], r["seconds"], r.get("limit"), r.get("seen_by", "the job"),
+                             error=r.get("error"), last_step=r.get("last_step"))
 
 
 def _straggler(window, cfg) -> Verdict | None:

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import time
+
 from ringflow.training.config import HealthConfig
-from ringflow.training.health.heartbeat import attempt_in_log, read_heartbeat, silence_seen_outside
+from ringflow.training.health.heartbeat import attempt_in_log, read_heartbeat
+from ringflow.training.health.liveness import LATE_AFTER_INTERVALS, judged_outside
 from ringflow.training.health.records import HealthReader
-from ringflow.training.health.verdict import HealthJudge, stalled
+from ringflow.training.health.verdict import HealthJudge
+from ringflow.training.runs.store_probe import StoreProbe
 from ringflow.training.store.base import ObjectStore
 
 
@@ -24,7 +28,8 @@ class HealthWatch:
     from rank 0's ATTEMPT_LINE in the job's log (`learn_from_log`), else from a heartbeat that changes
     while it watches (only a live process writes one, and a live job in this run folder is this one).
     Until then no earlier attempt's record counts, and silence counts from when the job was seen running
-    (verdict.stall_limit: STARTUP_SECONDS at least, for its processes to start).
+    (verdict.stall_limit: STARTUP_SECONDS at least, for its processes to start). A late heartbeat is
+    judged with the store's own speed (store_probe.py): a slow store is not a silent job.
     """
 
     def __init__(self, run: ObjectStore, health: dict[str, Any], attempt: str | None = None,
@@ -40,6 +45,7 @@ class HealthWatch:
         self._judge = HealthJudge(self.cfg)
         self._first_beat: tuple[str, int] | None = None
         self._polled = False
+        self._probe = StoreProbe(run)
 
     def learn_from_log(self, lines: list[str]) -> None:
         for line in lines:
@@ -50,11 +56,13 @@ class HealthWatch:
     def poll(self, now: float | None, watching_since: float | None) -> dict | None:
         """The verdict on the watched attempt so far, with `fatal`; None while there is nothing to say.
         `now` (unix seconds, while the job runs) adds the outside stall check on the heartbeat."""
+        reading_since = time.monotonic()
         records = self._reader.poll(self._store)
         if self.attempt is not None and not self._follow_latest:
             records = [r for r in records if r.get("attempt") == self.attempt]  # not even a late write of another
         self._judge.feed(records)
         heartbeat = read_heartbeat(self._store)
+        self._probe.read_took(time.monotonic() - reading_since)
         self._adopt(heartbeat)
         if self._follow_latest and self._judge.started:
             self.attempt = self._judge.attempt
@@ -64,9 +72,12 @@ class HealthWatch:
             return self._dict(verdict)
         beat = heartbeat if heartbeat is not None and heartbeat.attempt == self.attempt else None
         if now is not None and (beat is not None or watching_since is not None) and not (own and self._judge.ended):
-            silence = silence_seen_outside(beat, now, self.cfg.heartbeat_interval(), self.cfg.stall_seconds,
-                                           watching_since if watching_since is not None else now)
-            stall = silence and stalled(silence.seconds, silence.limit, silence.last_step, silence.seen_by)
+            interval = self.cfg.heartbeat_interval()
+            since = watching_since if watching_since is not None else now
+            if now - (beat.time if beat is not None else since) > LATE_AFTER_INTERVALS * interval:
+                self._probe.probe()  # late: is it the store? (its answer counts from the next poll on)
+            stall = judged_outside(beat, now, interval, self.cfg.stall_seconds, self.cfg.store_timeout_seconds,
+                                   since, self._probe.slow_seconds(), self._store.uri)
             if stall:
                 return self._dict(stall)
         return self._dict(verdict) if verdict is not None else None

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Iterator
+from typing import Callable, Iterator
+
+# Called with the number of bytes just moved by a transfer, from whichever thread moves them: how a
+# watcher tells a slow store that still moves bytes from one that is stuck (health/store_ops.py).
+Progress = Callable[[int], None]
 
 
 class ObjectNotFound(KeyError):
@@ -32,7 +36,12 @@ class PreconditionFailed(Exception):
 
 class StoreUnavailable(OSError):
     """The store kept failing after every retry (server errors, resets, timeouts). The message says
-    what failed, how often it was tried and what to check; nothing was half-written."""
+    what failed, how often it was tried and what to check; nothing was half-written. `where`: the URI of
+    the object or prefix it was about, when known."""
+
+    def __init__(self, message: str, where: str | None = None):
+        super().__init__(message)
+        self.where = where
 
 
 def check_key(key: str) -> str:
@@ -64,6 +73,17 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
+def check_range(key: str, start: int, length: int) -> None:
+    if isinstance(start, bool) or isinstance(length, bool) or not isinstance(start, int) \
+            or not isinstance(length, int) or start < 0 or length < 1:
+        raise ValueError(f"range of {key!r}: start {start!r}, length {length!r}; use start >= 0, length >= 1")
+
+
+def short_range(key: str, start: int, length: int, got: int) -> ValueError:
+    return ValueError(f"{key!r} holds {got} bytes from byte {start}, not the {length} asked for: the object was "
+                      f"replaced or truncated after its index was made; re-run the step that wrote it")
+
+
 def join_key(*parts: str) -> str:
     """Join key fragments, ignoring empty ones and stray slashes at the joins."""
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
@@ -87,15 +107,21 @@ class ObjectStore(abc.ABC):
     def put_bytes(self, key: str, data: bytes) -> None: ...
 
     @abc.abstractmethod
-    def get_bytes(self, key: str) -> bytes:
+    def get_bytes(self, key: str, *, progress: Progress | None = None) -> bytes:
         """Raises ObjectNotFound."""
 
     @abc.abstractmethod
-    def put_file(self, key: str, path: str) -> None:
+    def get_range(self, key: str, start: int, length: int, *, progress: Progress | None = None) -> bytes:
+        """`length` bytes of the object from byte `start` (a ranged GET on S3): what a rank streams its
+        partition with, one Parquet row group at a time. Raises ObjectNotFound, or ValueError when the
+        object is shorter than the range asks (it was replaced by a different one)."""
+
+    @abc.abstractmethod
+    def put_file(self, key: str, path: str, *, progress: Progress | None = None) -> None:
         """Upload a local file (multipart where the backend needs it)."""
 
     @abc.abstractmethod
-    def get_file(self, key: str, path: str) -> None:
+    def get_file(self, key: str, path: str, *, progress: Progress | None = None) -> None:
         """Download to a local path. Raises ObjectNotFound."""
 
     @abc.abstractmethod

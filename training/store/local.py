@@ -22,8 +22,8 @@ import secrets
 import shutil
 from typing import Callable, Iterator
 
-from .base import (InvalidKey, ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed, check_key,
-                   check_prefix, join_key)
+from .base import (InvalidKey, ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed, Progress, check_key,
+                   check_prefix, check_range, join_key, short_range)
 
 # Temporary files end with this, so `list` can skip the leftovers of a writer that crashed, and keys
 # may not end with it (a real object could otherwise hide from listings).
@@ -59,9 +59,9 @@ class LocalFolderStore(ObjectStore):
     def put_bytes(self, key: str, data: bytes) -> None:
         self._atomic_write(self._path(key), lambda f: f.write(data))
 
-    def put_file(self, key: str, path: str) -> None:
+    def put_file(self, key: str, path: str, *, progress: Progress | None = None) -> None:
         with open(path, "rb") as src:
-            self._atomic_write(self._path(key), lambda f: shutil.copyfileobj(src, f, _CHUNK))
+            self._atomic_write(self._path(key), lambda f: _copy(src, f, progress))
 
     def copy(self, src_key: str, dst_key: str) -> None:
         self._path(dst_key)  # a bad destination is the caller's bug even when the source is missing
@@ -107,24 +107,41 @@ class LocalFolderStore(ObjectStore):
 
     # -- reads ----------------------------------------------------------------------------------
 
-    def get_bytes(self, key: str) -> bytes:
+    def get_bytes(self, key: str, *, progress: Progress | None = None) -> bytes:
         path = self._path(key)
         try:
-            return path.read_bytes()
+            data = path.read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
             raise ObjectNotFound(f"{key!r} not found in {self.uri}") from exc
+        if progress is not None:
+            progress(len(data))
+        return data
+
+    def get_range(self, key: str, start: int, length: int, *, progress: Progress | None = None) -> bytes:
+        check_range(key, start, length)
+        path = self._path(key)
+        try:
+            with open(path, "rb") as fh:
+                data = os.pread(fh.fileno(), length, start)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise ObjectNotFound(f"{key!r} not found in {self.uri}") from exc
+        if len(data) != length:
+            raise short_range(key, start, length, len(data))
+        if progress is not None:
+            progress(len(data))
+        return data
 
     def get_bytes_tagged(self, key: str) -> tuple[bytes, str]:
         data = self.get_bytes(key)
         return data, _etag(data)
 
-    def get_file(self, key: str, path: str) -> None:
+    def get_file(self, key: str, path: str, *, progress: Progress | None = None) -> None:
         src = self._path(key)
         try:
             with open(src, "rb") as f_src:
                 # Same atomicity for the download: a crash never leaves a truncated local copy.
                 self._atomic_write(pathlib.Path(os.path.abspath(path)),
-                                   lambda f: shutil.copyfileobj(f_src, f, _CHUNK), fsync=False)
+                                   lambda f: _copy(f_src, f, progress), fsync=False)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
             if src.is_file():  # the destination's folder was the missing part
                 raise
@@ -231,6 +248,15 @@ class LocalFolderStore(ObjectStore):
             except OSError:
                 return
             folder = folder.parent
+
+
+def _copy(src, dst, progress: Progress | None) -> None:
+    if progress is None:
+        shutil.copyfileobj(src, dst, _CHUNK)
+        return
+    while chunk := src.read(_CHUNK):
+        dst.write(chunk)
+        progress(len(chunk))
 
 
 def _etag(data: bytes) -> str:

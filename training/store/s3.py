@@ -37,9 +37,10 @@ import botocore.config
 import botocore.exceptions as bx
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore.parsers import ResponseParserError
+from s3transfer.subscribers import BaseSubscriber
 
-from .base import (ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed, StoreConfigError,
-                   StoreUnavailable, check_key, check_prefix, join_key)
+from .base import (ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed, Progress, StoreConfigError,
+                   StoreUnavailable, check_key, check_prefix, check_range, join_key, short_range)
 
 ENDPOINT_VAR = "RINGFLOW_S3_ENDPOINT"
 ACCESS_KEY_VAR = "AWS_ACCESS_KEY_ID"
@@ -64,6 +65,9 @@ DEFAULT_READ_TIMEOUT = 60.0
 _DEFAULT_REGION = "us-east-1"  # what MinIO and moto expect when none is configured
 # Our own retries of broken GET bodies back off like botocore does after a non-throttling error.
 _STREAM_BACKOFF_BASE, _MAX_BACKOFF = 0.05, 20.0
+
+# A streamed GET body is read this much at a time, so a watcher sees its bytes arrive.
+_READ_CHUNK = 1 << 20
 
 # Above this, uploads go multipart: a failed part is retried alone instead of the whole checkpoint.
 DEFAULT_PART_SIZE = 16 * 1024 * 1024
@@ -245,10 +249,10 @@ class S3Store(ObjectStore):
                 with self._transfers() as manager:
                     manager.upload(io.BytesIO(data), self._bucket, name).result()
 
-    def put_file(self, key: str, path: str) -> None:
+    def put_file(self, key: str, path: str, *, progress: Progress | None = None) -> None:
         name = self._name(key)
         with self._errors("upload", key), self._transfers() as manager:
-            manager.upload(os.path.abspath(path), self._bucket, name).result()
+            manager.upload(os.path.abspath(path), self._bucket, name, subscribers=_subscribers(progress)).result()
 
     def copy(self, src_key: str, dst_key: str) -> None:
         dst = self._name(dst_key)
@@ -292,35 +296,66 @@ class S3Store(ObjectStore):
 
     # -- reads ----------------------------------------------------------------------------------
 
-    def get_bytes(self, key: str) -> bytes:
-        return self.get_bytes_tagged(key)[0]
+    def get_bytes(self, key: str, *, progress: Progress | None = None) -> bytes:
+        return self._get(key, None, progress)[0]
 
     def get_bytes_tagged(self, key: str) -> tuple[bytes, str]:
+        return self._get(key, None, None)
+
+    def get_range(self, key: str, start: int, length: int, *, progress: Progress | None = None) -> bytes:
+        check_range(key, start, length)
+        data = self._get(key, (start, length), progress)[0]
+        if len(data) != length:
+            raise short_range(key, start, length, len(data))
+        return data
+
+    def _get(self, key: str, byte_range: tuple[int, int] | None, progress: Progress | None) -> tuple[bytes, str]:
+        """The object (or `byte_range`: start, length) and its etag. A body that breaks off after the headers
+        is asked for again, from the first byte not yet received (botocore retries only up to the headers)."""
         name = self._name(key)
+        received: list[bytes] = []
+        have = 0
         with self._errors("download", key):
             for attempt in range(1, self._settings.max_attempts + 1):
-                response = self._client.get_object(Bucket=self._bucket, Key=name)
+                extra = {}
+                if byte_range is not None:
+                    start, length = byte_range
+                    extra["Range"] = f"bytes={start + have}-{start + length - 1}"
+                elif have:
+                    extra["Range"] = f"bytes={have}-"
+                response = self._client.get_object(Bucket=self._bucket, Key=name, **extra)
+                if have and received and response.get("ETag") != etag:
+                    received, have = [], 0  # the object changed between two tries: start over
+                    response["Body"].close()
+                    continue
+                etag = response["ETag"]
                 try:
-                    return response["Body"].read(), response["ETag"]
+                    body = response["Body"]
+                    while chunk := body.read(_READ_CHUNK):
+                        received.append(chunk)
+                        have += len(chunk)
+                        if progress is not None:
+                            progress(len(chunk))
+                    return b"".join(received), etag
                 except _STREAM_ERRORS as exc:
                     if attempt == self._settings.max_attempts:
                         raise
                     delay = random.random() * min(_STREAM_BACKOFF_BASE * 2 ** (attempt - 1), _MAX_BACKOFF)
-                    log.warning("download of %s broke off (%s); retrying in %.1fs (attempt %d of %d)",
-                                name, exc, delay, attempt + 1, self._settings.max_attempts)
+                    log.warning("download of %s broke off after %d bytes (%s); retrying in %.1fs (attempt %d "
+                                "of %d)", name, have, exc, delay, attempt + 1, self._settings.max_attempts)
                     time.sleep(delay)
                 finally:
                     response["Body"].close()
         raise AssertionError("unreachable")
 
-    def get_file(self, key: str, path: str) -> None:
+    def get_file(self, key: str, path: str, *, progress: Progress | None = None) -> None:
         path = os.path.abspath(path)
         name = self._name(key)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         # s3transfer downloads to "<path>.<random>" and renames, so a failed download never leaves
         # a truncated file at `path`; a broken stream is retried from where it stopped.
         with self._errors("download", key), self._transfers() as manager:
-            manager.download(self._bucket, name, path).result()
+            manager.download(self._bucket, name, path, subscribers=_subscribers(progress)).result()
 
     def exists(self, key: str) -> bool:
         try:
@@ -400,7 +435,8 @@ class S3Store(ObjectStore):
         return StoreUnavailable(
             f"{op} of {where} failed after {attempts or s.max_attempts} attempts ({what}): check that the S3 server at "
             f"{s.endpoint} is up and healthy (its logs, disk space, load) and the network to it; if it is only "
-            f"slow, raise {READ_TIMEOUT_VAR} (now {s.read_timeout:g}s) or {MAX_ATTEMPTS_VAR} (now {s.max_attempts})"
+            f"slow, raise {READ_TIMEOUT_VAR} (now {s.read_timeout:g}s) or {MAX_ATTEMPTS_VAR} (now {s.max_attempts})",
+            where=where
         )
 
     def _translate(self, exc: Exception, op: str, key: str = "") -> Exception:
@@ -456,6 +492,19 @@ class S3Store(ObjectStore):
         if isinstance(exc, _STREAM_ERRORS):
             return self._gave_up(op, where, f"connection broke: {exc}")
         return exc
+
+
+class _ProgressSubscriber(BaseSubscriber):
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+
+    def on_progress(self, future, bytes_transferred: int, **kwargs) -> None:
+        if bytes_transferred > 0:  # a retried part reports its bytes again as negative progress first
+            self._progress(bytes_transferred)
+
+
+def _subscribers(progress: Progress | None) -> list:
+    return [_ProgressSubscriber(progress)] if progress is not None else []
 
 
 def _code(exc: bx.ClientError) -> str:

@@ -34,6 +34,8 @@ def of(attempt, records):
 
 
 STALL = {"type": "stall", "time": 1100.0, "rank": 1, "last_step": 5, "seconds": 31.0, "limit": 30.0}
+STORE = {"type": "store", "time": 1100.0, "store": "s3://b/run", "operation": "upload of checkpoint ckpt-000000050",
+         "seconds": 301.0, "limit": 300.0, "seen_by": "the watchdog of rank 0", "last_step": 52}
 
 
 CASES = [
@@ -70,6 +72,13 @@ CASES = [
      [start("a1")] + of("a1", steps(2)) + [start("a2")] + of("a2", steps(2)) + of("a1", [STALL]), None,
      "HEALTHY", {}),
     ("one attempt's own stall", [start("a1")] + of("a1", steps(5) + [STALL]), None, "STALLED", {"rank": 1}),
+    ("a start-up stall names its phase", [STALL | {"last_step": None, "phase": "fetch"}], None, "STALLED",
+     {"phase": "fetch", "last_step": None}),
+    ("store record: the store's verdict, not STALLED", steps(5) + [STORE], None, "STORE_UNAVAILABLE",
+     {"store": "s3://b/run", "operation": "upload of checkpoint ckpt-000000050", "seconds": 301.0, "limit": 300.0}),
+    ("a store that failed after every retry", steps(5) + [STORE | {"error": "HTTP 503 SlowDown", "limit": None}],
+     None, "STORE_UNAVAILABLE", {"error": "HTTP 503 SlowDown"}),
+    ("nonfinite outranks a store verdict", steps(5) + [STORE, step(6, grad_norm="nan")], None, "NONFINITE", {}),
 ]
 
 
@@ -166,7 +175,7 @@ def test_the_judges_fatal_finding_is_its_verdict_when_fatal_and_none_otherwise(n
     assert fed.fatal() == (verdict if verdict.is_fatal() else None)
 
 
-@pytest.mark.parametrize("stall_seconds, last_step, limit", [(30, 0, 30), (30, 12, 30), (30, None, STARTUP_SECONDS),
-                                                             (300, None, 300)])
-def test_stall_limit_allows_start_up(stall_seconds, last_step, limit):
-    assert stall_limit(stall_seconds, last_step) == limit
+@pytest.mark.parametrize("stall_seconds, starting, limit", [(30, False, 30), (30, True, STARTUP_SECONDS),
+                                                            (300, True, 300), (300, False, 300)])
+def test_stall_limit_allows_for_start_up(stall_seconds, starting, limit):
+    assert stall_limit(stall_seconds, starting) == limit

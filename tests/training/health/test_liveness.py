@@ -1,0 +1,105 @@
+"""The two liveness rules as tables: the in-job watchdog's (judged_in_job) and the watcher's outside the job
+(judged_outside): a slow store that moves bytes is waited for, one that moves nothing is STORE_UNAVAILABLE,
+and STALLED is the training thread's own silence, at start-up as in training."""
+import pytest
+
+from ringflow.training.health.heartbeat import ENDED, Heartbeat
+from ringflow.training.health.liveness import judged_in_job, judged_outside
+from ringflow.training.health.progress import FETCH, FIRST_STEP, RENDEZVOUS, TRAINING, ProgressReading
+from ringflow.training.health.store_ops import StoreOpReading
+from ringflow.training.health.verdict import STARTUP_SECONDS
+
+STALL, STORE_TIMEOUT = 30.0, 300.0
+
+
+def waiting(idle, seconds=500.0, what="upload of checkpoint ckpt-000000050"):
+    return StoreOpReading(what, "s3://b/run", seconds, idle, 10 * 2**20)
+
+
+def reading(step=40, silent=1.0, phase=TRAINING, wait=None):
+    return ProgressReading(step, phase if step is None else TRAINING, silent, 0.0, {}, wait)
+
+
+IN_JOB = [
+    # name, reading, (status, evidence) or None
+    ("steps completing", reading(silent=2.0), None),
+    ("a slow step past the limit", reading(silent=31.0), ("STALLED", {"last_step": 40, "limit": STALL})),
+    ("waiting for a slow store that moves bytes, for long", reading(silent=900.0, wait=waiting(idle=2.0)), None),
+    ("waiting for a store that moved nothing for store_timeout", reading(silent=900.0, wait=waiting(idle=301.0)),
+     ("STORE_UNAVAILABLE", {"store": "s3://b/run", "limit": STORE_TIMEOUT,
+                            "operation": "upload of checkpoint ckpt-000000050"})),
+    ("start-up fetch waiting for a slow download: as long as it takes",
+     reading(step=None, phase=FETCH, silent=600.0, wait=waiting(idle=5.0, what="download of part-00000.parquet")),
+     None),
+    ("start-up work between two signs of progress: the start-up allowance",
+     reading(step=None, phase=FETCH, silent=45.0), None),
+    ("start-up fetch doing nothing past the allowance", reading(step=None, phase=FETCH, silent=61.0),
+     ("STALLED", {"phase": FETCH, "last_step": None, "limit": STARTUP_SECONDS})),
+    ("rendezvous past the allowance", reading(step=None, phase=RENDEZVOUS, silent=61.0),
+     ("STALLED", {"phase": RENDEZVOUS, "limit": STARTUP_SECONDS})),
+    ("first step computing past the allowance", reading(step=None, phase=FIRST_STEP, silent=61.0),
+     ("STALLED", {"phase": FIRST_STEP})),
+]
+
+
+@pytest.mark.parametrize("name, got, expected", IN_JOB, ids=[c[0] for c in IN_JOB])
+def test_in_job(name, got, expected):
+    check(judged_in_job(got, STALL, STORE_TIMEOUT, rank=0), expected)
+
+
+def check(verdict, expected):
+    if expected is None:
+        assert verdict is None, verdict.reason
+        return
+    status, evidence = expected
+    assert verdict.status == status, verdict.reason
+    for key, value in evidence.items():
+        assert verdict.evidence[key] == pytest.approx(value), key
+
+
+INTERVAL = 5.0
+
+
+def beat(written_at, silent, state="running", step=40, phase=TRAINING, wait=None, write_seconds=0.01):
+    return Heartbeat("a1", 3, written_at, step, silent, written_at - silent, state, phase, {}, wait, write_seconds)
+
+
+OUTSIDE = [
+    # name, heartbeat, now, store_slow_seconds, (status, evidence) or None
+    ("on time: the job's own reading", beat(1000.0, 2.0), 1004.0, 0.0, None),
+    ("on time, a slow step past the limit", beat(1000.0, 31.0), 1004.0, 0.0, ("STALLED", {"seconds": 31.0})),
+    ("on time, waiting for a slow store", beat(1000.0, 400.0, wait=waiting(idle=3.0)), 1004.0, 0.0, None),
+    ("on time, waiting for a store that moves nothing", beat(1000.0, 400.0, wait=waiting(idle=320.0)), 1004.0, 0.0,
+     ("STORE_UNAVAILABLE", {"seen_by": "the heartbeat of rank 0"})),
+    ("late and the store answers at once: silence from its last word", beat(1000.0, 2.0), 1029.0, 0.05,
+     ("STALLED", {"seconds": 31.0, "last_step": 40})),
+    ("late, not yet past the limit", beat(1000.0, 2.0), 1020.0, 0.05, None),
+    ("late because the store does not take writes (the watcher's probe hangs too)", beat(1000.0, 2.0), 1200.0, 190.0,
+     None),
+    ("late because its own writes were slow", beat(1000.0, 2.0, write_seconds=40.0), 1200.0, 0.0, None),
+    ("a store that takes no write for store_timeout", beat(1000.0, 2.0), 1301.0, 290.0,
+     ("STORE_UNAVAILABLE", {"operation": "writes of heartbeat.json", "store": "s3://b/run"})),
+    ("late after saying it waits for the store, and the store is fine: silence since then",
+     beat(1000.0, 500.0, wait=waiting(idle=1.0)), 1031.0, 0.0, ("STALLED", {"seconds": 31.0})),
+    ("starting (no step yet): the rendezvous allowance", beat(1000.0, 40.0, step=None, phase=RENDEZVOUS), 1001.0,
+     0.0, None),
+    ("starting, fetching with nothing moving", beat(1000.0, 61.0, step=None, phase=FETCH), 1001.0, 0.0,
+     ("STALLED", {"phase": FETCH})),
+    ("ended: nothing to count", beat(1000.0, 2.0, state=ENDED), 9999.0, 0.0, None),
+    ("no heartbeat yet: since the watcher saw it run, allowing for start-up", None, 1030.0, 0.0, None),
+    ("no heartbeat past the start-up allowance", None, 1061.0, 0.0, ("STALLED", {"limit": STARTUP_SECONDS})),
+    ("no heartbeat, and the store does not take writes", None, 1061.0, 50.0, None),
+]
+
+
+@pytest.mark.parametrize("name, heartbeat, now, store_slow, expected", OUTSIDE, ids=[c[0] for c in OUTSIDE])
+def test_outside(name, heartbeat, now, store_slow, expected):
+    check(judged_outside(heartbeat, now, INTERVAL, STALL, STORE_TIMEOUT, 1000.0, store_slow, "s3://b/run"), expected)
+
+
+def test_a_live_job_is_never_silent_between_health_records():
+    """Health records every 10 steps of 20 s each, stall_seconds 60: each heartbeat says < 20 s, whatever
+    the gap between records; the old watcher called this STALLED after 60 s without a record."""
+    for t in range(0, 300, 5):
+        assert judged_outside(beat(1000.0 + t, t % 20), 1000.0 + t + 2, INTERVAL, 60, STORE_TIMEOUT, 1000.0, 0.0,
+                              "s3://b/run") is None
