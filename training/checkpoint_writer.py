@@ -76,6 +76,20 @@ class AsyncCheckpointWriter:
         self._future = self._pool.submit(self._write, self._op, step, state, meta, final, waited, snapshot)
         return name
 
+    def wait_for(self, seconds: float) -> bool:
+        """Wait at most `seconds` for the write in flight (as a wait for the store); whether none is left."""
+        future, op = self._future, self._op
+        if future is None or future.done():
+            return True
+        with self._progress.waiting(op):
+            concurrent.futures.wait([future], timeout=seconds)
+        return future.done()
+
+    @property
+    def in_flight_bytes(self) -> int:
+        """Bytes the write in flight (or the last one) has uploaded so far."""
+        return self._op.reading().bytes if self._op is not None else 0
+
     def wait(self) -> None:
         """Return once nothing is in flight; raise what the last write raised."""
         future, op = self._future, self._op

@@ -127,7 +127,8 @@ class Trainer:
         self.checkpointing = Checkpointing(writer, cfg.checkpoint.every_steps, self.size, {
             "manifest_uri": cfg.manifest_uri, "model": json.loads(json.dumps(cfg.to_dict()["model"])),
             "schema": {"num_features": schema.num_features, "input_shape": list(schema.input_shape),
-                       "num_outputs": schema.num_outputs, "task": schema.task}}, pin_memory=placement.pin_memory)
+                       "num_outputs": schema.num_outputs, "task": schema.task}}, pin_memory=placement.pin_memory,
+            progress=progress, store_uri=self.run_folder.uri)
         self.health = HealthMonitoring(self.monitor, self.health_log, cfg.health, self.rank, self.checkpointing.due,
                                        {"world_size": self.size, "engine": engine.name,
                                         "device": placement.device, "precision": cfg.precision,
