@@ -10,7 +10,8 @@ AsyncCheckpointer: stage to host memory, then write off the critical path).
   change them while the writer works. The writer checks it holds no NaN/Inf first: a non-finite state is
   never written, whether the health checks run or not, and the training thread stops with NONFINITE.
 - The files are uploaded first and MANIFEST.json last (checkpoint.py), so a crash or a kill during a write
-  leaves the previous checkpoint the newest valid one; the writer then prunes to keep_last.
+  leaves the previous checkpoint the newest valid one; then the checkpoint is published (`publish`: the run
+  folder's pointer, run_folder.py), and what that drops from keep_last is deleted.
 - The final checkpoint is waited for before the run's result is written.
 """
 from __future__ import annotations
@@ -53,9 +54,12 @@ class WrittenCheckpoint:
 
 class AsyncCheckpointWriter:
     def __init__(self, checkpoints: CheckpointStore, progress: Progress,
-                 on_written: Callable[[WrittenCheckpoint], None] = lambda written: None):
-        """on_written: called from the writer's thread once a checkpoint is complete (MANIFEST written)."""
+                 on_written: Callable[[WrittenCheckpoint], None] = lambda written: None,
+                 publish: Callable[[str], None] = lambda name: None):
+        """on_written: called from the writer's thread once a checkpoint is complete and published.
+        publish: makes a complete checkpoint the run folder's newest (run_folder.py), from the writer's thread."""
         self._checkpoints, self._progress, self._on_written = checkpoints, progress, on_written
+        self._publish = publish
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringflow-checkpoint")
         self._op: StoreOp | None = None  # the last write's, kept after it ends (its time goes in a verdict)
         self._future: concurrent.futures.Future | None = None
@@ -132,6 +136,7 @@ class AsyncCheckpointWriter:
                 size = os.path.getsize(path)
                 op.total_bytes = size
                 name = self._checkpoints.save_files(step, {STATE_FILE: path}, meta, progress=op.moved)
+            self._publish(name)
         except BaseException as exc:
             op.finish(exc)
             raise

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringflow.training.checkpoint import CheckpointStore
+from ringflow.training.run_folder import RunFolder
 from ringflow.training.health.records import read_health
 from ringflow.training.run_result import RunResult, read_result
 from ringflow.training.store import LocalFolderStore
@@ -37,7 +37,7 @@ class JobRunner:
 
     @staticmethod
     def result(cfg: dict) -> RunResult:
-        """The run's result.json as the job wrote it (whichever attempt wrote last)."""
+        """The run's published result (the current attempt's, run_folder.py)."""
         result = read_result(LocalFolderStore(cfg["run_uri"]))
         assert result is not None, f"no result.json in {cfg['run_uri']}"
         return result
@@ -48,9 +48,18 @@ class JobRunner:
 
     @staticmethod
     def final_parameters(cfg: dict) -> dict[str, torch.Tensor]:
-        store = CheckpointStore(LocalFolderStore(cfg["run_uri"]))
-        loaded = store.latest_valid()
+        loaded = JobRunner.checkpoints(cfg).latest_valid()
         return TrainingState.from_bytes(loaded.files[STATE_FILE], cfg["run_uri"]).model
+
+    @staticmethod
+    def checkpoints(cfg: dict):
+        """The checkpoints the run folder published (run_folder.py), newest first by names()."""
+        return RunFolder(LocalFolderStore(cfg["run_uri"])).checkpoints()
+
+    @staticmethod
+    def checkpoint_folder(cfg: dict, name: str) -> Path:
+        """Where a published checkpoint's files are on disk."""
+        return Path(cfg["run_uri"]) / JobRunner.checkpoints(cfg).prefix_of(name) / name
 
 
 @pytest.fixture

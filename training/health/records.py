@@ -16,7 +16,7 @@ import math
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ringflow.training.store.base import ObjectNotFound, ObjectStore
 
@@ -166,9 +166,11 @@ class HealthLog:
 
     def __init__(self, store: ObjectStore, flush_seconds: float = 1.0, enabled: bool = True,
                  segment_lines: int = 2_000, attempt: str | None = None, segment_bytes: int = SEGMENT_BYTES,
-                 first_seq: int = 0):
+                 first_seq: int = 0, before_write: Callable[[], None] = lambda: None):
         """first_seq: the seq of this log's first record, when the records before it live elsewhere (the
-        attempts before this one, run_folder.py), so seq keeps counting across a run's attempts."""
+        attempts before this one, run_folder.py), so seq keeps counting across a run's attempts.
+        before_write: called before each write to the store (the run folder's fence check)."""
+        self._before_write = before_write
         self._store = store
         self._attempt = attempt
         self._flush_seconds = flush_seconds
@@ -270,6 +272,7 @@ class HealthLog:
                 self._last_flush, self._dirty = now, False
             sealed = False
             try:
+                self._before_write()
                 if seal is not None:
                     # Sealed first, then health.jsonl starts over: see read_health for why in this order.
                     self._store.put_bytes(_segment_key(seal[0]), ("\n".join(seal[1]) + "\n").encode())
