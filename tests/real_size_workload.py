@@ -113,7 +113,16 @@ class RealSizeJob:
                                  str(PARTITIONS)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env)
         lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+        log_path = path.with_suffix(".log")  # the job's output, kept for whoever reads a failure
+
+        def read_output() -> None:
+            with open(log_path, "w") as log:
+                for line in proc.stdout:
+                    lines.append(line)
+                    log.write(line)
+                    log.flush()
+
+        reader = threading.Thread(target=read_output, daemon=True)
         reader.start()
         from ringflow.training.store import S3Settings
 
