@@ -146,8 +146,9 @@ class RealSizeJob:
     @staticmethod
     def _note_heartbeat(run_store, attempt, at: float, watched: Watched) -> None:
         from ringflow.training.health.heartbeat import read_heartbeat
+        from ringflow.training.run_folder import RunFolder
 
-        beat = read_heartbeat(run_store)
+        beat = read_heartbeat(RunFolder(run_store).current_store())  # the current attempt's (run_folder.py)
         if beat is None or beat.attempt != attempt:
             return
         if beat.step is None:

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
-from typing import Any, Iterator
+from typing import Any
 
-from ringflow.training.checkpoint import CheckpointCorrupt, CheckpointManifest, CheckpointStore, LoadedCheckpoint
+from ringflow.training.checkpoint import CheckpointManifest, CheckpointStore, LoadedCheckpoint, first_loadable
 from ringflow.training.health.records import HealthReader, last_seq_in, read_health_in
 from ringflow.training.run_layout import CHECKPOINTS, RESULT
 from ringflow.training.store.base import ObjectNotFound, ObjectStore, PreconditionFailed, Progress, join_key
@@ -42,6 +43,8 @@ ATTEMPTS = "attempts"
 FORMAT = "ringflow.run/v1"
 # The attempt number a today's-layout run folder's own files get when an attempt first claims it.
 LEGACY_NUMBER = 0
+
+log = logging.getLogger(__name__)
 
 
 class Fenced(RuntimeError):
@@ -322,27 +325,4 @@ class PublishedCheckpoints:
     def latest_valid(self, progress: Progress | None = None) -> LoadedCheckpoint | None:
         if self._legacy is not None:
             return self._legacy.latest_valid(progress)
-        for name in self.names():
-            try:
-                return self.load(name, progress)
-            except (CheckpointCorrupt, ObjectNotFound) as exc:
-                import logging
-                import warnings
-
-                from ringflow.training.checkpoint import CheckpointWarning
-
-                message = f"skipping checkpoint {name} in {self.store.uri}: {exc}"
-                logging.getLogger(__name__).warning(message)
-                warnings.warn(message, CheckpointWarning, stacklevel=2)
-        return None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names())
-
-
-def read_pointer_doc(store: ObjectStore) -> dict[str, Any] | None:
-    """run.json as plain JSON (for tools), or None."""
-    try:
-        return json.loads(store.get_bytes(POINTER))
-    except ObjectNotFound:
-        return None
+        return first_loadable(self.names(), lambda name: self.load(name, progress), self.store.uri)

@@ -156,6 +156,18 @@ def _newest_checkpoint_step(run_dir: Path) -> int:
     return max((int(n.split("-")[1]) for n in names), default=-1)
 
 
+def start_and_wait_for_checkpoints(job, run_dir: Path):
+    """Start the job's pods and return its launcher once two checkpoints are published, the job still running."""
+    job.start_workers()
+    launcher = job.start_launcher()
+    deadline = time.monotonic() + 300
+    while _newest_checkpoint_step(run_dir) < 2 * CHECKPOINT_EVERY:
+        assert launcher.poll() is None, f"the job ended too soon:\n{tail(job.launcher_log.read_text())}"
+        assert time.monotonic() < deadline, tail(job.launcher_log.read_text())
+        time.sleep(0.2)
+    return launcher
+
+
 def _ranks(host) -> list[str]:
     """The training processes (ranks) on a host; not mpirun, whose command line names them too."""
     return [cmd for cmd in host.process_names()
@@ -169,14 +181,7 @@ def test_a_cut_link_stalls_stops_everything_and_a_retry_resumes(cluster, mpijob,
     config = job_config("cut")
     run_dir = host_path(cluster, config["run_uri"])
     job = mpijob(config, attempt=1)
-    job.start_workers()
-    launcher = job.start_launcher()
-    # Cut worker 1 off once two checkpoints are out and the job is still running.
-    deadline = time.monotonic() + 300
-    while _newest_checkpoint_step(run_dir) < 2 * CHECKPOINT_EVERY:
-        assert launcher.poll() is None, f"the job ended before the cut:\n{tail(job.launcher_log.read_text())}"
-        assert time.monotonic() < deadline, tail(job.launcher_log.read_text())
-        time.sleep(0.2)
+    launcher = start_and_wait_for_checkpoints(job, run_dir)  # cut worker 1 off once two checkpoints are out
     cut_worker = job.workers[1]
     cut_worker.set_link(False)
     cut_at = time.time()
@@ -243,13 +248,7 @@ def test_a_host_cut_off_from_the_launcher_but_not_from_the_store_ends_fenced(clu
     run_dir = host_path(cluster, config["run_uri"])
     run = LocalFolderStore(str(run_dir))
     job = mpijob(config, attempt=1)
-    job.start_workers()
-    launcher = job.start_launcher()
-    deadline = time.monotonic() + 300
-    while _newest_checkpoint_step(run_dir) < 2 * CHECKPOINT_EVERY:
-        assert launcher.poll() is None, f"the job ended too soon:\n{tail(job.launcher_log.read_text())}"
-        assert time.monotonic() < deadline, tail(job.launcher_log.read_text())
-        time.sleep(0.2)
+    start_and_wait_for_checkpoints(job, run_dir)
     dark = job.workers[0]  # rank 0's host
     frozen = dark.pids()
     for pid in frozen:
