@@ -30,7 +30,11 @@ MAX_SWEEPS = 50
 
 def _prctl(option: int, value: Any) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(option, value, 0, 0, 0) != 0:
+    # prctl is variadic and reads unsigned longs: a plain int could arrive with garbage in its upper half.
+    if isinstance(value, int):
+        value = ctypes.c_ulong(value)
+    zero = ctypes.c_ulong(0)
+    if libc.prctl(ctypes.c_int(option), value, zero, zero, zero) != 0:
         errno = ctypes.get_errno()
         raise TrackingUnavailable(f"prctl({option}) failed: {os.strerror(errno)}")
 

@@ -2,7 +2,7 @@
 import pytest
 
 from ringflow.training.backends.processes import cgroup, tracking
-from ringflow.training.backends.processes.subreaper import ProcessTree
+from ringflow.training.backends.processes.subreaper import ProcessTree, is_subreaper
 from ringflow.training.backends.processes.tracker import TrackingUnavailable
 
 
@@ -35,9 +35,11 @@ def test_a_forced_mode_that_cannot_work_says_why_and_what_to_do(monkeypatch):
 def test_auto_falls_back_to_a_subreaper_tree_where_no_cgroup_can_be_made(monkeypatch):
     for kind in (cgroup.CgroupV2, cgroup.CgroupV1Freezer):
         monkeypatch.setattr(kind, "home", classmethod(unavailable))
+    was = is_subreaper()
     with tracking.start_tracking("job") as tracker:
-        assert isinstance(tracker, ProcessTree)
+        assert isinstance(tracker, ProcessTree) and is_subreaper()
         record = tracker.record()
+    assert is_subreaper() == was  # the owner's own flag is put back
     assert tracking.reopen(record).record() == record
 
 
