@@ -209,7 +209,8 @@ def test_pipeline_script_promotes_through_s3_with_the_connection_only(s3_server_
         assert not list(where.glob("s3*")), list(where.glob("s3*"))
     job_dirs = list(jobs.iterdir())
     assert len(job_dirs) == 1, job_dirs
-    assert {p.name for p in job_dirs[0].iterdir()} <= {"job.json", "labels.json", "output.log", "pid", "exit_code"}
+    assert {p.name for p in job_dirs[0].iterdir()} <= {"job.json", "labels.json", "output.log", "pid", "exit_code",
+                                                        "processes.json"}
     # The job's spec holds URIs only; its keys came in its environment, from the connection.
     job = json.loads((job_dirs[0] / "job.json").read_text())
     assert job["run_uri"] == pointer["run_uri"] and job["manifest_uri"].startswith(f"s3://{bucket}/")
