@@ -23,6 +23,7 @@ test-fast: setup
 bench: setup
 	$(PY) bench/throughput.py
 	$(PY) bench/health_overhead.py
+	$(PY) bench/bind_cores.py
 	$(PY) bench/shard_throughput.py
 	$(PY) bench/promotion.py
 	$(PY) bench/orchestration_overhead.py

@@ -77,11 +77,12 @@ def run_job(root: Path, index: int, steps: int, block: int, health: dict, engine
            "engine": engine}
     cfg_path, out = root / f"run-{index}.json", root / f"blocks-{index}.json"
     cfg_path.write_text(json.dumps(cfg))
+    from ringflow.training.cores import TORCH_THREADS_ENV
     from ringflow.training.engines import ENGINE_ENV
     from ringflow.training.launcher import launch_command, rank_environment
 
     # one core per rank, as bench/throughput.py
-    env = rank_environment() | {"RINGFLOW_TORCH_THREADS": "1", ENGINE_ENV: engine}
+    env = rank_environment() | {TORCH_THREADS_ENV: "1", ENGINE_ENV: engine}
 
     command = launch_command(engine, str(cfg_path), 2)
     last_m = len(command) - 1 - command[::-1].index("-m")  # torchrun's own `-m torch.distributed.run` comes first

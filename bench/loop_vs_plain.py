@@ -33,15 +33,28 @@ WARMUP_STEPS = 20
 RF_ON, RF_OFF, PLAIN = "ringflow, health on", "ringflow, health off", "plain"
 
 
-def alternating(plain, block: int):
+class HealthSwitch:
+    """What alternates between ringflow's blocks here: health monitoring, on first, then off, on, ..."""
+
+    def attach(self, trainer) -> None:
+        self.health = trainer.health  # the Trainer's HealthMonitoring
+
+    def kinds(self) -> tuple[str, str]:
+        """The kinds of the ringflow block now ending and of the plain block that follows it."""
+        return RF_ON if self.health.enabled else RF_OFF, PLAIN
+
+    def flip(self) -> None:
+        self.health.enabled = not self.health.enabled
+
+
+def alternating(plain, block: int, switch):
     """A callback on the Trainer's loop: at every `block`-th step it closes the ringflow block, runs a timed
-    block of the plain loop, and switches health monitoring for the next ringflow block (on, off, on, ...).
+    block of the plain loop, and flips `switch` (HealthSwitch, or another bench's) for the next pair.
     Every rank switches at the same step, so the monitor's gathers stay matched."""
     from ringflow.training.callbacks.base import Callback
 
     class Alternating(Callback):
         def __init__(self):
-            self.health = None  # the Trainer's HealthMonitoring, set once the Trainer is built
             self.blocks: list[tuple[str, float, float]] = []  # (kind, wall seconds, this process's CPU seconds)
             self.started: tuple[float, float] | None = None
 
@@ -49,21 +62,24 @@ def alternating(plain, block: int):
             if timing.step < WARMUP_STEPS or (timing.step - WARMUP_STEPS) % block:
                 return
             now = time.perf_counter(), time.process_time()
+            ringflow_kind, plain_kind = switch.kinds()
             if self.started is None:
                 plain.run(10)  # the plain loop's warm-up
             else:
-                self.blocks.append((RF_ON if self.health.enabled else RF_OFF, now[0] - self.started[0],
-                                    now[1] - self.started[1]))
-                self.health.enabled = not self.health.enabled
+                self.blocks.append((ringflow_kind, now[0] - self.started[0], now[1] - self.started[1]))
             started = time.perf_counter(), time.process_time()
             plain.run(block)
-            self.blocks.append((PLAIN, time.perf_counter() - started[0], time.process_time() - started[1]))
+            self.blocks.append((plain_kind, time.perf_counter() - started[0], time.process_time() - started[1]))
+            if self.started is not None:  # the first ringflow block runs as the plain one before it did
+                switch.flip()
             self.started = time.perf_counter(), time.process_time()
 
     return Alternating()
 
 
-def worker(config_path: str, block: int, out: str) -> None:
+def worker(config_path: str, block: int, out: str, switch=None) -> None:
+    """A rank's side: ringflow's Trainer with the alternating callback; rank 0 writes the blocks to `out`.
+    switch: made before the engine starts (HealthSwitch unless given)."""
     import torch
 
     from ringflow.training.config import load_job_config
@@ -71,6 +87,7 @@ def worker(config_path: str, block: int, out: str) -> None:
     from ringflow.training.worker import Trainer
     from peer_worker import plain_ddp, plain_horovod
 
+    switch = switch or HealthSwitch()
     cfg = load_job_config(config_path)
     engine = start_engine(cfg)  # the engine its launcher was chosen for
     threads = torch.get_num_threads()  # ringflow's choice for this rank; the plain loop runs under the same
@@ -79,9 +96,9 @@ def worker(config_path: str, block: int, out: str) -> None:
     else:
         plain = plain_ddp(engine.rank, engine.size, FEATURES, HIDDEN, BATCH)
     torch.set_num_threads(threads)
-    callback = alternating(plain, block)
+    callback = alternating(plain, block, switch)
     trainer = Trainer(cfg, engine, callbacks=[callback])
-    callback.health = trainer.health
+    switch.attach(trainer)
     try:
         if trainer.train() != 0:
             raise SystemExit("the training job failed")
@@ -107,31 +124,36 @@ def neighbours(blocks: list, kind: str, against: str, field: int = 1) -> list[fl
     return out
 
 
-def run_job(root: Path, engine: str, np_: int, steps: int, block: int, health: dict, env: dict) -> list:
+def run_job(root: Path, engine: str, np_: int, steps: int, block: int, health: dict, env: dict,
+            script: str = __file__, settings: dict | None = None) -> list:
+    """One job whose ranks run `script --worker CONFIG --block N --blocks-out FILE` (this file's worker, or
+    another bench's); settings: more top-level job config fields. Rank 0's blocks."""
     tag = f"{engine}-{np_}-{time.monotonic_ns()}"
     cfg = {"manifest_uri": str(root / f"shards{np_}" / "manifest.json"), "run_uri": str(root / f"run-{tag}"),
            "checkpoint": {"every_steps": 10**6}, "epochs": max(1, round(steps / (8192 // BATCH))),
            "batch_size": BATCH, "learning_rate": LEARNING_RATE, "model": {"hidden": HIDDEN}, "log_every_steps": 10**6, "health": health,
-           "engine": engine}
+           "engine": engine, **(settings or {})}
     cfg_path, out = root / f"{tag}.json", root / f"blocks-{tag}.json"
     cfg_path.write_text(json.dumps(cfg))
-    # The rank runs this file instead of `-m ringflow.training`, under the same launcher and settings.
-    command = rank_script_command(engine, str(cfg_path), np_, str(Path(__file__).resolve()),
+    # The rank runs the script instead of `-m ringflow.training`, under the same launcher and settings.
+    command = rank_script_command(engine, str(cfg_path), np_, str(Path(script).resolve()),
                                   ["--worker", str(cfg_path), "--block", str(block), "--blocks-out", str(out)])
     from ringflow.training.engines import ENGINE_ENV
 
-    proc = subprocess.run(command, capture_output=True, text=True, env=env | {ENGINE_ENV: engine}, timeout=900)
+    proc = subprocess.run(command, capture_output=True, text=True, env=env | {ENGINE_ENV: engine}, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(proc.stdout[-3000:] + proc.stderr[-3000:])
     return [tuple(b) for b in json.loads(out.read_text())]
 
 
-def job_ratios(blocks: list) -> dict[str, list[float]]:
-    return {"ringflow_vs_plain": neighbours(blocks, RF_ON, PLAIN),
-            "ringflow_health_off_vs_plain": neighbours(blocks, RF_OFF, PLAIN),
-            "health_on_vs_off": neighbours(blocks, RF_ON, RF_OFF),
-            "ringflow_vs_plain_cpu": neighbours(blocks, RF_ON, PLAIN, 2),
-            "health_on_vs_off_cpu": neighbours(blocks, RF_ON, RF_OFF, 2)}
+# Each ratio: (kind, against, field) for neighbours().
+RATIOS = {"ringflow_vs_plain": (RF_ON, PLAIN, 1), "ringflow_health_off_vs_plain": (RF_OFF, PLAIN, 1),
+          "health_on_vs_off": (RF_ON, RF_OFF, 1), "ringflow_vs_plain_cpu": (RF_ON, PLAIN, 2),
+          "health_on_vs_off_cpu": (RF_ON, RF_OFF, 2)}
+
+
+def job_ratios(blocks: list, ratios: dict[str, tuple[str, str, int]] = RATIOS) -> dict[str, list[float]]:
+    return {name: neighbours(blocks, *pair) for name, pair in ratios.items()}
 
 
 def main() -> None:

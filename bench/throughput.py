@@ -4,7 +4,8 @@
    peers (plain Horovod+MPI, Horovod+Gloo, torch DDP+Gloo; bench/peer_worker.py) on the same model. Every
    peer runs with the settings ringflow's ranks run with (`environment()`: Open MPI's mpi_yield_when_idle,
    Horovod's fusion threshold and cycle time from ringflow's HorovodConfig, the launcher's rank
-   environment, one core per rank), so the ratios compare engines, not tuning. Interleaved repeats.
+   environment, one core per rank, the CPU binding ringflow's default bind_cores gives its ranks), so the
+   ratios compare engines, not tuning. Interleaved repeats.
 2. Each engine against a plain loop of its library, inside one job (bench/loop_vs_plain.py): ringflow's
    loop with health monitoring on (and off) in blocks alternating with the plain loop's, at np=1 and np=2.
    Separate jobs differ by ±10 % here; blocks side by side in one job see the same machine.
@@ -43,14 +44,18 @@ def environment() -> dict[str, str]:
     (a ringflow rank sets them itself from its config; a peer gets them here), one core per rank so np=1
     measures one core and np=2 can reach at most 2.0x."""
     from ringflow.training.config import HorovodConfig
+    from ringflow.training.cores import TORCH_THREADS_ENV
     from ringflow.training.launcher import rank_environment
 
-    return rank_environment() | HorovodConfig().environment() | {"RINGFLOW_TORCH_THREADS": "1"}
+    return rank_environment() | HorovodConfig().environment() | {TORCH_THREADS_ENV: "1"}
 
 
-def peer(framework: str, controller: str | None, np_: int, steps: int) -> float:
+def peer(framework: str, controller: str | None, np_: int, steps: int, bind_cores: str | bool | None = None) -> float:
+    """bind_cores: as a ringflow rank's config says (None: ringflow's default)."""
     worker = [PY, str(HERE / "peer_worker.py"), "--framework", framework, "--steps", str(steps),
               "--batch", str(BATCH), "--features", str(FEATURES), "--hidden", *map(str, HIDDEN)]
+    if bind_cores is not None:
+        worker += ["--bind-cores", json.dumps(bind_cores).strip('"')]
     if framework == "horovod":
         cmd = [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", f"--{controller}", *worker]
     else:
@@ -71,15 +76,17 @@ def shards(root: Path, np_: int) -> str:
 
 
 def ringflow(root: Path, np_: int, steps: int, engine: str, controller: str | None = None,
-             horovod: dict | None = None) -> float:
-    """samples/s after warm-up, as the job itself measured it (result.json), like the peers measure theirs."""
+             horovod: dict | None = None, settings: dict | None = None) -> float:
+    """samples/s after warm-up, as the job itself measured it (result.json), like the peers measure theirs.
+    settings: more top-level job config fields (e.g. bind_cores)."""
     from ringflow.training.launcher import DEFAULT_CONTROLLER
 
     run = root / f"run-{engine}-{np_}-{time.monotonic_ns()}"
     # One epoch is 8192 rows per rank; run as many epochs as reach `steps`.
     cfg = {"manifest_uri": str(root / f"shards{np_}" / "manifest.json"), "engine": engine,
            "run_uri": str(run), "checkpoint": {"every_steps": 10**6}, "epochs": max(1, round(steps / (8192 // BATCH))),
-           "batch_size": BATCH, "learning_rate": LEARNING_RATE, "model": {"hidden": HIDDEN}, "log_every_steps": 10**6, "horovod": horovod or {}}
+           "batch_size": BATCH, "learning_rate": LEARNING_RATE, "model": {"hidden": HIDDEN}, "log_every_steps": 10**6, "horovod": horovod or {},
+           **(settings or {})}
     cfg_path = root / f"{run.name}.json"
     cfg_path.write_text(json.dumps(cfg))
     out = subprocess.run([str(BIN / "ringflow"), "train", str(cfg_path), "--np", str(np_), "--engine", engine,
@@ -93,8 +100,22 @@ def ringflow(root: Path, np_: int, steps: int, engine: str, controller: str | No
     return read_result(LocalFolderStore(str(run))).samples_per_sec_after_warmup
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+def spread(values: list[float], digits: int = 2) -> str:
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+
+
+def shown_environment() -> dict[str, str]:
+    """The settings every job runs with that tune it (environment() less the inherited variables)."""
+    return {k: v for k, v in environment().items() if k.startswith(("OMPI_MCA", "HOROVOD", "RINGFLOW", "GLOO"))}
+
+
+def write_results(out: str, summary: dict, lines: list[str], echo: bool = True) -> None:
+    """bench/results/<out>.json and <out>.md, and (echo) the report on stdout."""
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / f"{out}.json").write_text(json.dumps(summary, indent=1))
+    (HERE / "results" / f"{out}.md").write_text("\n".join(lines) + "\n")
+    if echo:
+        print("\n".join(lines))
 
 
 def peer_table(root: Path, args) -> tuple[dict, list[str]]:
@@ -133,7 +154,7 @@ def peer_table(root: Path, args) -> tuple[dict, list[str]]:
              "np2_samples_per_sec": statistics.median(r[2]), "np1_runs": r[1], "np2_runs": r[2]}
             for name, r in rates.items()]
     lines = ["## The fair peer table (separate jobs, equal tuning)", "",
-             f"Every job runs with {json.dumps({k: v for k, v in environment().items() if k.startswith(('OMPI_MCA', 'HOROVOD', 'RINGFLOW', 'GLOO'))})}"
+             f"Every job runs with {json.dumps(shown_environment())}"
              f"; median of {args.repeats} interleaved repeats (min–max in brackets).", "",
              "| configuration | np=1 samples/s | np=2 samples/s | np=2 / np=1 |", "|---|---|---|---|"]
     for r in rows:
@@ -223,10 +244,7 @@ def main() -> None:
     if not args.skip_table:
         summary["peer_table"], more = peer_table(root, args)
         lines += more
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / f"{args.out}.json").write_text(json.dumps(summary, indent=1))
-    (HERE / "results" / f"{args.out}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, summary, lines)
 
 
 if __name__ == "__main__":
