@@ -29,6 +29,7 @@ bench: setup
 	$(PY) bench/orchestration_overhead.py
 	$(PY) bench/data_scaling.py
 	$(PY) bench/watcher_cost.py
+	$(PY) bench/data_memory.py  # last: it needs root (memory cgroups)
 
 # The GPU path in minutes where a GPU exists (one short job per engine; bench/results/gpu_check.md); without
 # one it says so and exits 0.
