@@ -66,12 +66,13 @@ class AsyncCheckpointWriter:
         self.blocked_seconds = 0.0  # the training thread's time in checkpoints: waits and snapshots
 
     def submit(self, step: int, take_state: Callable[[], TrainingState], meta: dict[str, Any],
-               final: bool = False) -> str:
+               final: bool = False, waited_before: float = 0.0) -> str:
         """Snapshot the state now and write it in the background; the checkpoint's name. Raises what the
-        previous write raised (a store that failed, a non-finite state)."""
+        previous write raised (a store that failed, a non-finite state). waited_before: the caller's own wait
+        for the previous write (every rank's, callbacks/checkpointing.py), counted as this one's wait."""
         started = time.perf_counter()
         self.wait()
-        waited = time.perf_counter() - started
+        waited = waited_before + time.perf_counter() - started
         state = take_state()
         snapshot = time.perf_counter() - started - waited
         self.blocked_seconds += waited + snapshot

@@ -9,7 +9,7 @@ Layout under a shard prefix:
 
 `manifest.json` (format "ringflow.shards/v3"):
 
-    {"format": "ringflow.shards/v2",
+    {"format": "ringflow.shards/v3",
      "fingerprint": "<sha256 of the dataset's content fingerprint and the sharding parameters>",
      "source": {"uri": "...", "sha256": "<datasets.ContentHash of the whole table>", "rows": 1797},
      "params": {"num_partitions": 2, "batch_size": 32, "seed": 0, "eval_fraction": 0.2, "row_group_rows": 4096},

@@ -8,6 +8,10 @@ import pathlib
 
 import pytest
 
+from ringflow.training.manifest import FORMAT
+from ringflow.training.run_folder import RunFolder
+from ringflow.training.store import LocalFolderStore
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 DAG_ID = "ringflow_images"
@@ -30,12 +34,13 @@ def test_images_train_through_the_custom_factory_and_are_promoted(airflow_db, im
 
     manifest_path, = (store / "shards" / "digits_images").glob("*/manifest.json")
     manifest = json.loads(manifest_path.read_text())
-    assert manifest["format"] == "ringflow.shards/v2"
+    assert manifest["format"] == FORMAT
     assert manifest["schema"]["columns"][0] == {"name": "image", "shape": [1, 8, 8], "dtype": "float32"}
 
     pointer = json.loads((store / "models" / "digits-cnn" / "production.json").read_text())
     assert pointer["version"] == 1 and pointer["metrics"]["accuracy"] > 0.5
     run = pathlib.Path(pointer["run_uri"])
-    checkpoint_meta = json.loads(next(run.glob("checkpoints/*/MANIFEST.json")).read_text())["meta"]
+    published = RunFolder(LocalFolderStore(str(run))).checkpoints()
+    checkpoint_meta = published.read_manifest(published.names()[0]).meta
     assert checkpoint_meta["model"]["factory"] == "ringflow.training.models:conv_net"
     assert checkpoint_meta["schema"]["input_shape"] == [1, 8, 8]

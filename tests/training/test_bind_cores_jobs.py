@@ -49,7 +49,6 @@ def with_tests_on_path() -> dict[str, str]:
 @pytest.mark.parametrize("engine, controller, bind_cores", [
     ("horovod", "gloo", True),
     ("ddp", None, True),
-    ("horovod", "mpi", False),
     ("horovod", "mpi", "auto"),  # the default: bound where the job has CPUs of its own (not on a whole host)
 ])
 def test_each_rank_on_its_own_cpus_or_on_all(jobs, tmp_path, monkeypatch, engine, controller, bind_cores):

@@ -6,6 +6,7 @@ import torch
 
 from ringflow.training import exit_codes
 from ringflow.training.health.heartbeat import read_heartbeat
+from ringflow.training.run_folder import RunFolder
 from ringflow.training.store import LocalFolderStore
 
 pytestmark = pytest.mark.slow
@@ -71,5 +72,5 @@ def test_hang_is_stalled(jobs, engine):
     assert verdict["status"] == "STALLED" and verdict["evidence"]["last_step"] == 4
     assert verdict["evidence"]["seconds"] > verdict["evidence"]["limit"] == 4
     # The heartbeat went on while the loop hung, and said so: no progress after step 4.
-    heartbeat = read_heartbeat(LocalFolderStore(jobs.config(f"hang-{engine}")["run_uri"]))
+    heartbeat = read_heartbeat(RunFolder(LocalFolderStore(jobs.config(f"hang-{engine}")["run_uri"])).current_store())
     assert heartbeat.step == 4 and heartbeat.state == "running" and heartbeat.seq >= 3

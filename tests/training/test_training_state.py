@@ -105,10 +105,13 @@ def test_resume_refuses_a_planted_checkpoint_whose_manifest_was_fixed_up(jobs, t
     """The attack from the issue: a state.pt that runs a shell command, MANIFEST sha256 made to match."""
     cfg = jobs.config("planted", epochs=1)
     assert jobs.run(cfg)[0] == 0
-    checkpoints = CheckpointStore(LocalFolderStore(cfg["run_uri"]), keep_last=None)
-    newest = checkpoints.latest_valid()
+    published = jobs.checkpoints(cfg)
+    newest = published.latest_valid()
+    # Planted in place of the newest published checkpoint (run.json names it, so the resume loads it).
+    name = published.names()[0]
+    checkpoints = CheckpointStore(LocalFolderStore(cfg["run_uri"]), prefix=published.prefix_of(name), keep_last=None)
     marker = tmp_path / "pwned"
-    checkpoints.save(newest.step + 1, {STATE_FILE: _planted_state(marker)}, dict(newest.manifest.meta))
+    assert checkpoints.save(newest.step, {STATE_FILE: _planted_state(marker)}, dict(newest.manifest.meta)) == name
     cfg["epochs"] = 2
     code, out = jobs.run(cfg)
     assert code != 0, out

@@ -15,6 +15,8 @@ ranks would sit in the next step's all-reduce, silent, and call a slow upload a 
 """
 from __future__ import annotations
 
+import time
+
 from typing import Any, Mapping
 
 import torch
@@ -24,7 +26,6 @@ from ringflow.training.callbacks.base import Callback
 from ringflow.training.checkpoint_writer import AsyncCheckpointWriter, NonFiniteState
 from ringflow.training.checkpoint import checkpoint_name
 from ringflow.training.health.progress import Progress
-from ringflow.training.health.store_ops import StoreOp
 from ringflow.training.health.verdict import NONFINITE, Verdict, store_unavailable
 from ringflow.training.store.base import StoreConfigError, StoreUnavailable
 from ringflow.training.training_state import TrainingState
@@ -75,10 +76,13 @@ class Checkpointing(Callback):
     def on_step_end(self, loop, timing) -> Verdict | None:
         if not self.due(timing.step):
             return None
-        return self._previous_written(loop) or self._save(loop)
+        started = time.perf_counter()
+        return self._previous_written(loop) or self._save(loop, waited=time.perf_counter() - started)
 
     def on_train_end(self, loop) -> Verdict | None:
-        verdict = self._previous_written(loop) or self._save(loop, final=True) or self._wait_alone()
+        started = time.perf_counter()
+        verdict = (self._previous_written(loop) or self._save(loop, final=True, waited=time.perf_counter() - started)
+                   or self._wait_alone())
         if verdict is not None:  # the final checkpoint is complete before anyone reports it, or there is none
             self.final = None
         return verdict
@@ -87,18 +91,19 @@ class Checkpointing(Callback):
         """Every rank: return once rank 0's previous upload is done (None), or with the verdict it failed on."""
         if self._size == 1:
             return self._wait_alone()
-        mirror = StoreOp("rank 0's upload of the last checkpoint", self._store_uri)
-        seen = 0
-        with self._progress.waiting(mirror):  # rank 0 waits for its writer; the others in the allgather
-            while True:
-                word, moved = self._rank0_word()
-                row = loop.engine.allgather(torch.tensor([[float(word), float(moved)]], dtype=torch.float64),
-                                            name="ringflow.checkpoint_wait")[0]
-                word, moved = int(row[0]), int(row[1])
-                if word != UPLOADING:
-                    break
-                mirror.moved(max(0, moved - seen))  # rank 0's bytes moving: a slow store, not silence
-                seen = moved
+        # Rank 0 waits up to a round for its writer, as a wait for the store (the writer's wait_for); every rank
+        # then exchanges rank 0's word. The exchange is not a wait for the store: a peer that never comes to it
+        # (frozen, its host gone) is silence, judged by stall_seconds, whatever the store does. Each round
+        # that goes through while rank 0 still uploads is a sign of life on every rank; a store that moves
+        # nothing for store_timeout_seconds is rank 0's finding (STORE_UNAVAILABLE), and it stops the job.
+        while True:
+            word, moved = self._rank0_word()
+            row = loop.engine.allgather(torch.tensor([[float(word), float(moved)]], dtype=torch.float64),
+                                        name="ringflow.checkpoint_wait")[0]
+            word = int(row[0])
+            if word != UPLOADING:
+                break
+            self._progress.alive()
         if word == DONE:
             return None
         if self._writer is not None:
@@ -127,8 +132,9 @@ class Checkpointing(Callback):
             return DONE, self._writer.in_flight_bytes
         return exit_codes.for_verdict(self._verdict(failure).status), self._writer.in_flight_bytes
 
-    def _save(self, loop, final: bool = False) -> Verdict | None:
-        """Take the checkpoint (rank 0 hands it to the writer); its name on every rank."""
+    def _save(self, loop, final: bool = False, waited: float = 0.0) -> Verdict | None:
+        """Take the checkpoint (rank 0 hands it to the writer); its name on every rank. waited: how long every
+        rank waited for the previous upload (_previous_written), recorded with this checkpoint."""
         if self._writer is None:
             if final:
                 self.final = checkpoint_name(loop.step)
@@ -139,7 +145,7 @@ class Checkpointing(Callback):
             callback.before_checkpoint(loop, meta, final)
         try:
             name = self._writer.submit(loop.step, lambda: training_state(loop).host_copy(self._pin_memory), meta,
-                                       final)
+                                       final, waited_before=waited)
         except Exception as exc:  # noqa: BLE001 - what the previous write raised
             return self._verdict(exc)
         for callback in loop.callbacks:

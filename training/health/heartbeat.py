@@ -36,7 +36,9 @@ RUNNING, ENDED = "running", "ended"
 # Rank 0 prints this line when an attempt begins, so a watcher learns from the job's own log which
 # attempt it is watching (an Airflow retry runs in the same run folder as the attempts before it).
 ATTEMPT_LINE = "[ringflow] attempt {attempt}"
-_ATTEMPT_RE = re.compile(r"\[ringflow\] attempt ([0-9A-Za-z_.-]+)\s*$")
+# mpirun's --tag-output prefixes a line with its rank's tag, and Open MPI 4.1 repeats the tag after a line
+# that a process flushed on its own ("[1,0]<stdout>:[ringflow] attempt X[1,0]<stdout>:").
+_ATTEMPT_RE = re.compile(r"\[ringflow\] attempt ([0-9A-Za-z_.-]+)(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*$")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -68,6 +68,12 @@ class Progress:
                 self._done[unit] = self._done.get(unit, 0) + amount
             self._moved()
 
+    def alive(self) -> None:
+        """A sign of life that is neither a step nor start-up: a round of the checkpoint wait went through
+        (callbacks/checkpointing.py), so every rank answered and rank 0's upload goes on."""
+        with self._lock:
+            self._moved()
+
     @contextlib.contextmanager
     def waiting(self, op: StoreOp) -> Iterator[StoreOp]:
         """The training thread blocks on `op` inside this block: not silence, the store's time."""

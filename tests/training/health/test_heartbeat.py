@@ -52,6 +52,7 @@ def test_attempt_line_is_found_in_launcher_output():
     line = ATTEMPT_LINE.format(attempt="9f3c0d")
     assert attempt_in_log(line) == "9f3c0d"
     assert attempt_in_log(f"[1,0]<stdout>:{line}") == "9f3c0d"
+    assert attempt_in_log(f"[1,0]<stdout>:{line}[1,0]<stdout>:") == "9f3c0d"  # Open MPI 4.1's repeated tag
     assert attempt_in_log("[ringflow] attempting nothing") is None
 
 

@@ -16,6 +16,7 @@ back (`spawn`), so it is never a member of the set it stops.
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -156,6 +157,10 @@ class Cgroup(ProcessTracker):
                 pids.update(int(line) for line in _read(os.path.join(folder, "cgroup.procs")).split())
             except FileNotFoundError:
                 continue
+            except OSError as exc:  # ENODEV: removed (released) while we read it, so it has no members
+                if exc.errno != errno.ENODEV:
+                    raise
+                continue
         found = (proc.read(pid) for pid in sorted(pids))
         return [p for p in found if p is not None and not p.ended]
 
@@ -188,6 +193,9 @@ class CgroupV2(Cgroup):
             _write(os.path.join(self.path, "cgroup.kill"), "1")
         except FileNotFoundError:
             pass  # already removed: nothing in it
+        except OSError as exc:  # ENODEV: being removed, so nothing in it
+            if exc.errno != errno.ENODEV:
+                raise
 
 
 class CgroupV1Freezer(Cgroup):
@@ -208,4 +216,14 @@ class CgroupV1Freezer(Cgroup):
             for member in self.members():
                 proc.send(member, signal.SIGKILL)
         finally:
-            _write(state, "THAWED")  # a frozen task acts on its SIGKILL only once thawed
+            # A frozen task acts on its SIGKILL only once thawed. Every cgroup below is thawed too: a nested
+            # owner (`ringflow train` under the supervisor) killed while it stopped its own cgroup leaves that
+            # one FROZEN by its own state, which thawing this one does not undo, and its members in D.
+            for folder in reversed(self.folders()):
+                try:
+                    _write(os.path.join(folder, "freezer.state"), "THAWED")
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    if exc.errno != errno.ENODEV:
+                        raise

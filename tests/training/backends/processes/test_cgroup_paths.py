@@ -47,3 +47,23 @@ def test_own_cgroup(cgroups, version, controller, expected):
 ])
 def test_cgroup_dir(mount, root, path, expected):
     assert cgroup_dir(mount, root, path) == expected
+
+
+def test_a_cgroup_removed_while_its_members_are_read_has_none(tmp_path, monkeypatch):
+    """cgroup v2 answers a read of a removed cgroup's cgroup.procs with ENODEV (the supervisor released
+    it as the job ended): no members, not an error for whoever asked for the job's status."""
+    import errno
+
+    from ringflow.training.backends.processes import cgroup
+
+    (tmp_path / "child").mkdir()
+    real_read = cgroup._read
+
+    def read(path: str) -> str:
+        if "child" in path:
+            raise OSError(errno.ENODEV, "No such device")
+        return real_read(path)
+
+    (tmp_path / "cgroup.procs").write_text("")
+    monkeypatch.setattr(cgroup, "_read", read)
+    assert cgroup.CgroupV2(str(tmp_path)).members() == []
