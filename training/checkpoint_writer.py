@@ -73,8 +73,9 @@ class AsyncCheckpointWriter:
         started = time.perf_counter()
         self.wait()
         waited = waited_before + time.perf_counter() - started
+        started = time.perf_counter()
         state = take_state()
-        snapshot = time.perf_counter() - started - waited
+        snapshot = time.perf_counter() - started
         self.blocked_seconds += waited + snapshot
         name = checkpoint_name(step)
         self._op = StoreOp(f"upload of checkpoint {name}", self._checkpoints.store.uri)

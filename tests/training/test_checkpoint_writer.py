@@ -121,3 +121,15 @@ def test_a_write_cut_short_leaves_the_previous_checkpoint_the_newest_valid(tmp_p
     with pytest.raises(KeyboardInterrupt):
         writer.wait()
     assert checkpoints.latest_valid().step == 4
+
+
+def test_every_ranks_wait_for_the_previous_upload_is_recorded_with_the_checkpoint(tmp_path):
+    """The wait in the checkpoint callback's rounds (all ranks, before submit) is this checkpoint's wait: in
+    its record and in the training thread's checkpoint time; the snapshot's time is its own."""
+    written = []
+    writer = AsyncCheckpointWriter(CheckpointStore(LocalFolderStore(tmp_path)), Progress(), on_written=written.append)
+    writer.submit(4, lambda: (time.sleep(0.05), state(4))[1], {}, waited_before=2.5)
+    writer.wait()
+    (record,) = written
+    assert 2.5 <= record.waited_seconds < 2.6 and 0.05 <= record.snapshot_seconds < 1.0
+    assert writer.blocked_seconds >= 2.55

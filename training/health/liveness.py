@@ -42,11 +42,13 @@ def judged_in_job(reading: ProgressReading, stall_seconds: float, store_timeout_
 
 def judged_outside(beat: Heartbeat | None, now: float, interval: float, stall_seconds: float,
                    store_timeout_seconds: float, watching_since: float, store_slow_seconds: float,
-                   store_uri: str) -> Verdict | None:
+                   store_uri: str, records_step: int | None = None) -> Verdict | None:
     """The watcher's verdict on the attempt whose last heartbeat is `beat` (None: none yet, counted from
     `watching_since`, when the watcher saw the job running); None while it is alive or once it has ended.
     store_slow_seconds: how long the watcher's own access to the run folder's store has been slow (its
-    reads this poll, its probe write in flight or just finished); 0 when the store answers at once."""
+    reads this poll, its probe write in flight or just finished); 0 when the store answers at once.
+    records_step: the last step the attempt's health records show: a late beat written during start-up
+    (rank 0 went silent between two beats, after its first step) is judged as training, not start-up."""
     if beat is not None and beat.state == ENDED:
         return None
     late = now - (beat.time if beat is not None else watching_since)
@@ -72,9 +74,10 @@ def judged_outside(beat: Heartbeat | None, now: float, interval: float, stall_se
     # The store answers at once and rank 0 says nothing: silence since its last word (a wait for the
     # store it reported then is not silence, but nothing since is).
     silent = late if beat.waiting is not None else beat.silent_seconds + late
-    return stalled(silent, _limit(beat, stall_seconds), beat.step,
+    step = beat.step if beat.step is not None else records_step
+    return stalled(silent, stall_limit(stall_seconds, step is None), step,
                    f"the watcher: no heartbeat for {late:.0f}s (due every {interval:g}s)",
-                   phase=beat.phase if beat.step is None else None)
+                   phase=beat.phase if step is None else None)
 
 
 def _limit(beat: Heartbeat, stall_seconds: float) -> float:

@@ -174,6 +174,11 @@ class HealthJudge:
     def verdict(self) -> Verdict:
         return self.fatal() or _window_verdict(list(self._window), self._steps, self.cfg)
 
+    @property
+    def last_step(self) -> int | None:
+        """The last step the attempt's step records show (None before its first)."""
+        return self._window[-1]["step"] if self._window else None
+
 
 def thresholds(records: Iterable[Mapping[str, Any]]) -> HealthConfig | None:
     """The HealthConfig the attempt that started last ran with (its `start` record), or None for a run

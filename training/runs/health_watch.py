@@ -82,7 +82,8 @@ class HealthWatch:
             if now - (beat.time if beat is not None else since) > LATE_AFTER_INTERVALS * interval:
                 self._probe.probe()  # late: is it the store? (its answer counts from the next poll on)
             stall = judged_outside(beat, now, interval, self.cfg.stall_seconds, self.cfg.store_timeout_seconds,
-                                   since, self._probe.slow_seconds(), self._store.uri)
+                                   since, self._probe.slow_seconds(), self._store.uri,
+                                   records_step=self._judge.last_step if own else None)
             if stall:
                 return self._dict(stall)
         return self._dict(verdict) if verdict is not None else None

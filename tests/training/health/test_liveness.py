@@ -103,3 +103,15 @@ def test_a_live_job_is_never_silent_between_health_records():
     for t in range(0, 300, 5):
         assert judged_outside(beat(1000.0 + t, t % 20), 1000.0 + t + 2, INTERVAL, 60, STORE_TIMEOUT, 1000.0, 0.0,
                               "s3://b/run") is None
+
+
+@pytest.mark.parametrize("records_step, expected", [
+    (None, None),  # no step recorded: still start-up, STARTUP_SECONDS
+    (35, ("STALLED", {"last_step": 35, "limit": STALL})),  # the records show training: stall_seconds
+])
+def test_a_late_beat_from_start_up_is_judged_by_what_the_records_show(records_step, expected):
+    """Rank 0 beat while it fetched, trained 35 steps and froze before its next beat: its records say it is
+    past start-up, so the silence is judged against stall_seconds, not the start-up allowance."""
+    last = beat(1000.0, 1.0, step=None, phase=FETCH)
+    check(judged_outside(last, 1000.0 + STALL + 5, INTERVAL, STALL, STORE_TIMEOUT, 1000.0, 0.0, "s3://b/run",
+                         records_step=records_step), expected)
