@@ -4,11 +4,18 @@ Separate jobs differ by ±10 % or more from run to run on a shared machine, more
 resolve. So each rank of one job (launched as ringflow launches it: horovodrun or torchrun, ringflow's
 settings) runs ringflow's own Trainer, and a callback on its loop, every `block` steps, runs `block` steps of
 the plain loop (bench/peer_worker.PlainLoop: its own model, optimizer and in-memory rows, the same library
-underneath). ringflow's blocks alternate health monitoring on and off. Each ringflow block is compared with
-the plain blocks on either side, each health-on block with the health-off blocks on either side: a machine
-that speeds up or slows down during the job cancels out.
+underneath, and no checkpoint ever). ringflow's blocks take three settings in turn: its defaults
+(checkpoints every 50 steps into the local run folder, health monitoring on, a log line every 10 steps),
+checkpoints off, and checkpoints and health monitoring off. Each ringflow block is compared with the plain
+blocks on either side, and with the nearest blocks of the other settings: a machine that speeds up or slows
+down during the job cancels out.
 
-    .venv/bin/python bench/loop_vs_plain.py --engine horovod|ddp --np 1|2 [--steps 1600] [--block 100]
+Blocks start at multiples of 50 steps (the default checkpoint interval): a block at the defaults takes its
+checkpoint at its first step, after the plain block before it, so the snapshot and the background upload
+fall in it. The three settings in turn, with Python's collections every 100 steps (every other block), give
+each setting its share of collections.
+
+    .venv/bin/python bench/loop_vs_plain.py --engine horovod|ddp --np 1|2 [--steps 1600] [--block 50]
 
 prints one JSON document: the blocks and the ratios. bench/throughput.py runs it and reports.
 """
@@ -25,18 +32,28 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from checkpoint_gate import gate_checkpoints  # noqa: E402
 from peer_worker import LEARNING_RATE  # noqa: E402  (the plain loop's, given to ringflow's job too)
-from rank_script import rank_script_command  # noqa: E402
+from rank_script import rank_script_command, train_and_report  # noqa: E402
 
 FEATURES, HIDDEN, BATCH = 128, [256, 256], 256
-WARMUP_STEPS = 20
-RF_ON, RF_OFF, PLAIN = "ringflow, health on", "ringflow, health off", "plain"
+WARMUP_STEPS = 50  # ringflow at its defaults, then the blocks; a multiple of the checkpoint interval
+RF_DEFAULTS, RF_NO_CHECKPOINTS, RF_BARE, PLAIN = ("ringflow at defaults", "ringflow, checkpoints off",
+                                                  "ringflow, checkpoints and health off", "plain")
+RINGFLOW_SETTINGS = (RF_DEFAULTS, RF_NO_CHECKPOINTS, RF_BARE)  # in turn, block by block
+
+
+def setting_at(step: int, block: int) -> str:
+    """The ringflow setting of the block that starts at `step` (its defaults in the warm-up)."""
+    if step < WARMUP_STEPS:
+        return RF_DEFAULTS
+    return RINGFLOW_SETTINGS[(step - WARMUP_STEPS) // block % len(RINGFLOW_SETTINGS)]
 
 
 def alternating(plain, block: int):
     """A callback on the Trainer's loop: at every `block`-th step it closes the ringflow block, runs a timed
-    block of the plain loop, and switches health monitoring for the next ringflow block (on, off, on, ...).
-    Every rank switches at the same step, so the monitor's gathers stay matched."""
+    block of the plain loop, and sets health monitoring for the next ringflow block (checkpoint_gate sets
+    its checkpoints). Every rank switches at the same step, so the monitor's gathers stay matched."""
     from ringflow.training.callbacks.base import Callback
 
     class Alternating(Callback):
@@ -52,9 +69,9 @@ def alternating(plain, block: int):
             if self.started is None:
                 plain.run(10)  # the plain loop's warm-up
             else:
-                self.blocks.append((RF_ON if self.health.enabled else RF_OFF, now[0] - self.started[0],
+                self.blocks.append((setting_at(timing.step - block, block), now[0] - self.started[0],
                                     now[1] - self.started[1]))
-                self.health.enabled = not self.health.enabled
+            self.health.enabled = setting_at(timing.step, block) != RF_BARE
             started = time.perf_counter(), time.process_time()
             plain.run(block)
             self.blocks.append((PLAIN, time.perf_counter() - started[0], time.process_time() - started[1]))
@@ -82,19 +99,15 @@ def worker(config_path: str, block: int, out: str) -> None:
     callback = alternating(plain, block)
     trainer = Trainer(cfg, engine, callbacks=[callback])
     callback.health = trainer.health
-    try:
-        if trainer.train() != 0:
-            raise SystemExit("the training job failed")
-    finally:
-        engine.shutdown()
-    if engine.rank == 0:
-        Path(out).write_text(json.dumps(callback.blocks))
+    gate_checkpoints(trainer, lambda step: setting_at(step, block) == RF_DEFAULTS)
+    train_and_report(trainer, engine, out, lambda: callback.blocks)
 
 
 def neighbours(blocks: list, kind: str, against: str, field: int = 1) -> list[float]:
     """For each `kind` block, the mean time of the nearest `against` block before and after it, over its
-    own time: the throughput of `kind` relative to `against` under the same load. field 1: wall-clock
-    time; 2: the process's CPU time, which a core taken by other work does not lengthen."""
+    own time: the throughput of `kind` relative to `against` under the same load. field: which of the
+    block's times (1: wall-clock time; 2: the process's CPU time, which a core taken by other work does not
+    lengthen; a benchmark may record more)."""
     out = []
     for i, block in enumerate(blocks):
         k, t = block[0], block[field]
@@ -107,12 +120,15 @@ def neighbours(blocks: list, kind: str, against: str, field: int = 1) -> list[fl
     return out
 
 
-def run_job(root: Path, engine: str, np_: int, steps: int, block: int, health: dict, env: dict) -> list:
+def run_job(root: Path, engine: str, np_: int, steps: int, block: int, env: dict) -> list:
+    if block % 50:
+        raise ValueError(f"block {block}: use a multiple of the default checkpoint interval, 50 steps")
     tag = f"{engine}-{np_}-{time.monotonic_ns()}"
+    # ringflow's defaults (checkpoints, health, logging) but for the model, its batch and learning rate (the
+    # plain loop's) and the epochs that make `steps`.
     cfg = {"manifest_uri": str(root / f"shards{np_}" / "manifest.json"), "run_uri": str(root / f"run-{tag}"),
-           "checkpoint": {"every_steps": 10**6}, "epochs": max(1, round(steps / (8192 // BATCH))),
-           "batch_size": BATCH, "learning_rate": LEARNING_RATE, "model": {"hidden": HIDDEN}, "log_every_steps": 10**6, "health": health,
-           "engine": engine}
+           "epochs": max(1, round(steps / (8192 // BATCH))), "batch_size": BATCH, "learning_rate": LEARNING_RATE,
+           "model": {"hidden": HIDDEN}, "engine": engine}
     cfg_path, out = root / f"{tag}.json", root / f"blocks-{tag}.json"
     cfg_path.write_text(json.dumps(cfg))
     # The rank runs this file instead of `-m ringflow.training`, under the same launcher and settings.
@@ -127,11 +143,17 @@ def run_job(root: Path, engine: str, np_: int, steps: int, block: int, health: d
 
 
 def job_ratios(blocks: list) -> dict[str, list[float]]:
-    return {"ringflow_vs_plain": neighbours(blocks, RF_ON, PLAIN),
-            "ringflow_health_off_vs_plain": neighbours(blocks, RF_OFF, PLAIN),
-            "health_on_vs_off": neighbours(blocks, RF_ON, RF_OFF),
-            "ringflow_vs_plain_cpu": neighbours(blocks, RF_ON, PLAIN, 2),
-            "health_on_vs_off_cpu": neighbours(blocks, RF_ON, RF_OFF, 2)}
+    """Throughput ratios, block by block against its neighbours (wall time, and `_cpu`: the process's CPU
+    time per step, the other's over this one's)."""
+    return {"defaults_vs_plain": neighbours(blocks, RF_DEFAULTS, PLAIN),
+            "defaults_vs_plain_cpu": neighbours(blocks, RF_DEFAULTS, PLAIN, 2),
+            "checkpoints_off_vs_plain": neighbours(blocks, RF_NO_CHECKPOINTS, PLAIN),
+            "checkpoints_off_vs_plain_cpu": neighbours(blocks, RF_NO_CHECKPOINTS, PLAIN, 2),
+            "bare_vs_plain": neighbours(blocks, RF_BARE, PLAIN),
+            "checkpoints_on_vs_off": neighbours(blocks, RF_DEFAULTS, RF_NO_CHECKPOINTS),
+            "checkpoints_on_vs_off_cpu": neighbours(blocks, RF_DEFAULTS, RF_NO_CHECKPOINTS, 2),
+            "health_on_vs_off": neighbours(blocks, RF_NO_CHECKPOINTS, RF_BARE),
+            "health_on_vs_off_cpu": neighbours(blocks, RF_NO_CHECKPOINTS, RF_BARE, 2)}
 
 
 def main() -> None:
@@ -140,7 +162,8 @@ def main() -> None:
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--steps", type=int, default=1600)
     p.add_argument("--block", type=int, default=50,
-                   help="steps per block; at least checksum_every_steps, so every health-on block holds a checksum")
+                   help="steps per block: a multiple of the checkpoint interval (50), and at least "
+                        "checksum_every_steps, so every block with health on holds a checksum")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--blocks-out", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -150,7 +173,7 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="ringflow-loop-bench-"))
     shards(root, args.np)
-    blocks = run_job(root, args.engine, args.np, args.steps, args.block, {}, environment())
+    blocks = run_job(root, args.engine, args.np, args.steps, args.block, environment())
     ratios = job_ratios(blocks)
     print(json.dumps({"blocks": blocks, **{k: statistics.median(v) for k, v in ratios.items()}}, indent=1))
 
