@@ -26,11 +26,13 @@ bench: setup
 	$(PY) bench/health_overhead.py --engine ddp --out health_overhead-ddp
 	$(PY) bench/checkpoint_overhead.py
 	$(PY) bench/checkpoint_profile.py
+	$(PY) bench/bind_cores.py
 	$(PY) bench/shard_throughput.py
 	$(PY) bench/promotion.py
 	$(PY) bench/orchestration_overhead.py
 	$(PY) bench/data_scaling.py
 	$(PY) bench/watcher_cost.py
+	$(PY) bench/data_memory.py  # last: it needs root (memory cgroups)
 
 # The GPU path in minutes where a GPU exists (one short job per engine; bench/results/gpu_check.md); without
 # one it says so and exits 0.

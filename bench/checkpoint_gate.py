@@ -12,6 +12,13 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ringflow.training.config import CheckpointConfig
+
+DEFAULT_INTERVAL = CheckpointConfig().every_steps  # steps between checkpoints at ringflow's defaults
+# A checkpoint interval no bench job reaches: checkpoints off (the final checkpoint is written after the timed
+# steps, as a peer's script would save its model).
+CHECKPOINTS_OFF = {"checkpoint": {"every_steps": 10**6}}
+
 
 def gate_checkpoints(trainer, on_at: Callable[[int], bool]):
     """Put a gate in place of `trainer.checkpointing` on its loop (before `trainer.train()`): a checkpoint

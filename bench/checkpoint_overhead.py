@@ -33,14 +33,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from checkpoint_gate import gate_checkpoints  # noqa: E402
+from checkpoint_gate import DEFAULT_INTERVAL, gate_checkpoints  # noqa: E402
 from loop_vs_plain import neighbours  # noqa: E402
 from rank_script import rank_script_command, train_and_report  # noqa: E402
 from results_file import write_results  # noqa: E402
 from throughput import environment, quartiles  # noqa: E402
 
 FEATURES, HIDDEN, CLASSES = 1024, [4096, 4096, 1024], 10
-BLOCK_STEPS = 50  # the default checkpoint interval
+BLOCK_STEPS = DEFAULT_INTERVAL  # one checkpoint a block at the defaults
 WARMUP_BLOCKS = 2  # checkpoints on: the first snapshot and upload are not measured
 ON, OFF = "checkpoints on", "checkpoints off"
 TARGET = 0.03
@@ -183,7 +183,7 @@ def main() -> None:
 
     snap, waited, write, size = (summary["per_checkpoint"][f] for f in ("snapshot_seconds", "waited_seconds",
                                                                           "write_seconds", "bytes"))
-    lines = [f"Checkpoint overhead at the default interval (every 50 steps), one job side by side: MLP {FEATURES}->"
+    lines = [f"Checkpoint overhead at the default interval (every {BLOCK_STEPS} steps), one job side by side: MLP {FEATURES}->"
              f"{HIDDEN}->{CLASSES}, {params / 1e6:.1f} M parameters ({params * 4 / 1e6:.0f} MB in fp32), Adam, batch "
              f"{args.batch}, np=1, every other setting ringflow's default, checkpoints into a local run folder. "
              f"{args.jobs} jobs of {WARMUP_BLOCKS} warm-up blocks and {args.blocks} blocks of {BLOCK_STEPS} steps, "

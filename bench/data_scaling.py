@@ -43,7 +43,7 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def make_table(path: Path, rows: int, features: int) -> int:
+def make_table(path: Path, rows: int, features: int, row_group_rows: int = INPUT_ROW_GROUP) -> int:
     """Standard-normal float32 features and a 10-class int64 target, written a row group at a time."""
     import numpy as np
     import pyarrow as pa
@@ -52,10 +52,11 @@ def make_table(path: Path, rows: int, features: int) -> int:
     rng = np.random.default_rng(0)
     schema = pa.schema([*[(f"f{i}", pa.float32()) for i in range(features)], ("target", pa.int64())])
     with pq.ParquetWriter(path, schema, compression="zstd") as writer:
-        for start in range(0, rows, INPUT_ROW_GROUP):
-            n = min(INPUT_ROW_GROUP, rows - start)
+        for start in range(0, rows, row_group_rows):
+            n = min(row_group_rows, rows - start)
             data = [pa.array(rng.standard_normal(n, dtype=np.float32)) for _ in range(features)]
-            writer.write_batch(pa.record_batch([*data, pa.array(rng.integers(0, 10, n))], schema=schema))
+            writer.write_batch(pa.record_batch([*data, pa.array(rng.integers(0, 10, n))], schema=schema),
+                               row_group_size=n)
     return path.stat().st_size
 
 

@@ -4,16 +4,17 @@ Separate jobs differ by ±10 % or more from run to run on a shared machine, more
 resolve. So each rank of one job (launched as ringflow launches it: horovodrun or torchrun, ringflow's
 settings) runs ringflow's own Trainer, and a callback on its loop, every `block` steps, runs `block` steps of
 the plain loop (bench/peer_worker.PlainLoop: its own model, optimizer and in-memory rows, the same library
-underneath, and no checkpoint ever). ringflow's blocks take three settings in turn: its defaults
-(checkpoints every 50 steps into the local run folder, health monitoring on, a log line every 10 steps),
-checkpoints off, and checkpoints and health monitoring off. Each ringflow block is compared with the plain
-blocks on either side, and with the nearest blocks of the other settings: a machine that speeds up or slows
-down during the job cancels out.
+underneath, and no checkpoint ever). ringflow's blocks take three settings in turn (SettingsSwitch): its
+defaults (checkpoints every 50 steps into the local run folder, health monitoring on, a log line every 10
+steps), checkpoints off, and checkpoints and health monitoring off. Each ringflow block is compared with the
+plain blocks on either side, and with the nearest blocks of the other settings: a machine that speeds up or
+slows down during the job cancels out. Other benches alternate something else with the same worker and
+job runner (bind_in_job.py: the rank's CPU binding).
 
-Blocks start at multiples of 50 steps (the default checkpoint interval): a block at the defaults takes its
-checkpoint at its first step, after the plain block before it, so the snapshot and the background upload
-fall in it. The three settings in turn, with Python's collections every 100 steps (every other block), give
-each setting its share of collections.
+Blocks start at multiples of the default checkpoint interval: a block at the defaults takes its checkpoint
+at its first step, after the plain block before it, so the snapshot and the background upload fall in it
+(checkpoint_gate.py). The three settings in turn, with Python's collections every 100 steps (every other
+block), give each setting its share of collections.
 
     .venv/bin/python bench/loop_vs_plain.py --engine horovod|ddp --np 1|2 [--steps 1600] [--block 50]
 
@@ -32,33 +33,47 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from checkpoint_gate import gate_checkpoints  # noqa: E402
+from checkpoint_gate import DEFAULT_INTERVAL, gate_checkpoints  # noqa: E402
 from peer_worker import LEARNING_RATE  # noqa: E402  (the plain loop's, given to ringflow's job too)
 from rank_script import rank_script_command, train_and_report  # noqa: E402
 
 FEATURES, HIDDEN, BATCH = 128, [256, 256], 256
-WARMUP_STEPS = 50  # ringflow at its defaults, then the blocks; a multiple of the checkpoint interval
+WARMUP_STEPS = DEFAULT_INTERVAL  # ringflow at its defaults, then the blocks
 RF_DEFAULTS, RF_NO_CHECKPOINTS, RF_BARE, PLAIN = ("ringflow at defaults", "ringflow, checkpoints off",
                                                   "ringflow, checkpoints and health off", "plain")
-RINGFLOW_SETTINGS = (RF_DEFAULTS, RF_NO_CHECKPOINTS, RF_BARE)  # in turn, block by block
 
 
-def setting_at(step: int, block: int) -> str:
-    """The ringflow setting of the block that starts at `step` (its defaults in the warm-up)."""
-    if step < WARMUP_STEPS:
-        return RF_DEFAULTS
-    return RINGFLOW_SETTINGS[(step - WARMUP_STEPS) // block % len(RINGFLOW_SETTINGS)]
+class SettingsSwitch:
+    """What alternates between ringflow's blocks here: its defaults first (the warm-up's too), then
+    checkpoints off, then checkpoints and health monitoring off, then the defaults again, ..."""
+
+    SETTINGS = (RF_DEFAULTS, RF_NO_CHECKPOINTS, RF_BARE)
+
+    def __init__(self):
+        self.setting = RF_DEFAULTS
+
+    def attach(self, trainer) -> None:
+        self.health = trainer.health  # the Trainer's HealthMonitoring
+        # A checkpoint due at a block's first step is taken after flip() chose the block's setting.
+        gate_checkpoints(trainer, lambda step: self.setting == RF_DEFAULTS)
+
+    def kinds(self) -> tuple[str, str]:
+        """The kinds of the ringflow block now ending and of the plain block that follows it."""
+        return self.setting, PLAIN
+
+    def flip(self) -> None:
+        self.setting = self.SETTINGS[(self.SETTINGS.index(self.setting) + 1) % len(self.SETTINGS)]
+        self.health.enabled = self.setting != RF_BARE
 
 
-def alternating(plain, block: int):
+def alternating(plain, block: int, switch):
     """A callback on the Trainer's loop: at every `block`-th step it closes the ringflow block, runs a timed
-    block of the plain loop, and sets health monitoring for the next ringflow block (checkpoint_gate sets
-    its checkpoints). Every rank switches at the same step, so the monitor's gathers stay matched."""
+    block of the plain loop, and flips `switch` (SettingsSwitch, or another bench's) for the next pair.
+    Every rank switches at the same step, so the monitor's gathers stay matched."""
     from ringflow.training.callbacks.base import Callback
 
     class Alternating(Callback):
         def __init__(self):
-            self.health = None  # the Trainer's HealthMonitoring, set once the Trainer is built
             self.blocks: list[tuple[str, float, float]] = []  # (kind, wall seconds, this process's CPU seconds)
             self.started: tuple[float, float] | None = None
 
@@ -66,21 +81,24 @@ def alternating(plain, block: int):
             if timing.step < WARMUP_STEPS or (timing.step - WARMUP_STEPS) % block:
                 return
             now = time.perf_counter(), time.process_time()
+            ringflow_kind, plain_kind = switch.kinds()
             if self.started is None:
                 plain.run(10)  # the plain loop's warm-up
             else:
-                self.blocks.append((setting_at(timing.step - block, block), now[0] - self.started[0],
-                                    now[1] - self.started[1]))
-            self.health.enabled = setting_at(timing.step, block) != RF_BARE
+                self.blocks.append((ringflow_kind, now[0] - self.started[0], now[1] - self.started[1]))
             started = time.perf_counter(), time.process_time()
             plain.run(block)
-            self.blocks.append((PLAIN, time.perf_counter() - started[0], time.process_time() - started[1]))
+            self.blocks.append((plain_kind, time.perf_counter() - started[0], time.process_time() - started[1]))
+            if self.started is not None:  # the first ringflow block runs as the plain one before it did
+                switch.flip()
             self.started = time.perf_counter(), time.process_time()
 
     return Alternating()
 
 
-def worker(config_path: str, block: int, out: str) -> None:
+def worker(config_path: str, block: int, out: str, switch=None) -> None:
+    """A rank's side: ringflow's Trainer with the alternating callback; rank 0 writes the blocks to `out`.
+    switch: made before the engine starts (SettingsSwitch unless given)."""
     import torch
 
     from ringflow.training.config import load_job_config
@@ -88,6 +106,7 @@ def worker(config_path: str, block: int, out: str) -> None:
     from ringflow.training.worker import Trainer
     from peer_worker import plain_ddp, plain_horovod
 
+    switch = switch or SettingsSwitch()
     cfg = load_job_config(config_path)
     engine = start_engine(cfg)  # the engine its launcher was chosen for
     threads = torch.get_num_threads()  # ringflow's choice for this rank; the plain loop runs under the same
@@ -96,10 +115,9 @@ def worker(config_path: str, block: int, out: str) -> None:
     else:
         plain = plain_ddp(engine.rank, engine.size, FEATURES, HIDDEN, BATCH)
     torch.set_num_threads(threads)
-    callback = alternating(plain, block)
+    callback = alternating(plain, block, switch)
     trainer = Trainer(cfg, engine, callbacks=[callback])
-    callback.health = trainer.health
-    gate_checkpoints(trainer, lambda step: setting_at(step, block) == RF_DEFAULTS)
+    switch.attach(trainer)
     train_and_report(trainer, engine, out, lambda: callback.blocks)
 
 
@@ -120,40 +138,43 @@ def neighbours(blocks: list, kind: str, against: str, field: int = 1) -> list[fl
     return out
 
 
-def run_job(root: Path, engine: str, np_: int, steps: int, block: int, env: dict) -> list:
-    if block % 50:
-        raise ValueError(f"block {block}: use a multiple of the default checkpoint interval, 50 steps")
+def run_job(root: Path, engine: str, np_: int, steps: int, block: int, env: dict,
+            script: str = __file__, settings: dict | None = None) -> list:
+    """One job whose ranks run `script --worker CONFIG --block N --blocks-out FILE` (this file's worker, or
+    another bench's); settings: more top-level job config fields. Rank 0's blocks."""
+    if block % DEFAULT_INTERVAL:
+        raise ValueError(f"block {block}: use a multiple of the default checkpoint interval, {DEFAULT_INTERVAL} steps")
     tag = f"{engine}-{np_}-{time.monotonic_ns()}"
     # ringflow's defaults (checkpoints, health, logging) but for the model, its batch and learning rate (the
-    # plain loop's) and the epochs that make `steps`.
+    # plain loop's), the epochs that make `steps` and `settings`.
     cfg = {"manifest_uri": str(root / f"shards{np_}" / "manifest.json"), "run_uri": str(root / f"run-{tag}"),
            "epochs": max(1, round(steps / (8192 // BATCH))), "batch_size": BATCH, "learning_rate": LEARNING_RATE,
-           "model": {"hidden": HIDDEN}, "engine": engine}
+           "model": {"hidden": HIDDEN}, "engine": engine, **(settings or {})}
     cfg_path, out = root / f"{tag}.json", root / f"blocks-{tag}.json"
     cfg_path.write_text(json.dumps(cfg))
-    # The rank runs this file instead of `-m ringflow.training`, under the same launcher and settings.
-    command = rank_script_command(engine, str(cfg_path), np_, str(Path(__file__).resolve()),
+    # The rank runs the script instead of `-m ringflow.training`, under the same launcher and settings.
+    command = rank_script_command(engine, str(cfg_path), np_, str(Path(script).resolve()),
                                   ["--worker", str(cfg_path), "--block", str(block), "--blocks-out", str(out)])
     from ringflow.training.engines import ENGINE_ENV
 
-    proc = subprocess.run(command, capture_output=True, text=True, env=env | {ENGINE_ENV: engine}, timeout=900)
+    proc = subprocess.run(command, capture_output=True, text=True, env=env | {ENGINE_ENV: engine}, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(proc.stdout[-3000:] + proc.stderr[-3000:])
     return [tuple(b) for b in json.loads(out.read_text())]
 
 
-def job_ratios(blocks: list) -> dict[str, list[float]]:
-    """Throughput ratios, block by block against its neighbours (wall time, and `_cpu`: the process's CPU
-    time per step, the other's over this one's)."""
-    return {"defaults_vs_plain": neighbours(blocks, RF_DEFAULTS, PLAIN),
-            "defaults_vs_plain_cpu": neighbours(blocks, RF_DEFAULTS, PLAIN, 2),
-            "checkpoints_off_vs_plain": neighbours(blocks, RF_NO_CHECKPOINTS, PLAIN),
-            "checkpoints_off_vs_plain_cpu": neighbours(blocks, RF_NO_CHECKPOINTS, PLAIN, 2),
-            "bare_vs_plain": neighbours(blocks, RF_BARE, PLAIN),
-            "checkpoints_on_vs_off": neighbours(blocks, RF_DEFAULTS, RF_NO_CHECKPOINTS),
-            "checkpoints_on_vs_off_cpu": neighbours(blocks, RF_DEFAULTS, RF_NO_CHECKPOINTS, 2),
-            "health_on_vs_off": neighbours(blocks, RF_NO_CHECKPOINTS, RF_BARE),
-            "health_on_vs_off_cpu": neighbours(blocks, RF_NO_CHECKPOINTS, RF_BARE, 2)}
+# Throughput ratios, block by block against its neighbours, each (kind, against, field) for neighbours():
+# wall time, and `_cpu`: the process's CPU time per step, the other's over this one's.
+RATIOS = {"defaults_vs_plain": (RF_DEFAULTS, PLAIN, 1), "defaults_vs_plain_cpu": (RF_DEFAULTS, PLAIN, 2),
+          "checkpoints_off_vs_plain": (RF_NO_CHECKPOINTS, PLAIN, 1),
+          "checkpoints_off_vs_plain_cpu": (RF_NO_CHECKPOINTS, PLAIN, 2), "bare_vs_plain": (RF_BARE, PLAIN, 1),
+          "checkpoints_on_vs_off": (RF_DEFAULTS, RF_NO_CHECKPOINTS, 1),
+          "checkpoints_on_vs_off_cpu": (RF_DEFAULTS, RF_NO_CHECKPOINTS, 2),
+          "health_on_vs_off": (RF_NO_CHECKPOINTS, RF_BARE, 1), "health_on_vs_off_cpu": (RF_NO_CHECKPOINTS, RF_BARE, 2)}
+
+
+def job_ratios(blocks: list, ratios: dict[str, tuple[str, str, int]] = RATIOS) -> dict[str, list[float]]:
+    return {name: neighbours(blocks, *pair) for name, pair in ratios.items()}
 
 
 def main() -> None:
@@ -161,8 +182,8 @@ def main() -> None:
     p.add_argument("--engine", choices=["horovod", "ddp"])
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--steps", type=int, default=1600)
-    p.add_argument("--block", type=int, default=50,
-                   help="steps per block: a multiple of the checkpoint interval (50), and at least "
+    p.add_argument("--block", type=int, default=DEFAULT_INTERVAL,
+                   help="steps per block: a multiple of the default checkpoint interval, and at least "
                         "checksum_every_steps, so every block with health on holds a checksum")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--blocks-out", help=argparse.SUPPRESS)

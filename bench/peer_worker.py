@@ -1,7 +1,8 @@
 """The peers' way of training the same model: plain Horovod (Gloo or MPI) or torch DDP with Gloo. Prints one
 JSON line with samples/s measured after warm-up. Used by bench/throughput.py, which gives every peer the
 settings ringflow's ranks run with (Open MPI's mpi_yield_when_idle, Horovod's fusion threshold and cycle
-time, one core per rank), so its ratios compare engines, not tuning.
+time, one core per rank, and, with --bind-cores, the same CPU binding: ringflow's own cores.py, before the
+library starts its threads), so its ratios compare engines, not tuning.
 
 `PlainLoop` is that plain loop on its own model, optimizer and in-memory rows; bench/loop_vs_plain.py runs
 it inside a ringflow job, in blocks alternating with ringflow's own loop."""
@@ -15,6 +16,10 @@ import time
 import torch
 
 from ringflow.training.callbacks.throughput import job_samples_per_sec
+from ringflow.training.config import BIND_CORES, DEFAULT_BIND_CORES
+from ringflow.training.cores import claim_cpu_share, local_rank_from_env
+from ringflow.training.engines.ddp import LOCAL_RANK_ENV as DDP_LOCAL_RANK_ENV
+from ringflow.training.engines.horovod import LOCAL_RANK_ENV as HOROVOD_LOCAL_RANK_ENV
 from ringflow.training.models import TabularMLP
 
 CLASSES = 10
@@ -77,6 +82,10 @@ def timed(plain: PlainLoop, steps: int, warmup: int, sync) -> tuple[float, float
     return float(steps * plain.batch), time.perf_counter() - started
 
 
+def bind_cores_arg(text: str) -> str | bool:
+    return {"true": True, "false": False}.get(text, text)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--framework", choices=["horovod", "ddp"], required=True)
@@ -85,13 +94,18 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=10)
+    # ringflow's ranks bind as their config says, "auto" unless told: the peer as its ranks would.
+    p.add_argument("--bind-cores", type=bind_cores_arg, default=DEFAULT_BIND_CORES,
+                   help=f"as the job config's bind_cores: one of {BIND_CORES}")
     args = p.parse_args()
-    threads = int(os.environ.get("RINGFLOW_TORCH_THREADS", "1"))
+    # Before the library starts its threads, as ringflow's engines bind.
+    on_host = local_rank_from_env(os.environ, HOROVOD_LOCAL_RANK_ENV if args.framework == "horovod" else DDP_LOCAL_RANK_ENV)
+    share = claim_cpu_share(args.bind_cores, *(on_host or (0, 1)))
     if args.framework == "horovod":
         import horovod.torch as hvd
 
         hvd.init()
-        torch.set_num_threads(threads)
+        torch.set_num_threads(share.threads)
         rank, size = hvd.rank(), hvd.size()
         plain = plain_horovod(hvd, rank, size, args.features, args.hidden, args.batch)
         timings = hvd.allgather_object(timed(plain, args.steps, args.warmup,
@@ -101,7 +115,7 @@ def main() -> None:
 
         dist.init_process_group("gloo")
         rank, size = dist.get_rank(), dist.get_world_size()
-        torch.set_num_threads(threads)
+        torch.set_num_threads(share.threads)
         plain = plain_ddp(rank, size, args.features, args.hidden, args.batch)
         timings = [None] * size
         dist.all_gather_object(timings, timed(plain, args.steps, args.warmup, dist.barrier))

@@ -15,10 +15,12 @@ def command() -> str:
     return shlex.join([".venv/bin/python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]])
 
 
-def write_results(name: str, summary: dict, lines: list[str]) -> None:
-    """summary as <name>.json and lines as <name>.md, both with the command; the lines are printed too."""
+def write_results(name: str, summary: dict, lines: list[str], echo: bool = True) -> None:
+    """summary as <name>.json and lines as <name>.md, both with the command; (echo) the lines are printed too.
+    A bench that saves as it goes (bind_cores.py) echoes only its last save."""
     lines = [*lines, "", f"Command: `{command()}`"]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({**summary, "command": command()}, indent=1))
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    if echo:
+        print("\n".join(lines))

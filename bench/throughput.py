@@ -4,7 +4,8 @@
    peers (plain Horovod+MPI, Horovod+Gloo, torch DDP+Gloo; bench/peer_worker.py) on the same model. Every
    peer runs with the settings ringflow's ranks run with (`environment()`: Open MPI's mpi_yield_when_idle,
    Horovod's fusion threshold and cycle time from ringflow's HorovodConfig, the launcher's rank
-   environment, one core per rank), so the ratios compare engines, not tuning. Interleaved repeats.
+   environment, one core per rank, the CPU binding ringflow's default bind_cores gives its ranks), so the
+   ratios compare engines, not tuning. Interleaved repeats.
    ringflow runs at its defaults (checkpoints every 50 steps into the local run folder, health on, a log
    line every 10 steps) and, in rows of their own, with checkpoints off. Every job's rate is counted the
    same way: the slowest rank's rate up to a closing barrier, times the ranks (ringflow's in its
@@ -33,6 +34,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from checkpoint_gate import CHECKPOINTS_OFF  # noqa: E402  (the "checkpoints off" rows)
 from peer_worker import LEARNING_RATE  # noqa: E402  (the peers' and ringflow's jobs train with the same)
 from random_shards import write_random_shards  # noqa: E402
 from results_file import write_results  # noqa: E402
@@ -51,15 +53,20 @@ def environment() -> dict[str, str]:
     (a ringflow rank sets them itself from its config; a peer gets them here), one core per rank so np=1
     measures one core and np=2 can reach at most 2.0x."""
     from ringflow.training.config import HorovodConfig
+    from ringflow.training.cores import TORCH_THREADS_ENV
     from ringflow.training.launcher import rank_environment
 
-    return rank_environment() | HorovodConfig().environment() | {"RINGFLOW_TORCH_THREADS": "1"}
+    return rank_environment() | HorovodConfig().environment() | {TORCH_THREADS_ENV: "1"}
 
 
-def peer(framework: str, controller: str | None, np_: int, steps: int) -> tuple[float, None]:
-    """samples/s after warm-up as the peer's job counted it (peer_worker.py); it has no health monitor."""
+def peer(framework: str, controller: str | None, np_: int, steps: int,
+         bind_cores: str | bool | None = None) -> tuple[float, None]:
+    """samples/s after warm-up as the peer's job counted it (peer_worker.py); it has no health monitor.
+    bind_cores: as a ringflow rank's config says (None: ringflow's default)."""
     worker = [PY, str(HERE / "peer_worker.py"), "--framework", framework, "--steps", str(steps),
               "--batch", str(BATCH), "--features", str(FEATURES), "--hidden", *map(str, HIDDEN)]
+    if bind_cores is not None:
+        worker += ["--bind-cores", json.dumps(bind_cores).strip('"')]
     if framework == "horovod":
         cmd = [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", f"--{controller}", *worker]
     else:
@@ -79,18 +86,14 @@ def shards(root: Path, np_: int) -> str:
                                classes=10, batch=BATCH)
 
 
-# A checkpoint interval no job here reaches: the "checkpoints off" rows (the final checkpoint is written after
-# the timed steps, as a peer's script would save its model).
-CHECKPOINTS_OFF = {"checkpoint": {"every_steps": 10**6}}
-
-
 def ringflow(root: Path, np_: int, steps: int, engine: str, controller: str | None = None,
              horovod: dict | None = None, settings: dict | None = None) -> tuple[float, float | None]:
     """samples/s after warm-up as the job itself counted it (result.json): the slowest rank's rate up to a
     closing barrier, times the ranks, as the peers count theirs (callbacks/throughput.job_samples_per_sec).
     ringflow's defaults (checkpoints every 50 steps into the local run folder, health on, a log line every
-    10 steps) but for the model, its batch, the peers' learning rate and `settings`. Also the share of the
-    time rank 0's training thread spent in the health monitor (result.json: the job's own accounting)."""
+    10 steps) but for the model, its batch, the peers' learning rate and `settings` (more top-level job
+    config fields, e.g. bind_cores). Also the share of the time rank 0's training thread spent in the health
+    monitor (result.json: the job's own accounting)."""
     from ringflow.training.launcher import DEFAULT_CONTROLLER
 
     run = root / f"run-{engine}-{np_}-{time.monotonic_ns()}"
@@ -112,8 +115,13 @@ def ringflow(root: Path, np_: int, steps: int, engine: str, controller: str | No
     return result.samples_per_sec_after_warmup, result.health_monitor_share_after_warmup
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+def spread(values: list[float], digits: int = 2) -> str:
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+
+
+def shown_environment() -> dict[str, str]:
+    """The settings every job runs with that tune it (environment() less the inherited variables)."""
+    return {k: v for k, v in environment().items() if k.startswith(("OMPI_MCA", "HOROVOD", "RINGFLOW", "GLOO"))}
 
 
 def peer_table(root: Path, args) -> tuple[dict, list[str]]:
@@ -159,7 +167,7 @@ def peer_table(root: Path, args) -> tuple[dict, list[str]]:
              "np2_samples_per_sec": statistics.median(r[2]), "np1_runs": r[1], "np2_runs": r[2]}
             for name, r in rates.items()]
     lines = ["## The fair peer table (separate jobs, equal tuning)", "",
-             f"Every job runs with {json.dumps({k: v for k, v in environment().items() if k.startswith(('OMPI_MCA', 'HOROVOD', 'RINGFLOW', 'GLOO'))})}"
+             f"Every job runs with {json.dumps(shown_environment())}"
              f"; median of {args.repeats} interleaved repeats (min–max in brackets). ringflow at its defaults "
              "(checkpoints every 50 steps into the local run folder, health on, a log line every 10 steps) and with "
              "checkpoints off. Every rate is the slowest rank's over the same steps up to a closing barrier, times "

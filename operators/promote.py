@@ -131,14 +131,18 @@ def read_json_object(store: ObjectStore, key: str, what: str) -> dict[str, Any]:
 
 
 def read_run_result(store: ObjectStore, run_key: str) -> RunResult:
-    """The run's result.json; AirflowException when the train task left none (or a broken one)."""
-    key = join_key(run_key, run_layout.RESULT)
+    """The run's published result (run_folder.py: the current attempt's); AirflowException when the train
+    task left none (or a broken one)."""
+    from ringflow.training.run_result import read_result
+
     try:
-        return RunResult.from_json(store.get_bytes(key), f"{store.uri}/{key}")
-    except ObjectNotFound as exc:
-        raise AirflowException(f"{store.uri}/{key} does not exist: the train task did not finish this run") from exc
+        result = read_result(store.child(run_key))
     except ResultError as exc:
         raise AirflowException(str(exc)) from exc
+    if result is None:
+        raise AirflowException(f"{store.uri}/{run_key}/result.json does not exist (no attempt published one): the "
+                               f"train task did not finish this run")
+    return result
 
 
 def read_evaluated_run(store: ObjectStore, run_key: str, run_uri: str) -> tuple[RunResult, dict[str, Any]]:

@@ -38,7 +38,7 @@ from ringflow.operators.validate import ValidateDatasetOperator
 from ringflow.training import run_layout
 from ringflow.training.backends.kubernetes.backend import backend_from_env
 from ringflow.training.registry.model_registry import ModelRegistry, run_key_in
-from ringflow.training.run_result import ResultError, RunResult
+from ringflow.training.run_result import ResultError, RunResult, read_result
 from ringflow.training.runs import store_layout
 from ringflow.training.store.base import ObjectNotFound, ObjectStore, join_key
 from ringflow.training.tracking.settings import DEFAULT_ALIAS
@@ -153,12 +153,12 @@ def read_candidate(store: ObjectStore, store_uri: str, index: int, run_uri: str)
     """One candidate from its run folder: result.json (train) and eval.json (evaluate)."""
     run_key = run_key_in(store_uri, run_uri)
     try:
-        result = RunResult.from_json(store.get_bytes(join_key(run_key, run_layout.RESULT)), run_uri)
-    except ObjectNotFound:
-        return Candidate(index, run_uri, problem="no result.json: its train task failed before the job finished "
-                                                 "(see that task's log)")
+        result = read_result(store.child(run_key))  # the published one (run_folder.py)
     except ResultError as exc:
         return Candidate(index, run_uri, problem=f"unreadable result.json: {exc}")
+    if result is None:
+        return Candidate(index, run_uri, problem="no result.json: its train task failed before the job finished "
+                                                 "(see that task's log)")
     verdict = result.verdict.status if result.verdict else None
     base = dict(index=index, run_uri=run_uri, status=result.status, checkpoint=result.checkpoint, verdict=verdict)
     if not result.succeeded:

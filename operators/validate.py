@@ -11,13 +11,15 @@ Great Expectations is imported inside the functions: it takes seconds to import,
 importing this module are parsed over and over by the scheduler.
 
 Validation streams (`validate_dataset`): the dataset is read one record batch at a time (datasets.BATCH_BYTES),
-so memory does not grow with its size. Each expectation has a scope, reported with every failure:
+only the columns something checks, a wide Parquet table one column group per pass (datasets.Dataset.column_groups),
+each expectation given only the columns it names; so memory grows neither with the rows nor with the columns
+(bench/data_memory.py: inside 512 MiB). Each expectation has a scope, reported with every failure:
 
 - every row (exact): GX's column map expectations (`expect_column_values_to_*`: not null, between, in set, in
   type list, match regex, ...) run on each batch and their counts and first examples are added up; so do
   ringflow's tensor expectations and the input gate (every feature and the target finite).
-- schema and row count (exact): table expectations about columns run on the first batch (every batch has the
-  same columns); `expect_table_row_count_*` run on the exact row count.
+- schema and row count (exact): table expectations about columns run on the schema (a table of no rows);
+  `expect_table_row_count_*` run on the exact row count.
 - sample: everything else (column aggregates such as mean, median, unique value counts, quantiles, and the
   map expectations that compare rows with each other: uniqueness, increasing/decreasing) runs on a uniform
   sample of at most SAMPLE_ROWS rows (and SAMPLE_BYTES), the same rows for the same data.
@@ -399,14 +401,38 @@ def _tensor_outcome(outcome: _Outcome, batch: Any, offset: int) -> None:
         "partial_unexpected_index_list": [offset + int(r) for r in bad_rows[:MAX_EXAMPLES]]}, None)
 
 
+def expectation_columns(expectation: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The columns an expectation reads (`column`, `column_A`, `column_B`, `column_list`), or None when it may
+    read any: a table-level one takes the whole table, and a `row_condition` names columns in its own syntax."""
+    kwargs = expectation["kwargs"]
+    if kwargs.get("row_condition"):
+        return None
+    named = [kwargs[k] for k in ("column", "column_A", "column_B") if k in kwargs]
+    named += list(kwargs.get("column_list") or ())
+    return tuple(named) or None
+
+
+def _empty_table(schema: Any) -> Any:
+    """A table of `schema` with no rows (Schema.empty_table cannot make a fixed_shape_tensor column)."""
+    import pyarrow as pa
+
+    arrays = [pa.ExtensionArray.from_storage(f.type, pa.array([], f.type.storage_type))
+              if isinstance(f.type, pa.BaseExtensionType) else pa.array([], f.type) for f in schema]
+    return pa.table(arrays, schema=schema)
+
+
 def validate_dataset(dataset: Any, suite: Mapping[str, Any], target: str | None = None,
                      features: Sequence[str] | None = None, batch_rows: int | None = None) -> ValidationSummary:
     """Run `suite` (load_suite's form) over a datasets.Dataset, a batch at a time (see the module docstring
-    for which expectations see every row). With `target`, the input gate streams along."""
+    for which expectations see every row). With `target`, the input gate streams along.
+
+    Only the columns something checks are read, one column group per pass (datasets.Dataset.column_groups:
+    a wide Parquet table in several), and each expectation is given only the columns it names."""
     import great_expectations as gx
+    import pyarrow as pa
 
     from ringflow.training.datasets import as_dataset, row_bytes
-    from ringflow.training.input_gate import InputGate
+    from ringflow.training.input_gate import InputGate, feature_columns
     from ringflow.training.sharding import shuffled_positions
 
     dataset = as_dataset(dataset)
@@ -421,9 +447,6 @@ def validate_dataset(dataset: Any, suite: Mapping[str, Any], target: str | None 
         return context.suites.add(_build_suite(gx, {"name": f"{suite['name']}/{name}", "expectations": gx_entries})) \
             if gx_entries else None
 
-    stream_suite, schema_suite = gx_suite("stream", by_scope[EVERY_ROW]), gx_suite("schema", by_scope[SCHEMA])
-    sample_suite = gx_suite("sample", by_scope[SAMPLE])
-    ringflow = [e for e in exps if e["type"] in RINGFLOW_EXPECTATIONS]
     outcomes: dict[str, _Outcome] = {}
     for e in exps:  # in suite order, so a report lists them as written
         outcomes.setdefault(_key(e["type"], e["kwargs"]), _Outcome(e["type"], dict(e["kwargs"])))
@@ -433,38 +456,64 @@ def validate_dataset(dataset: Any, suite: Mapping[str, Any], target: str | None 
             _add_gx_results(outcomes, batch_definition.get_batch(batch_parameters={"dataframe": frame})
                             .validate(gx_suite_, result_format=_RESULT_FORMAT))
 
-    rows = dataset.num_rows
+    columns, rows = dataset.columns, dataset.num_rows
+    everything = tuple(columns)
+
+    def reads(e: Mapping[str, Any]) -> tuple[str, ...]:
+        return expectation_columns(e) or everything
+
+    # An expectation naming a column the dataset lacks cannot pass: it runs once, on the schema, for its error;
+    # so does every GX one when there are no rows (GX still checks the columns).
+    streamed = [e for e in by_scope[EVERY_ROW] if all(c in columns for c in reads(e))]
+    on_schema = by_scope[SCHEMA] + [e for e in by_scope[EVERY_ROW] if e not in streamed
+                                    or (not rows and e["type"] not in RINGFLOW_EXPECTATIONS)]
+    sample_suite = gx_suite("sample", by_scope[SAMPLE])
     sample_size = min(SAMPLE_ROWS, max(1, SAMPLE_BYTES // row_bytes(dataset.schema))) if sample_suite else 0
-    sample: list = []
-    gate = InputGate(dataset.columns, target, features) if target is not None else None
-    offset = 0
-    for batch in dataset.batches(batch_rows=batch_rows):
-        frame = batch.to_pandas()
-        frame.index = pd.RangeIndex(offset, offset + batch.num_rows)  # examples name rows of the whole table
-        if offset == 0:
-            run(schema_suite, frame)
-        run(stream_suite, frame)
-        for e in ringflow:
-            if e["type"] == TENSOR_RANGE or offset == 0:
+    sampled = {c for e in by_scope[SAMPLE] for c in reads(e)} if sample_size else set()
+    gated = set(feature_columns(columns, target, features)) | {target} if target is not None else set()
+    read = [c for c in columns if c in gated or c in sampled or any(c in reads(e) for e in streamed)]
+    groups = dataset.column_groups(read, together=[reads(e) for e in streamed
+                                                   if e["type"] not in RINGFLOW_EXPECTATIONS])
+
+    empty = _empty_table(dataset.schema)
+    run(gx_suite("schema", [e for e in on_schema if e["type"] not in RINGFLOW_EXPECTATIONS]), empty.to_pandas())
+    for e in on_schema:
+        if e["type"] in RINGFLOW_EXPECTATIONS:
+            _tensor_outcome(outcomes[_key(e["type"], e["kwargs"])], empty, 0)
+    gate = InputGate(columns, target, features) if target is not None else None
+    sample_parts: list[pa.Table] = []
+    for g, names in enumerate(groups if rows else []):
+        mine = [e for e in streamed if reads(e)[0] in names]  # `together` put all of an expectation's columns here
+        stream_suite = gx_suite(f"stream-{g}", mine)
+        gx_columns = [c for c in names if any(c in reads(e) for e in mine if e["type"] not in RINGFLOW_EXPECTATIONS)]
+        tensors = [e for e in mine if e["type"] in RINGFLOW_EXPECTATIONS]
+        sample_columns = [c for c in names if c in sampled]
+        kept: list[pa.RecordBatch] = []
+        offset = 0
+        for batch in dataset.batches(names, batch_rows=batch_rows):
+            if stream_suite is not None:
+                frame = batch.select(gx_columns).to_pandas()
+                frame.index = pd.RangeIndex(offset, offset + batch.num_rows)  # examples name rows of the whole table
+                run(stream_suite, frame)
+            for e in tensors:
                 _tensor_outcome(outcomes[_key(e["type"], e["kwargs"])], batch, offset)
-        if gate is not None:
-            gate.add(batch)
-        if sample_size:  # the rows whose place in the seeded permutation is among the first sample_size
-            keep = shuffled_positions(np.arange(offset, offset + batch.num_rows), rows, _SAMPLE_SEED) < sample_size
-            sample.append(batch.filter(keep))
-        offset += batch.num_rows
-    if offset == 0:  # no rows at all: the schema checks still run
-        empty = dataset.schema.empty_table()
-        run(schema_suite, empty.to_pandas())
-        run(stream_suite, empty.to_pandas())
+            if gate is not None:
+                gate.add(batch)
+            if sample_columns:  # the rows whose place in the seeded permutation is among the first sample_size
+                keep = shuffled_positions(np.arange(offset, offset + batch.num_rows), rows, _SAMPLE_SEED) < sample_size
+                kept.append(batch.select(sample_columns).filter(keep))
+            offset += batch.num_rows
+        if sample_columns:
+            schema = pa.schema([dataset.schema.field(c) for c in sample_columns])
+            sample_parts.append(pa.Table.from_batches(kept, schema=schema))
     # The row count is exact, and judged here: GX would build per-row structures even for an empty frame.
     for e in by_scope[ROW_COUNT]:
         outcomes[_key(e["type"], e["kwargs"])].add(_row_count_passes(e["type"], e["kwargs"], rows),
                                                    {"observed_value": rows}, None)
-    if sample_suite is not None:
-        import pyarrow as pa
-
-        table = pa.Table.from_batches(sample, schema=dataset.schema) if sample else dataset.schema.empty_table()
+    if sample_suite is not None:  # every group kept the same rows, in order: their columns side by side
+        parts = {name: part.column(name) for part in sample_parts for name in part.column_names}
+        fields = [dataset.schema.field(c) for c in columns if c in parts]
+        table = pa.table([parts[f.name] for f in fields], schema=pa.schema(fields)) if parts else empty
         run(sample_suite, table.to_pandas())
     untrainable = tuple(gate.problems()) if gate is not None else ()
     sample_rows = min(sample_size, rows)

@@ -30,6 +30,14 @@ applies, and each application uses one of its `times`. Actions:
 Every request is logged (`proxy.log`, a list of `Logged(method, target, status, fault)`; status is
 None when the answer was cut) so a test can assert that a fault happened and was retried.
 
+Standing conditions, for a slow store rather than a failing one (they apply to every request until
+changed, and never fail a request):
+
+  proxy.link(bytes_per_second=2e6, latency=0.05)  # one shared link: bodies both ways share the bandwidth,
+                                                 # every request waits `latency` before it is forwarded
+  held = proxy.hold("PUT", r"/run/")              # matching requests wait, unanswered, until released:
+  ... held.release()                              # a store that stalls writes (clients time out and retry)
+
 Other helpers' tests reuse this module: the `fault_proxy` fixture below (one proxy per test, in front
 of the session's `s3_server`) becomes available in a test module or conftest with
 `from s3_fault_proxy import fault_proxy  # noqa: F401` (tests/training/store/conftest.py does it).
@@ -97,6 +105,46 @@ class Logged:
     fault: str | None  # the action applied, or None when the request passed untouched
 
 
+class Link:
+    """A shared link of `bytes_per_second` (a token bucket both directions draw from) and a latency per
+    request. bytes_per_second None: no limit."""
+
+    CHUNK = 64 * 1024
+
+    def __init__(self, bytes_per_second: float | None = None, latency: float = 0.0):
+        self.bytes_per_second, self.latency = bytes_per_second, latency
+        self._lock = threading.Lock()
+        self._free_at = time.monotonic()
+
+    def take(self, nbytes: int) -> None:
+        """Wait until `nbytes` may pass."""
+        if not self.bytes_per_second:
+            return
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._free_at)
+            self._free_at = start + nbytes / self.bytes_per_second
+            wait = self._free_at - now
+        if wait > 0:
+            time.sleep(wait)
+
+
+class Hold:
+    """Requests matching (method, path) wait until `release()`: a store that takes no writes for a while."""
+
+    def __init__(self, method: str, path: str):
+        self.rule = Rule("delay", method, path, None)
+        self._released = threading.Event()
+        self.held = 0  # requests that waited
+
+    def release(self) -> None:
+        self._released.set()
+
+    def wait(self) -> None:
+        self.held += 1
+        self._released.wait()
+
+
 class FaultProxy:
     """A threaded reverse proxy on 127.0.0.1 in front of `upstream` (http://host:port)."""
 
@@ -108,6 +156,8 @@ class FaultProxy:
         self.upstream_timeout = upstream_timeout
         self.log: list[Logged] = []
         self._rules: list[Rule] = []
+        self._link = Link()
+        self._holds: list[Hold] = []
         self._lock = threading.Lock()
         self._server = _Server(("127.0.0.1", port), _Handler)
         self._server.proxy = self
@@ -158,10 +208,25 @@ class FaultProxy:
               header: str = "") -> Rule:
         return self.add(Rule("delay", method, path, times, seconds=seconds, header=header))
 
+    def link(self, bytes_per_second: float | None = None, latency: float = 0.0) -> Link:
+        """From now on every body passes a shared link of this bandwidth, every request after this latency."""
+        self._link = Link(bytes_per_second, latency)
+        return self._link
+
+    def hold(self, method: str = "*", path: str = "") -> Hold:
+        """Matching requests wait, unanswered, until the returned hold is released."""
+        held = Hold(method, path)
+        with self._lock:
+            self._holds.append(held)
+        return held
+
     def clear(self) -> None:
-        """Remove every rule (the log stays)."""
+        """Remove every rule and release every hold (the log stays)."""
         with self._lock:
             self._rules.clear()
+            holds, self._holds = self._holds, []
+        for held in holds:
+            held.release()
 
     def pending(self) -> list[Rule]:
         """Rules that still have uses left: an exhausted one proves its faults were served."""
@@ -223,7 +288,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         method, target = self.command, self.path
         try:
             body = self._read_body()
-            rule = proxy._take(method, target, "\n".join(f"{k}: {v}" for k, v in self.headers.items()))
+            header_lines = "\n".join(f"{k}: {v}" for k, v in self.headers.items())
+            link = proxy._link
+            if link.latency:
+                time.sleep(link.latency)
+            with proxy._lock:
+                holds = [h for h in proxy._holds if h.rule.matches(method, target, header_lines)]
+            for held in holds:
+                held.wait()
+            rule = proxy._take(method, target, header_lines)
             fault = rule.action if rule else None
             if rule is not None and rule.action == "drop":
                 proxy._record(Logged(method, target, None, fault))
@@ -255,9 +328,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
                         pass
                     return b"".join(chunks)
-                chunks.append(self.rfile.read(size))
+                chunks.append(self._read_paced(size))
                 self.rfile.readline()
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        return self._read_paced(int(self.headers.get("Content-Length") or 0))
+
+    def _read_paced(self, size: int) -> bytes:
+        """`size` bytes of the request, at the link's pace (an upload over a slow link)."""
+        link, parts = self.server.proxy._link, []
+        while size > 0:
+            n = min(size, Link.CHUNK)
+            link.take(n)
+            part = self.rfile.read(n)
+            if not part:
+                break
+            parts.append(part)
+            size -= len(part)
+        return b"".join(parts)
 
     def _forward(self, method: str, target: str, body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
         host, port = self.server.proxy.upstream
@@ -283,7 +369,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
     def _answer(self, status: int, reason: str, headers: list[tuple[str, str]], payload: bytes, method: str) -> None:
-        self.wfile.write(self._head(status, reason, headers, payload, method) + (b"" if method == "HEAD" else payload))
+        self.wfile.write(self._head(status, reason, headers, payload, method))
+        if method != "HEAD":
+            link = self.server.proxy._link
+            for start in range(0, len(payload), Link.CHUNK):  # a download over a slow link
+                chunk = payload[start:start + Link.CHUNK]
+                link.take(len(chunk))
+                self.wfile.write(chunk)
         self.wfile.flush()
 
     def _answer_error(self, status: int, method: str) -> None:

@@ -267,14 +267,19 @@ class CheckpointStore:
             if step_of(name) > newest_complete:
                 log.info("ignoring checkpoint %s in %s: no %s, its save did not finish",
                          name, self.store.uri, MANIFEST_NAME)
-        for name in complete:
-            try:
-                return self.load(name, progress)
-            except (CheckpointCorrupt, ObjectNotFound) as exc:
-                message = f"skipping checkpoint {name} in {self.store.uri}: {exc}"
-                log.warning(message)
-                warnings.warn(message, CheckpointWarning, stacklevel=2)
-        return None
+        return first_loadable(complete, lambda name: self.load(name, progress), self.store.uri)
+
+
+def first_loadable(names, load: Callable[[str], LoadedCheckpoint], where: str) -> LoadedCheckpoint | None:
+    """The first of `names` (newest first) that `load` reads and verifies; a corrupt one is skipped loudly."""
+    for name in names:
+        try:
+            return load(name)
+        except (CheckpointCorrupt, ObjectNotFound) as exc:
+            message = f"skipping checkpoint {name} in {where}: {exc}"
+            log.warning(message)
+            warnings.warn(message, CheckpointWarning, stacklevel=2)
+    return None
 
 
 def _entry_of_bytes(data: bytes) -> FileEntry:

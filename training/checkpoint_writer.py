@@ -18,7 +18,8 @@ AsyncCheckpointer: stage to host memory, then write off the critical path).
   cores the ranks fill, its serialising and hashing take a core's time when training leaves some, and a
   checkpoint interval is long enough for that.
 - The files are uploaded first and MANIFEST.json last (checkpoint.py), so a crash or a kill during a write
-  leaves the previous checkpoint the newest valid one; the writer then prunes to keep_last.
+  leaves the previous checkpoint the newest valid one; then the checkpoint is published (`publish`: the run
+  folder's pointer, run_folder.py), and what that drops from keep_last is deleted.
 - The final checkpoint is waited for before the run's result is written.
 """
 from __future__ import annotations
@@ -81,9 +82,12 @@ class WrittenCheckpoint:
 
 class AsyncCheckpointWriter:
     def __init__(self, checkpoints: CheckpointStore, progress: Progress,
-                 on_written: Callable[[WrittenCheckpoint], None] = lambda written: None):
-        """on_written: called from the writer's thread once a checkpoint is complete (MANIFEST written)."""
+                 on_written: Callable[[WrittenCheckpoint], None] = lambda written: None,
+                 publish: Callable[[str], None] = lambda name: None):
+        """on_written: called from the writer's thread once a checkpoint is complete and published.
+        publish: makes a complete checkpoint the run folder's newest (run_folder.py), from the writer's thread."""
         self._checkpoints, self._progress, self._on_written = checkpoints, progress, on_written
+        self._publish = publish
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringflow-checkpoint",
                                                            initializer=lower_this_threads_priority)
         # The last snapshot, once written: the next one is copied into its memory (snapshot()).
@@ -112,6 +116,20 @@ class AsyncCheckpointWriter:
         last snapshot written where there is one."""
         spare, self._spare = self._spare, None
         return state.host_copy(pin_memory, into=spare)
+
+    def wait_for(self, seconds: float) -> bool:
+        """Wait at most `seconds` for the write in flight (as a wait for the store); whether none is left."""
+        future, op = self._future, self._op
+        if future is None or future.done():
+            return True
+        with self._progress.waiting(op):
+            concurrent.futures.wait([future], timeout=seconds)
+        return future.done()
+
+    @property
+    def in_flight_bytes(self) -> int:
+        """Bytes the write in flight (or the last one) has uploaded so far."""
+        return self._op.reading().bytes if self._op is not None else 0
 
     def wait(self) -> None:
         """Return once nothing is in flight; raise what the last write raised."""
@@ -155,6 +173,7 @@ class AsyncCheckpointWriter:
                 size = os.path.getsize(path)
                 op.total_bytes = size
                 name = self._checkpoints.save_files(step, {STATE_FILE: path}, meta, progress=op.moved)
+            self._publish(name)
         except BaseException as exc:
             op.finish(exc)
             raise

@@ -55,6 +55,7 @@ def cmd_health(args) -> int:
     from ringflow.training.config import HealthConfig
     from ringflow.training.health.heartbeat import read_heartbeat
     from ringflow.training.health.records import read_health
+    from ringflow.training.run_folder import RunFolder
     from ringflow.training.health.verdict import judge, thresholds
     from ringflow.training.store import open_store
 
@@ -65,7 +66,7 @@ def cmd_health(args) -> int:
     source = "stored with the run" if cfg is not None else "defaults: the run stored none"
     cfg = cfg or HealthConfig()
     verdict = judge(records, cfg)
-    heartbeat = read_heartbeat(store)
+    heartbeat = read_heartbeat(RunFolder(store).current_store())  # the current attempt's (run_folder.py)
     doc = verdict.to_dict() | {"thresholds": source, "stall_seconds": cfg.stall_seconds,
                                "heartbeat": dataclasses.asdict(heartbeat) if heartbeat else None}
     print(json.dumps(doc, indent=1, default=str))

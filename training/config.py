@@ -226,6 +226,17 @@ DEFAULT_ENGINE = "horovod"
 # The numeric precision of forward and backward (training/devices.py): fp32 everywhere, or autocast to
 # bfloat16 (CPU or GPU) or float16 (GPU only: its loss scaling, torch.amp.GradScaler, is CUDA's).
 PRECISIONS = ("fp32", "bf16", "fp16")
+# Whether each rank binds itself (all its threads) to its own share of the CPUs it may use (training/cores.py):
+# "auto" where the job was given CPUs of its own (not on a whole host other work shares, where bound ranks
+# ran slower), true wherever each rank can have a CPU, false never.
+BIND_CORES_AUTO = "auto"
+BIND_CORES = (BIND_CORES_AUTO, True, False)
+DEFAULT_BIND_CORES = BIND_CORES_AUTO
+
+
+def is_bind_cores(value: Any) -> bool:
+    # By type too: 1 == True, and a JSON 1 or "true" is a typo to report, not a choice.
+    return value == BIND_CORES_AUTO or isinstance(value, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +259,7 @@ class JobConfig:
     horovod: HorovodConfig = dataclasses.field(default_factory=HorovodConfig)
     ddp: DdpConfig = dataclasses.field(default_factory=DdpConfig)
     precision: str = "fp32"
+    bind_cores: str | bool = DEFAULT_BIND_CORES
     faults: tuple[FaultConfig, ...] = ()
 
     def __post_init__(self) -> None:
@@ -267,6 +279,9 @@ class JobConfig:
         _require(self.precision in PRECISIONS, "precision", f"is {self.precision!r}",
                  'use "fp32" (default), "bf16" (autocast to bfloat16, on CPU or a GPU) or "fp16" (autocast to '
                  'float16 with loss scaling, GPU only)')
+        _require(is_bind_cores(self.bind_cores), "bind_cores",
+                 f"is {self.bind_cores!r}", 'use "auto" (default: bind where the job was given CPUs of its own), '
+                 'true (bind wherever every rank can have a CPU) or false (never bind)')
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))

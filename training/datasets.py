@@ -17,7 +17,7 @@ import math
 import os
 import re
 import tempfile
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -28,6 +28,17 @@ import pyarrow.dataset as ds
 BUILTIN = ("digits", "diabetes", "wine", "digits_images")
 # About this many bytes of rows per record batch: what bounds the memory of every streaming step.
 BATCH_BYTES = 8 * 2**20
+# What the column readers of one pass over a Parquet file may hold together. A reader keeps, per column, its
+# current pages (a dictionary page and a data page, compressed and decoded), whatever the batch size, so a
+# wide table is read in column groups, one pass each (Dataset.column_groups).
+READ_BYTES = 96 * 2**20
+# One column's reader holds at most its whole column chunk, compressed and decoded; a large chunk is read
+# page by page, and its pages stay within this (measured: 1.2 MiB per column of 65,536-row chunks, 3.6 MiB of
+# 250,000-row dictionary-encoded ones, 6.4 MiB of 1 M-row ones; writers' page limits are about 1 MiB).
+COLUMN_READ_BYTES = 6 * 2**20
+# Column chunks are read through a buffer of this size: Arrow's default reads each chunk whole, so memory
+# would grow with the input's row groups.
+READ_BUFFER_BYTES = 2**16
 MIN_BATCH_ROWS, MAX_BATCH_ROWS = 256, 1 << 20
 # Assumed width of a value whose type has none (strings, variable lists), to size batches.
 _VARIABLE_WIDTH_GUESS = 32
@@ -161,9 +172,11 @@ class Dataset:
     def batches(self, columns: Sequence[str] | None = None, batch_rows: int | None = None) -> Iterator[pa.RecordBatch]:
         """Record batches of at most `batch_rows` (default: about BATCH_BYTES) rows, in file order.
 
-        Files are read pull-based, Parquet one row group at a time (memory: the largest row group, decoded),
-        CSV block by block: Arrow's dataset scanner and ParquetFile.iter_batches read ahead of a slow
-        consumer (the shard step), so their memory grew with the data (bench/data_scaling.py)."""
+        Parquet is read in slices of rows whatever its row groups (a batch may span two), each column chunk
+        through a small buffer, and nothing ahead but the next batch: Arrow's dataset scanner and
+        pre-buffering read ahead of a slow consumer (the shard step), so their memory grew with the data
+        (bench/data_scaling.py), and whole row groups made it grow with the input's row-group size
+        (bench/data_memory.py). CSV is read block by block."""
         names = list(columns) if columns is not None else self.columns
         schema = pa.schema([self.schema.field(c) for c in names])
         size = batch_rows or rows_per_batch(schema)
@@ -176,10 +189,9 @@ class Dataset:
         filesystem = self.arrow.filesystem
         for path in self.arrow.files:
             with filesystem.open_input_file(path) as source:
-                if isinstance(self.arrow.format, ds.ParquetFileFormat):
-                    parquet = pq.ParquetFile(source)
-                    groups = (parquet.read_row_group(g, columns=names) for g in range(parquet.num_row_groups))
-                    yield from _rebatch(_one_ahead(groups), size)
+                if self._is_parquet:
+                    parquet = pq.ParquetFile(source, buffer_size=READ_BUFFER_BYTES, pre_buffer=False)
+                    yield from _one_ahead(parquet.iter_batches(batch_size=size, columns=names, use_threads=False))
                     continue
                 try:
                     reader = pv.open_csv(source, read_options=pv.ReadOptions(
@@ -190,6 +202,81 @@ class Dataset:
                             yield batch.slice(start, size)
                 except pa.ArrowInvalid as exc:
                     raise csv_type_error(path, self.columns, schema, exc) from exc
+
+    @property
+    def _is_parquet(self) -> bool:
+        return isinstance(self.arrow, ds.FileSystemDataset) and isinstance(self.arrow.format, ds.ParquetFileFormat)
+
+    def column_groups(self, columns: Sequence[str] | None = None,
+                      together: Iterable[Iterable[str]] = ()) -> list[list[str]]:
+        """`columns` (default: all) in groups to read one pass each (`batches(group)`), so that one pass's
+        column readers hold about READ_BYTES at most: a narrow table is one group, a wide one several. The
+        columns of one set in `together` (say, an expectation comparing them row by row) share a group.
+        CSV and in-memory data are one group: a CSV is parsed whole whichever columns are kept."""
+        names = list(columns) if columns is not None else self.columns
+        if not self._is_parquet:
+            return [names] if names else []
+        return column_groups(names, self._column_read_bytes, READ_BYTES, together)
+
+    @functools.cached_property
+    def _column_read_bytes(self) -> dict[str, int]:
+        """What streaming each column costs its reader at most, from the Parquet footers (the largest of its
+        chunks, over every row group of every file)."""
+        cost: dict[str, int] = {}
+        for fragment in self.arrow.get_fragments():
+            metadata = fragment.metadata
+            leaves = [field.name for field in metadata.schema.to_arrow_schema()
+                      for _ in range(_leaf_count(field.type))]
+            for g in range(metadata.num_row_groups):
+                group = metadata.row_group(g)
+                in_group: dict[str, int] = {}
+                for i, name in enumerate(leaves):
+                    chunk = group.column(i)
+                    in_group[name] = in_group.get(name, 0) + min(
+                        chunk.total_compressed_size + chunk.total_uncompressed_size, COLUMN_READ_BYTES)
+                for name, bytes_ in in_group.items():
+                    cost[name] = max(cost.get(name, 0), bytes_)
+        return cost
+
+
+def column_groups(columns: Sequence[str], read_bytes: Mapping[str, int], budget: int,
+                  together: Iterable[Iterable[str]] = ()) -> list[list[str]]:
+    """Consecutive runs of `columns` whose `read_bytes` add up to `budget` at most (a column over budget on
+    its own is a group), keeping each set in `together` in one group (placed with its first column)."""
+    position = {c: i for i, c in enumerate(columns)}
+    units: dict[int, list[str]] = {i: [c] for i, c in enumerate(columns)}  # by the position of the first column
+    home = dict(position)  # column -> key of its unit
+    for joined in together:
+        keys = sorted({home[c] for c in joined if c in home})
+        for key in keys[1:]:
+            for c in units.pop(key):
+                units[keys[0]].append(c)
+                home[c] = keys[0]
+    groups: list[list[str]] = []
+    used = budget + 1
+    for key in sorted(units):
+        cost = sum(read_bytes.get(c, 0) for c in units[key])
+        if groups and used + cost <= budget:
+            groups[-1].extend(units[key])
+            used += cost
+        else:
+            groups.append(list(units[key]))
+            used = cost
+    return [sorted(group, key=position.__getitem__) for group in groups]
+
+
+def _leaf_count(type_: pa.DataType) -> int:
+    """How many Parquet column chunks (leaves) an Arrow type is stored as."""
+    if isinstance(type_, pa.BaseExtensionType):
+        return _leaf_count(type_.storage_type)
+    if pa.types.is_struct(type_):
+        return sum(_leaf_count(type_.field(i).type) for i in range(type_.num_fields))
+    if pa.types.is_map(type_):
+        return _leaf_count(type_.key_type) + _leaf_count(type_.item_type)
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_) \
+            or pa.types.is_list_view(type_) or pa.types.is_large_list_view(type_):
+        return _leaf_count(type_.value_type)
+    return 1
 
 
 _CSV_COLUMN = re.compile(r"In CSV column #(\d+): ")
@@ -222,25 +309,6 @@ def _one_ahead(items: Iterator[Any]) -> Iterator[Any]:
                 return
             pending = pool.submit(next, iterator, None)
             yield item
-
-
-def _rebatch(tables: Iterator[pa.Table], size: int) -> Iterator[pa.RecordBatch]:
-    """Batches of exactly `size` rows (the last one shorter) from tables of any sizes, holding at most
-    `size` rows plus one table: small row groups become fewer, larger batches (each batch costs a step
-    such as a Great Expectations run a fixed overhead)."""
-    pending: list[pa.Table] = []
-    rows = 0
-    for table in tables:
-        pending.append(table)
-        rows += table.num_rows
-        if rows < size:
-            continue
-        merged = pa.concat_tables(pending).combine_chunks()
-        whole = rows // size * size
-        yield from merged.slice(0, whole).to_batches(max_chunksize=size)
-        pending, rows = ([merged.slice(whole)], rows - whole) if rows > whole else ([], 0)
-    if rows:
-        yield from pa.concat_tables(pending).combine_chunks().to_batches(max_chunksize=size)
 
 
 def as_dataset(data: "Dataset | ds.Dataset | pa.Table | pd.DataFrame", uri: str = "") -> Dataset:
@@ -294,25 +362,35 @@ class ContentHash:
 
     Independent of how the table is cut into batches and of how it is stored (Parquet row groups,
     compression, file names); it changes with any value, any column name or type, or the row order. Each
-    column is hashed on its own stream (validity, then values), so batch boundaries never show.
+    column is hashed on its own stream (validity, then values), so batch boundaries never show, and a batch
+    may hold any of the columns: a wide table can be fed one column group at a time (Dataset.column_groups).
     """
 
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema
-        self.rows = 0
+        self._index = {name: i for i, name in enumerate(schema.names)}
+        self._rows = [0] * len(schema)
         self._valid = [hashlib.sha256() for _ in schema]
         self._values = [hashlib.sha256() for _ in schema]
 
     def update(self, batch: pa.RecordBatch) -> None:
-        self.rows += batch.num_rows
-        for i, column in enumerate(batch.columns):
+        for name, column in zip(batch.schema.names, batch.columns):
+            i = self._index[name]
+            self._rows[i] += len(column)
             if column.null_count:
                 self._valid[i].update(np.asarray(pc.is_valid(column)).view(np.uint8).tobytes())
             else:  # the same bytes as above without materializing them
                 self._valid[i].update(b"\x01" * len(column))
             self._values[i].update(_value_bytes(column))
 
+    @property
+    def rows(self) -> int:
+        return self._rows[0] if self._rows else 0
+
     def hexdigest(self) -> str:
+        if len(set(self._rows)) > 1:
+            fed = dict(zip(self.schema.names, self._rows))
+            raise ValueError(f"the columns were fed different numbers of rows ({fed}); feed every column every row once")
         head = json.dumps({"columns": [[f.name, str(f.type)] for f in self.schema], "rows": self.rows})
         digest = hashlib.sha256(head.encode())
         for valid, values in zip(self._valid, self._values):

@@ -9,11 +9,11 @@ monitor and the checkpoints are the same whichever runs underneath.
 from __future__ import annotations
 
 import abc
-import os
 from typing import Any
 
 import torch
 
+from ringflow.training.cores import CpuShare
 from ringflow.training.devices import Placement, Precision, choose_placement
 
 
@@ -79,8 +79,8 @@ class Engine(abc.ABC):
         """Leave the job's collectives (after result.json is written)."""
 
 
-def share_host_cores(ranks_on_host: int) -> None:
-    """Give each rank its share of the host's cores: oversubscribed cores make every step slower.
-    RINGFLOW_TORCH_THREADS overrides (bench/throughput.py pins one core per rank to measure scaling)."""
-    threads = os.environ.get("RINGFLOW_TORCH_THREADS")
-    torch.set_num_threads(int(threads) if threads else max(1, (os.cpu_count() or 1) // max(ranks_on_host, 1)))
+def share_host_cores(share: CpuShare) -> None:
+    """torch's intra-op threads for this rank's share of the CPUs (cores.py), the same share it is bound to:
+    more threads than cores' worth oversubscribe them and make every step slower. Before torch's first
+    parallel operation, so its thread pool starts inside the rank's CPUs."""
+    torch.set_num_threads(share.threads)

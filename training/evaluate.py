@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from ringflow.training.checkpoint import CheckpointStore
+from ringflow.training.run_folder import RunFolder
 from ringflow.training.config import ModelConfig
 from ringflow.training.data import to_tensors
 from ringflow.training.manifest import ManifestError
@@ -35,11 +35,11 @@ def metrics_for(task: str, outputs: torch.Tensor, targets: torch.Tensor) -> dict
 def evaluate_run(run_uri: str, checkpoint: str | None = None) -> dict:
     """Metrics of `checkpoint` (default: the one result.json names) on the manifest's eval split."""
     run_folder = open_store(run_uri)
-    checkpoints = CheckpointStore(run_folder)
+    checkpoints = RunFolder(run_folder).checkpoints()  # the published ones (run_folder.py)
     if checkpoint is None:
         result = read_result(run_folder)
         if result is None:
-            raise ObjectNotFound(f"{run_folder.uri.rstrip('/')}/{run_layout.RESULT}: the run has no result; "
+            raise ObjectNotFound(f"{run_folder.uri}: the run has published no result (result.json); "
                                  "train it first or name a checkpoint")
         if not result.succeeded:
             raise ValueError(f"{run_uri}: the run {result.status} (attempt {result.attempt}) and has no final "

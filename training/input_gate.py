@@ -172,21 +172,28 @@ def _surely_fine(column: pa.Array) -> bool:
 
 
 class InputGate:
-    """The check, streamed: `add` one batch at a time (record batches or DataFrames with the same columns),
-    then `problems()`. Memory: counts and at most MAX_EXAMPLES examples per column."""
+    """The check, streamed: `add` one batch at a time (record batches or DataFrames), then `problems()`. A
+    batch may hold any of the columns: a wide table can be fed one column group at a time, each group's rows
+    in order. Memory: counts and at most MAX_EXAMPLES examples per column."""
 
     def __init__(self, columns: Sequence[Any], target: str, features: Sequence[str] | None = None) -> None:
         self.columns = tuple(map(str, columns))
-        self.rows = 0
         self._wanted = [(target, "target")] + [(c, "feature") for c in feature_columns(columns, target, features)]
         self._counts = {c: np.zeros(len(KINDS), dtype=np.int64) for c, _ in self._wanted}
         self._examples: dict[str, list[tuple[int, Any]]] = {c: [] for c, _ in self._wanted}
+        self._seen: dict[str, int] = {}  # rows seen of each column: where its next batch starts
+
+    @property
+    def rows(self) -> int:
+        """Rows of the table seen so far."""
+        return max(self._seen.values(), default=0)
 
     def add(self, batch: "pa.RecordBatch | pa.Table | pd.DataFrame") -> None:
         names = list(batch.columns) if isinstance(batch, pd.DataFrame) else list(batch.schema.names)
         for column, _ in self._wanted:
             if column not in names:
                 continue
+            first_row = self._seen.get(column, 0)
             if isinstance(batch, pd.DataFrame):
                 series, arrow = batch[column], None
             else:
@@ -207,8 +214,9 @@ class InputGate:
             self._counts[column] += np.bincount(kind[bad], minlength=len(KINDS))
             examples = self._examples[column]
             for i in bad[:MAX_EXAMPLES - len(examples)]:
-                examples.append((self.rows + int(i), _plain(values[i] if values is not None else series.iloc[i])))
-        self.rows += len(batch)
+                examples.append((first_row + int(i), _plain(values[i] if values is not None else series.iloc[i])))
+        for name in names:
+            self._seen[name] = self._seen.get(name, 0) + len(batch)
 
     def problems(self) -> list[ColumnProblem]:
         """Every feature or target column training cannot use, target first, then features in order."""

@@ -11,6 +11,11 @@ import sys
 import uuid
 from typing import Callable
 
+from ringflow.training.backends.processes.stop import (
+    KILL_WAIT_SECONDS, ProcessesRemain, grace_from_env, stop_leftovers, stop_processes,
+)
+from ringflow.training.backends.processes.tracker import RELEASE_WAIT_SECONDS, ProcessTracker
+from ringflow.training.backends.processes.tracking import mode_from_env, start_tracking
 from ringflow.training.config import JobConfig
 from ringflow.training.engines import ENGINE_ENV, engine_name
 from ringflow.training.preflight import preflight
@@ -74,30 +79,64 @@ def rank_environment(base: dict[str, str] | None = None) -> dict[str, str]:
 def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONTROLLER,
               on_line: Callable[[str], None] = lambda line: print(line, flush=True),
               extra_env: dict[str, str] | None = None, engine: str | None = None) -> int:
-    """Preflight, start the engine's launcher in its own process group, stream its output, return the job's
-    exit code. engine: overrides the config's `engine` (`ringflow train --engine`); None keeps it."""
+    """Preflight, start the engine's launcher with every process it makes tracked as one set, stream its
+    output, return the job's exit code. engine: overrides the config's `engine` (`ringflow train --engine`);
+    None keeps it. SIGINT/SIGTERM stop every process of the set; after the launcher ends, any of them still
+    running is stopped and named."""
     cfg = preflight(config_path, num_workers)
     engine = engine_name(cfg, engine)
     # A caller that watches the job (the Airflow operator: its job id) names the attempt; else one is made.
     attempt = (extra_env or {}).get(ATTEMPT_ENV) or os.environ.get(ATTEMPT_ENV) or uuid.uuid4().hex
     # Every rank starts the engine its launcher was chosen for, whatever the config says.
     env = rank_environment() | (extra_env or {}) | {ATTEMPT_ENV: attempt, ENGINE_ENV: engine}
-    proc = subprocess.Popen(launch_command(engine, config_path, num_workers, controller), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # The launcher's own signal forwarding cannot be trusted with this: horovodrun starts mpirun in a session
+    # of its own and Open MPI puts each rank in a process group of its own, so a frozen or wedged mpirun
+    # passes nothing on. The tracked set reaches every rank directly (backends/processes).
+    grace = grace_from_env()
+    with start_tracking(f"train-{os.getpid()}", mode_from_env()) as tracker, _StopOnSignal(tracker, grace):
+        try:
+            proc = tracker.spawn(launch_command(engine, config_path, num_workers, controller), env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 start_new_session=True)
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                on_line(line.rstrip("\n"))
+            code = job_exit_code(proc.wait(), _result_of(cfg, attempt))
+        finally:
+            stop_leftovers(tracker, grace, _say)
+            tracker.release(RELEASE_WAIT_SECONDS)
+    return code
 
-    def forward(signum, _frame):  # Ctrl-C or a kill of the launcher takes the whole job down
-        _kill_group(proc.pid, signal.SIGTERM)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            on_line(line.rstrip("\n"))
-        return job_exit_code(proc.wait(), _result_of(cfg, attempt))
-    finally:
-        for s, handler in previous.items():
+class _StopOnSignal:
+    """While the job runs, SIGINT (Ctrl-C) or SIGTERM stop every process of the set: SIGTERM, a grace
+    period, SIGKILL. The same signal again while that runs kills them at once."""
+
+    def __init__(self, tracker: ProcessTracker, grace_seconds: float):
+        self.tracker, self.grace_seconds, self.stopping = tracker, grace_seconds, False
+
+    def __enter__(self) -> "_StopOnSignal":
+        self.previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self.previous.items():
             signal.signal(s, handler)
-        _kill_group(proc.pid, signal.SIGKILL)
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        if self.stopping:
+            self.tracker.kill_all()
+            return
+        self.stopping = True
+        _say(f"{signal.Signals(signum).name}: stopping every process of the job")
+        # The output loop resumes once every writer of its pipe is gone, and ends.
+        outcome = stop_processes(self.tracker, self.grace_seconds)
+        if not outcome.clean:
+            _say(f"error: {ProcessesRemain('stopping the job', outcome, KILL_WAIT_SECONDS)}")
+
+
+def _say(message: str) -> None:
+    print(f"[ringflow] {message}", file=sys.stderr, flush=True)
 
 
 def _result_of(cfg: JobConfig, attempt: str):
@@ -117,12 +156,3 @@ def job_exit_code(launcher_code: int, result) -> int:
     if result is None or launcher_code == 0:
         return launcher_code
     return result.exit_code or launcher_code  # a result says succeeded, the launcher failed: still a failure
-
-
-def _kill_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-

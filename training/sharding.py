@@ -10,10 +10,14 @@ partitions, move what does not fill a whole minibatch everywhere to eval".
 Two passes, both Arrow streams:
 1. Scan the dataset's record batches once: the input gate, the content fingerprint, the target's kind and the
    features' mean/std on the training rows; each batch's rows go to spill buckets (Arrow IPC files in a
-   temporary folder on local disk) by destination and slot range.
-2. Per destination, read its buckets in slot order, sort each (it is small), and append it to a ParquetWriter
-   in row groups of `row_group_rows`; sha256 is computed over the bytes as they are written. Destinations are
-   written in parallel (Parquet encoding releases the GIL), then uploaded (`put_file`: multipart on S3).
+   temporary folder on local disk) by destination and slot range. A wide Parquet table is scanned one column
+   group at a time (datasets.Dataset.column_groups: a Parquet reader holds pages of every column it streams),
+   each group spilling its own columns; the statistics are per column, so they do not notice.
+2. Per destination, read its buckets in slot order (every column group's file of a bucket, side by side), sort
+   each (it is small), and append it to a ParquetWriter in row groups of `row_group_rows`; sha256 is computed
+   over the bytes as they are written. Destinations are written in parallel (Parquet encoding releases the
+   GIL), as many as the cores and the memory left allow (memory_budget), then uploaded (`put_file`: multipart
+   on S3).
 
 The spill needs local disk about the size of the (float32) training data, and is removed afterwards.
 """
@@ -42,6 +46,7 @@ from ringflow.training.input_gate import InputGate, check_trainable, feature_col
 from ringflow.training.manifest import (
     MANIFEST_NAME, ColumnSpec, ManifestError, PartitionEntry, ShardManifest, ShardSchema, sha256_hex,
 )
+from ringflow.training.memory_budget import available_memory
 from ringflow.training.partition_index import index_parquet_file
 from ringflow.training.store.base import ObjectNotFound, ObjectStore
 
@@ -53,6 +58,11 @@ _MAX_INFERRED_CLASSES = 100
 ROW_GROUP_BYTES = 2 * 2**20
 # A spill bucket holds about this many bytes: what pass 2 holds per destination being written.
 SPILL_BUCKET_BYTES = 8 * 2**20
+# Partitions written at once, at most (each by a thread: Parquet encoding releases the GIL), and what one
+# writer holds: a spill bucket read, sorted and cast (measured: about 40 MiB of Arrow memory), and its allocator's
+# slack. The writers are as many as the cores, the partitions and the memory left allow.
+MAX_WRITERS = 4
+WRITER_BYTES = 64 * 2**20
 # Spill files open at once, at most: the process's open-file limit is raised to its hard limit for them.
 # Past SPILL_BUCKET_BYTES x this many bytes (80 GiB at 10,000 files) buckets grow with the data.
 MAX_SPILL_FILES = 10_000
@@ -272,6 +282,10 @@ def _open_file_budget() -> int:
     return max(16, min(MAX_SPILL_FILES, limit))
 
 
+def _spill_name(destination: int, bucket: int, group: int) -> str:
+    return f"{destination}-{bucket}-{group}.arrow"
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardResult:
     manifest: ShardManifest
@@ -316,53 +330,73 @@ def shard(
     bucket_rows = groups_per_bucket * row_group_rows
     stride = plan.rows // bucket_rows + 2  # more buckets than any destination has
 
+    groups = dataset.column_groups(wanted)
+    index_of = {f: i for i, f in enumerate(features)}
+
     spill = tempfile.mkdtemp(prefix="ringflow-shard-")
     try:
         hasher, moments, target_stats = ContentHash(schema), [_Moments() for _ in features], _TargetStats()
-        writers: dict[tuple[int, int], pa.ipc.RecordBatchStreamWriter] = {}
-        offset = 0
-        # The fingerprint's sha256 runs on the other core (hashlib releases the GIL), one batch behind at most.
-        hashing = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringflow-hash")
-        hashed = None
+
+        def tally(batch: pa.RecordBatch, stored: Sequence[tuple[str, pa.Array]], training: np.ndarray) -> None:
+            hasher.update(batch)
+            for name, array in stored:
+                moments[index_of[name]].add(tensor_matrix(array, np.float32)[0][training])
+
+        # The fingerprint's sha256 and the features' moments run on the other core (hashlib and numpy release
+        # the GIL), in batch order, one batch behind at most.
+        tallying = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringflow-tally")
         try:
-            for batch in dataset.batches(wanted):
-                if hashed is not None:
-                    hashed.result()
-                hashed = hashing.submit(hasher.update, batch)
-                gate.add(batch)
-                n = batch.num_rows
-                if gate.problems():  # keep counting every bad row; nothing more to prepare
-                    offset += n
-                    continue
-                destination_of, slot = plan.place(shuffled_positions(np.arange(offset, offset + n), plan.rows, seed))
-                offset += n
-                stored = _features_as_stored(batch, features)
-                training = destination_of < num_partitions
-                for array, moment in zip(stored, moments):
-                    values = tensor_matrix(array, np.float32)[0]
-                    moment.add(values[training])
-                target_column = batch.column(target)
-                target_stats.add(target_column)
-                out = pa.RecordBatch.from_arrays([*stored, target_column, pa.array(slot)],
-                                                 names=[*features, target, _SLOT])
-                # One sort groups the rows by (destination, bucket); each group is one slice to spill.
-                bucket = destination_of * stride + slot // bucket_rows
-                order = np.argsort(bucket, kind="stable")
-                out = out.take(pa.array(order))
-                keys, starts = np.unique(bucket[order], return_index=True)
-                ends = list(starts[1:]) + [n]
-                for key, start, end in zip(keys.tolist(), starts.tolist(), ends):
-                    where = divmod(key, stride)
-                    if where not in writers:
-                        path = os.path.join(spill, f"{where[0]}-{where[1]}.arrow")
-                        writers[where] = pa.ipc.new_stream(pa.OSFile(path, "wb"), out.schema)
-                    writers[where].write_batch(out.slice(start, end - start))
-            if hashed is not None:
-                hashed.result()
+            # One pass per column group (one for a narrow table): each spills its columns to files of their own,
+            # `<destination>-<bucket>-<group>.arrow`, and every group's file of a bucket holds the same rows in
+            # the same order (ascending row numbers), so pass 2 puts the columns side by side.
+            for g, names in enumerate(groups):
+                group_features = [f for f in features if f in names]
+                writers: dict[tuple[int, int], pa.ipc.RecordBatchStreamWriter] = {}
+                offset, tallied = 0, None
+                try:
+                    for batch in dataset.batches(names):
+                        if tallied is not None:
+                            tallied.result()
+                        gate.add(batch)
+                        n = batch.num_rows
+                        if gate.problems():  # keep counting every bad row; nothing more to prepare
+                            tallied = tallying.submit(hasher.update, batch)
+                            offset += n
+                            continue
+                        destination_of, slot = plan.place(
+                            shuffled_positions(np.arange(offset, offset + n), plan.rows, seed))
+                        offset += n
+                        arrays = _features_as_stored(batch, group_features)
+                        tallied = tallying.submit(tally, batch, list(zip(group_features, arrays)),
+                                                  destination_of < num_partitions)
+                        out_names = list(group_features)
+                        if target in names:
+                            target_stats.add(batch.column(target))
+                            arrays.append(batch.column(target))
+                            out_names.append(target)
+                        if g == 0:
+                            arrays.append(pa.array(slot))
+                            out_names.append(_SLOT)
+                        out = pa.RecordBatch.from_arrays(arrays, names=out_names)
+                        # One sort groups the rows by (destination, bucket); each group is one slice to spill.
+                        bucket = destination_of * stride + slot // bucket_rows
+                        order = np.argsort(bucket, kind="stable")
+                        out = out.take(pa.array(order))
+                        keys, starts = np.unique(bucket[order], return_index=True)
+                        ends = list(starts[1:]) + [n]
+                        for key, start, end in zip(keys.tolist(), starts.tolist(), ends):
+                            where = divmod(key, stride)
+                            if where not in writers:
+                                path = os.path.join(spill, _spill_name(*where, g))
+                                writers[where] = pa.ipc.new_stream(pa.OSFile(path, "wb"), out.schema)
+                            writers[where].write_batch(out.slice(start, end - start))
+                    if tallied is not None:
+                        tallied.result()
+                finally:
+                    for writer in writers.values():
+                        writer.close()
         finally:
-            hashing.shutdown(wait=True)
-            for writer in writers.values():
-                writer.close()
+            tallying.shutdown(wait=True)
         gate.check(source_uri)
 
         task = task or target_stats.task()
@@ -404,22 +438,26 @@ def shard(
             with pq.ParquetWriter(sink, out_schema, compression="zstd", use_dictionary=[target]) as writer:
                 buckets = math.ceil(plan.destination_rows(destination_index) / bucket_rows)
                 for b in range(buckets):
-                    bucket_path = os.path.join(spill, f"{destination_index}-{b}.arrow")
-                    with pa.memory_map(bucket_path) as source:
-                        table = pa.ipc.open_stream(source).read_all()
-                    slots = table.column(_SLOT).to_numpy()
-                    table = table.take(pa.array(np.argsort(slots, kind="stable")))
-                    table = table.select([*features, target]).cast(out_schema)
+                    columns: dict[str, pa.ChunkedArray] = {}
+                    for g in range(len(groups)):  # the column groups' files of this bucket, side by side
+                        bucket_path = os.path.join(spill, _spill_name(destination_index, b, g))
+                        with pa.memory_map(bucket_path) as source:
+                            part = pa.ipc.open_stream(source).read_all()
+                        columns.update(zip(part.column_names, part.columns))
+                        os.unlink(bucket_path)
+                    order = pa.array(np.argsort(columns[_SLOT].to_numpy(), kind="stable"))
+                    table = pa.table([columns[c] for c in out_schema.names], names=out_schema.names)
+                    table = table.take(order).cast(out_schema)
                     writer.write_table(table, row_group_size=row_group_rows)
                     rows += table.num_rows
-                    os.unlink(bucket_path)
             sink.close()
             index = index_parquet_file(path)  # (size, row groups, footer): ranks stream it by these ranges
             store.put_file(key, path)
             os.unlink(path)
             return key, rows, sink.sha256.hexdigest(), index
 
-        workers = max(1, min(len(keys), os.cpu_count() or 1, 4))
+        # As many writers as there are cores, and memory for: a container's limit, not its cores, OOM-kills it.
+        workers = max(1, min(len(keys), os.cpu_count() or 1, MAX_WRITERS, available_memory() // WRITER_BYTES))
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             written = list(pool.map(write, range(len(keys))))
     finally:

@@ -35,6 +35,8 @@ from ringflow.training.callbacks.logging import ProgressLog, say
 from ringflow.training.callbacks.throughput import Throughput
 from ringflow.training.checkpoint import CheckpointStore
 from ringflow.training.checkpoint_writer import AsyncCheckpointWriter, WrittenCheckpoint
+from ringflow.training.fence_guard import FenceGuard
+from ringflow.training.run_folder import RunFolder
 from ringflow.training.config import JobConfig
 from ringflow.training.data import Cursor, PartitionData
 from ringflow.training.engine import Engine
@@ -47,7 +49,7 @@ from ringflow.training.health.verdict import STALLED, STORE_UNAVAILABLE, Verdict
 from ringflow.training.loop import TrainingLoop
 from ringflow.training.manifest import ShardManifest, split_manifest_uri
 from ringflow.training.models import build_model
-from ringflow.training.run_result import FAILED, SUCCEEDED, ResultError, RunResult, read_result, write_result
+from ringflow.training.run_result import FAILED, SUCCEEDED, ResultError, RunResult, read_result
 from ringflow.training.store import ObjectStore, StoreConfigError, StoreUnavailable, open_store
 from ringflow.training.training_state import STATE_FILE, TrainingState
 from ringflow.training.worker_env import ATTEMPT_ENV, launcher_rank, launcher_world_size
@@ -74,31 +76,60 @@ def store_call(progress: Progress, what: str, store: ObjectStore, call):
     return result
 
 
+@dataclasses.dataclass
+class RankStart:
+    """What a rank sets up before anything can hang: its attempt's id, the run folder, its liveness, and on
+    rank 0 the claim that makes this attempt the run folder's current one (fence_guard.py)."""
+
+    attempt: str
+    run_store: ObjectStore
+    liveness: Liveness
+    guard: FenceGuard | None  # rank 0's: where it writes, and how it publishes
+
+    @classmethod
+    def begin(cls, cfg: JobConfig, rank: int, on_stall) -> "RankStart":
+        # The launcher names the attempt; a rank started some other way (plain mpirun) makes one up.
+        attempt = os.environ.get(ATTEMPT_ENV) or uuid.uuid4().hex
+        os.environ[ATTEMPT_ENV] = attempt
+        run_store = open_store(cfg.run_uri)
+        liveness = Liveness(attempt, cfg.health, rank, on_stall)
+        liveness.start()  # the claim below is watched too: a store that moves nothing is the store's verdict
+        guard = None
+        if rank == 0:
+            guard = store_call(liveness.progress, "claim of the run folder", run_store,
+                               lambda moved: FenceGuard.claim(run_store, attempt))
+            liveness.start_heartbeat(guard.store, before_write=guard.check)
+        return cls(attempt, run_store, liveness, guard)
+
+
 class Trainer:
     def __init__(self, cfg: JobConfig, engine: Engine, callbacks: Sequence[Callback] = (),
-                 liveness: Liveness | None = None):
+                 start: RankStart | None = None):
         """callbacks: more callbacks on the loop, after fault injection and before the built-in ones.
-        liveness: started by main() before the engine's rendezvous; else started here."""
+        start: begun by main() before the engine's rendezvous; else begun here."""
         self.cfg, self.engine = cfg, engine
         self.rank, self.size = engine.rank, engine.size
-        self.run_folder = open_store(cfg.run_uri)  # the store at run_uri: checkpoints, health, result
-        self.checkpoints = CheckpointStore(self.run_folder, keep_last=cfg.checkpoint.keep_last)
-        # The launcher names the attempt; a rank started some other way (plain mpirun) makes one up.
-        self.attempt = os.environ.get(ATTEMPT_ENV) or uuid.uuid4().hex
         self.step, self.cursor, self.resumed_from, self.last_loss = 0, Cursor(), None, float("nan")
         self.loop: TrainingLoop | None = None
         self.throughput: Throughput | None = None
         self.checkpointing: Checkpointing | None = None
         self.health_log: HealthLog | None = None
-        # Started before anything that can hang: reading the data and the checkpoint from a store, the first
-        # collectives on a dead peer.
-        self.liveness = liveness or Liveness(self.run_folder, self.attempt, cfg.health, self.rank, self.on_stall)
+        # Liveness started before anything that can hang: reading the data and the checkpoint from a store,
+        # the first collectives on a dead peer.
+        start = start or RankStart.begin(cfg, self.rank, lambda verdict: self.on_stall(verdict))
+        self.attempt, self.run_folder, self.guard = start.attempt, start.run_store, start.guard
+        self.liveness = start.liveness
         self.liveness.on_stall = self.on_stall
-        self.liveness.start()
         progress = self.progress = self.liveness.progress
         progress.phase(FETCH)
-        self.health_log = store_call(progress, "read of the health log", self.run_folder, lambda moved: HealthLog(
-            self.run_folder, cfg.health.flush_seconds, enabled=self.rank == 0, attempt=self.attempt))
+        # What the run folder published (run_folder.py): the checkpoint to resume from, a finished run's verdict.
+        self.published = RunFolder(self.run_folder).checkpoints
+        guard = self.guard
+        self.health_log = HealthLog(guard.store if guard else self.run_folder, cfg.health.flush_seconds,
+                                    enabled=guard is not None, attempt=self.attempt,
+                                    first_seq=guard.attempt.ref.first_seq if guard else 0,
+                                    before_write=(lambda: guard.check(max_age=cfg.health.heartbeat_interval()))
+                                    if guard else (lambda: None))
         self.health_log.start_flushing()
         manifest_store, manifest_key = split_manifest_uri(cfg.manifest_uri)
         manifest = self.manifest = store_call(progress, f"read of {manifest_key}", manifest_store, lambda moved:
@@ -122,12 +153,14 @@ class Trainer:
         engine.broadcast_state(self.model, self.optimizer)
 
         self.monitor = SyncHealthMonitor(engine, cfg.health, self.health_log, cfg.batch_size)
-        writer = (AsyncCheckpointWriter(self.checkpoints, progress, self._on_checkpoint_written)
-                  if self.rank == 0 else None)
+        writer = (AsyncCheckpointWriter(CheckpointStore(guard.store, keep_last=None), progress,
+                                        self._on_checkpoint_written, self._publish_checkpoint)
+                  if guard is not None else None)
         self.checkpointing = Checkpointing(writer, cfg.checkpoint.every_steps, self.size, {
             "manifest_uri": cfg.manifest_uri, "model": json.loads(json.dumps(cfg.to_dict()["model"])),
             "schema": {"num_features": schema.num_features, "input_shape": list(schema.input_shape),
-                       "num_outputs": schema.num_outputs, "task": schema.task}}, pin_memory=placement.pin_memory)
+                       "num_outputs": schema.num_outputs, "task": schema.task}}, pin_memory=placement.pin_memory,
+            progress=progress, store_uri=self.run_folder.uri)
         self.health = HealthMonitoring(self.monitor, self.health_log, cfg.health, self.rank, self.checkpointing.due,
                                        {"world_size": self.size, "engine": engine.name,
                                         "device": placement.device, "precision": cfg.precision,
@@ -143,6 +176,13 @@ class Trainer:
             ProgressLog(self.rank, self.size, cfg.log_every_steps, cfg.batch_size, cfg.learning_rate),
             *([self.garbage_collection] if self.garbage_collection else []), self.checkpointing]
 
+    def _publish_checkpoint(self, name: str) -> None:
+        """From the writer's thread: make `name` the run folder's newest checkpoint, then delete what that
+        dropped from keep_last (its MANIFEST first, so a reader never meets a half-deleted one as complete)."""
+        for key in self.guard.publish_checkpoint(name, self.cfg.checkpoint.keep_last):
+            self.run_folder.delete(f"{key}/MANIFEST.json")
+            self.run_folder.delete_prefix(f"{key}/")
+
     def _on_checkpoint_written(self, written: WrittenCheckpoint) -> None:
         """From the writer's thread: what the checkpoint cost, in the health log and the job's log."""
         self.health_log.append(record("checkpoint", **dataclasses.asdict(written)))
@@ -153,7 +193,7 @@ class Trainer:
     def _resume(self) -> None:
         # Every rank reads the checkpoint itself; the broadcast that follows makes rank 0's copy the truth.
         loaded = store_call(self.progress, "read of the newest checkpoint", self.run_folder,
-                            lambda moved: self.checkpoints.latest_valid(progress=moved))
+                            lambda moved: self.published().latest_valid(progress=moved))
         if loaded is None:
             return
         state = TrainingState.from_bytes(loaded.files[STATE_FILE],
@@ -179,10 +219,10 @@ class Trainer:
         """This attempt's outcome, the same on every rank; rank 0 writes it (result.json), after the health
         records it has not yet written."""
         result = self.result(status, verdict, checkpoint)
-        if self.rank == 0:
+        if self.guard is not None:
             self.health_log.append(record("end", status=status, step=result.step))
             self.health_log.close()
-            write_result(self.run_folder, result)
+            self.guard.publish_result(result.to_json())
         return result
 
     def result(self, status: str, verdict: Verdict | None, checkpoint: str | None) -> RunResult:
@@ -210,20 +250,19 @@ class Trainer:
         """The watchdog's call, from its thread, while the training thread is stuck or waits for a store
         that moves nothing: record, then exit."""
         print(f"[ringflow] rank {self.rank}: {verdict.reason}", file=sys.stderr, flush=True)
-        if self.rank == 0 and self.health_log is not None:
+        if self.guard is not None:
+            self.guard.check()  # a fenced attempt (frozen, then thawed) says nothing more
             self.health_log.append(liveness_record(verdict, self.rank))
             # The store may be what is stuck: the last word gets a while, then the process goes anyway.
-            within(LAST_WORD_SECONDS, lambda: (self.health_log.close(),
-                                               write_result(self.run_folder, self.result(FAILED, verdict, None))))
-        elif self.rank == 0:
-            write_failed_result(self.run_folder, self.attempt, self.size, verdict)
+            within(LAST_WORD_SECONDS, lambda: (self.health_log.close(), self.guard.publish_result(
+                self.result(FAILED, verdict, None).to_json())))
         else:
             time.sleep(5)  # give rank 0 the chance to record the verdict before the job is torn down
         os._exit(exit_codes.for_verdict(verdict.status))
 
     def carried_verdict(self) -> Verdict | None:
         """The verdict of the attempt that wrote the final checkpoint this attempt resumed from."""
-        meta = self.checkpoints.read_manifest(self.resumed_from).meta
+        meta = self.published().read_manifest(self.resumed_from).meta
         if "verdict" in meta:
             doc = meta["verdict"]
             return Verdict(doc["status"], doc.get("reason", ""), doc.get("evidence") or {}) if doc else None
@@ -304,32 +343,32 @@ def store_record(verdict: Verdict) -> dict:
                   seen_by=e["seen_by"], error=e.get("error"), last_step=e.get("last_step"))
 
 
-def write_failed_result(run_folder: ObjectStore, attempt: str, world_size: int, verdict: Verdict) -> None:
+def write_failed_result(start: RankStart, world_size: int, verdict: Verdict) -> None:
     """Rank 0's last word when it stops before the Trainer exists (during the rendezvous)."""
-    within(LAST_WORD_SECONDS, lambda: write_result(run_folder, RunResult(
-        status=FAILED, attempt=attempt, step=0, epoch=0, world_size=world_size, verdict=verdict)))
+    if start.guard is None:
+        return
+    start.guard.check()
+    within(LAST_WORD_SECONDS, lambda: start.guard.publish_result(RunResult(
+        status=FAILED, attempt=start.attempt, step=0, epoch=0, world_size=world_size, verdict=verdict).to_json()))
 
 
-def start_liveness_early(cfg: JobConfig) -> Liveness | None:
-    """Liveness from before the engine's rendezvous, when the launcher's environment names this rank (else
-    the Trainer starts it once the engine knows): a rank that never gets past the rendezvous is still judged."""
+def begin_early(cfg: JobConfig) -> RankStart | None:
+    """Begin before the engine's rendezvous, when the launcher's environment names this rank (else the
+    Trainer begins once the engine knows it): a rank that never gets past the rendezvous is still judged."""
     rank = launcher_rank(os.environ)
     if rank is None:
         return None
-    attempt = os.environ.get(ATTEMPT_ENV) or uuid.uuid4().hex
-    os.environ[ATTEMPT_ENV] = attempt  # the Trainer names the same attempt
-    run_folder = open_store(cfg.run_uri)
     world_size = launcher_world_size(os.environ) or 1
+    holder: list[RankStart] = []
 
     def on_stall(verdict: Verdict) -> None:
         print(f"[ringflow] rank {rank}: {verdict.reason}", file=sys.stderr, flush=True)
-        if rank == 0:
-            write_failed_result(run_folder, attempt, world_size, verdict)
+        if holder:
+            write_failed_result(holder[0], world_size, verdict)
         os._exit(exit_codes.for_verdict(verdict.status))
 
-    liveness = Liveness(run_folder, attempt, cfg.health, rank, on_stall)
-    liveness.start()
-    return liveness
+    holder.append(RankStart.begin(cfg, rank, on_stall))
+    return holder[0]
 
 
 def store_failure(exc: BaseException, cfg: JobConfig, seconds: float) -> Verdict:
@@ -340,24 +379,23 @@ def store_failure(exc: BaseException, cfg: JobConfig, seconds: float) -> Verdict
 
 def main(cfg: JobConfig) -> int:
     started = time.monotonic()
-    liveness = start_liveness_early(cfg)
+    start = begin_early(cfg)
     engine = start_engine(cfg)  # the one its launcher was chosen for (engines.ENGINE_ENV), else cfg.engine
     trainer = None
     try:
-        trainer = Trainer(cfg, engine, liveness=liveness)
+        trainer = Trainer(cfg, engine, start=start)
         return trainer.train()
     except (StoreUnavailable, StoreConfigError) as exc:
         # The store kept failing (or cannot be reached): its own verdict, not a crash.
         verdict = store_failure(exc, cfg, time.monotonic() - started)
         print(f"[ringflow] rank {engine.rank}: {verdict.reason}", file=sys.stderr, flush=True)
-        if engine.rank == 0:
-            if trainer is not None and trainer.health_log is not None:
-                trainer.health_log.append(store_record(verdict))
-                within(LAST_WORD_SECONDS, lambda: (trainer.health_log.close(), write_result(
-                    trainer.run_folder, trainer.result(FAILED, verdict, None))))
-            else:
-                write_failed_result(open_store(cfg.run_uri), os.environ.get(ATTEMPT_ENV) or "unknown", engine.size,
-                                    verdict)
+        if trainer is not None and trainer.guard is not None and trainer.health_log is not None:
+            trainer.guard.check()
+            trainer.health_log.append(store_record(verdict))
+            within(LAST_WORD_SECONDS, lambda: (trainer.health_log.close(), trainer.guard.publish_result(
+                trainer.result(FAILED, verdict, None).to_json())))
+        elif start is not None:
+            write_failed_result(start, engine.size, verdict)
         return exit_codes.for_verdict(verdict.status)
     finally:
         engine.shutdown()

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from ringflow.training.run_layout import RESULT
-from ringflow.training.run_result import RunResult
+from ringflow.training.run_result import read_result
+from ringflow.training.store import LocalFolderStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -50,9 +50,9 @@ def test_success_promotes_version_1(airflow_db, dagbag, store):
     assert pointer["metrics"]["accuracy"] > 0.5
     folder = run_folder(store, dr)
     assert pointer["run_uri"] == str(folder)
-    for name in ("result.json", "eval.json", "health.jsonl", "health.png"):
+    for name in ("run.json", "eval.json", "health.png"):  # the attempts' own files are under attempts/
         assert (folder / name).is_file(), name
-    assert RunResult.from_json((folder / RESULT).read_bytes()).verdict.status in ("HEALTHY", "DEGRADED")
+    assert read_result(LocalFolderStore(folder)).verdict.status in ("HEALTHY", "DEGRADED")
     manifests = list((store / "shards" / "digits").glob("*/manifest.json"))
     assert len(manifests) == 1
 
@@ -125,7 +125,7 @@ def test_injected_nan_fails_at_train_with_the_verdict(airflow_db, dagbag, store,
     # The task's failure names the verdict and its evidence (not only the job's own log lines do).
     assert re.search(r"AirflowFailException: .*health verdict NONFINITE: NaN/Inf .*evidence", out), out[-3000:]
     assert tis["train"].try_number == 1
-    result = RunResult.from_json((run_folder(store, dr) / RESULT).read_bytes())
+    result = read_result(LocalFolderStore(run_folder(store, dr)))
     assert result.status == "failed" and result.verdict.status == "NONFINITE"
     assert 1 in result.verdict.evidence["ranks"]
     assert (run_folder(store, dr) / "health.png").is_file()
@@ -141,7 +141,7 @@ def test_worker_crash_is_retried_and_resumes_from_the_checkpoint(airflow_db, dag
     dr, tis = run(dag, {"epochs": 2, "model_name": "digits-crash"})
     assert dr.state == "success", states(tis)
     assert tis["train"].try_number == 2
-    result = RunResult.from_json((run_folder(store, dr) / RESULT).read_bytes())
+    result = read_result(LocalFolderStore(run_folder(store, dr)))
     assert result.succeeded
     assert result.resumed_from == "ckpt-000000020"
     assert result.step == 44  # 2 epochs x 22 steps: nothing lost, nothing repeated

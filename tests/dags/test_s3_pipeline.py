@@ -24,8 +24,9 @@ import urllib.request
 
 import pytest
 
-from ringflow.training.run_layout import RESULT
-from ringflow.training.run_result import RunResult
+from ringflow.training.run_folder import RunFolder
+from ringflow.training.run_result import read_result
+from ringflow.training.store import open_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -117,15 +118,19 @@ def check_bucket(server, bucket: str, model: str, health_steps=frozenset({10, 20
     runs = sorted({k.split("/")[2] for k in rel if k.startswith(f"runs/{DAG_ID}/")})
     assert len(runs) == 1, runs
     run = f"runs/{DAG_ID}/{runs[0]}/digits"
-    for name in ("result.json", "eval.json", "health.png"):
+    for name in ("run.json", "eval.json", "health.png"):
         assert f"{run}/{name}" in rel, (name, rel)
-    checkpoint_files = {k[len(run) + 1:] for k in rel if k.startswith(f"{run}/checkpoints/")}
-    assert checkpoint_files == {f"checkpoints/{c}/{f}" for c in CHECKPOINTS for f in ("state.pt", "MANIFEST.json")}
+    run_store = open_store(f"s3://{bucket}/{STORE_PREFIX}/{run}", s3=server.settings())
+    published = RunFolder(run_store).checkpoints()  # what the run folder's pointer names (run_folder.py)
+    assert sorted(published.names()) == sorted(CHECKPOINTS)
+    checkpoint_files = {k[len(run) + 1:] for k in rel if k.startswith(f"{run}/") and "/checkpoints/" in k}
+    assert checkpoint_files == {f"{published.prefix_of(c)}/{c}/{f}" for c in CHECKPOINTS
+                                for f in ("state.pt", "MANIFEST.json")}
 
     def get(key):
         return client.get_object(Bucket=bucket, Key=f"{STORE_PREFIX}/{key}")["Body"].read()
 
-    result = RunResult.from_json(get(f"{run}/{RESULT}"))
+    result = read_result(run_store)
     assert result.succeeded and result.checkpoint == CHECKPOINTS[-1] and result.step == 44
     assert result.verdict.status in ("HEALTHY", "DEGRADED")
     evaluation = json.loads(get(f"{run}/eval.json"))
@@ -143,7 +148,8 @@ def check_bucket(server, bucket: str, model: str, health_steps=frozenset({10, 20
     version = f"models/{model}/v1"
     assert {f"{version}/state.pt", f"{version}/MODEL.json"} <= set(rel), rel
     # The promoted copy is the checkpoint's own bytes (a server-side copy of what was verified).
-    assert get(f"{version}/state.pt") == get(f"{run}/checkpoints/{CHECKPOINTS[-1]}/state.pt")
+    final = CHECKPOINTS[-1]
+    assert get(f"{version}/state.pt") == get(f"{run}/{published.prefix_of(final)}/{final}/state.pt")
     return pointer
 
 
@@ -203,7 +209,8 @@ def test_pipeline_script_promotes_through_s3_with_the_connection_only(s3_server_
         assert not list(where.glob("s3*")), list(where.glob("s3*"))
     job_dirs = list(jobs.iterdir())
     assert len(job_dirs) == 1, job_dirs
-    assert {p.name for p in job_dirs[0].iterdir()} <= {"job.json", "labels.json", "output.log", "pid", "exit_code"}
+    assert {p.name for p in job_dirs[0].iterdir()} <= {"job.json", "labels.json", "output.log", "pid", "exit_code",
+                                                        "processes.json"}
     # The job's spec holds URIs only; its keys came in its environment, from the connection.
     job = json.loads((job_dirs[0] / "job.json").read_text())
     assert job["run_uri"] == pointer["run_uri"] and job["manifest_uri"].startswith(f"s3://{bucket}/")
@@ -298,8 +305,7 @@ def test_transient_s3_faults_are_retried_and_lose_nothing(proxied_store, s3_serv
                    for e in log[last_fault + 1:]), (what, log)
 
     pointer = check_bucket(s3_server_with_auth, bucket, model)  # nothing lost, nothing extra
-    result = RunResult.from_json(s3_server_with_auth.boto3_client().get_object(
-        Bucket=bucket, Key=f"{pointer['run_uri'].split(bucket + '/', 1)[1]}/{RESULT}")["Body"].read())
+    result = read_result(open_store(pointer["run_uri"], s3=s3_server_with_auth.settings()))
     assert result.resumed_from is None
     registry = ModelRegistry(open_store(f"s3://{bucket}/{STORE_PREFIX}", s3=s3_server_with_auth.settings()))
     assert [p.version for p in registry.history(model)] == [1]  # the retried pointer write promoted once
@@ -313,8 +319,9 @@ def test_transient_s3_faults_are_retried_and_lose_nothing(proxied_store, s3_serv
 
 def test_checkpoint_upload_failing_for_good_resumes_from_the_previous_checkpoint(proxied_store, s3_server_with_auth,
                                                                                  tmp_path, capfd):
-    """Every attempt to upload ckpt-40 fails while the first job runs: that job fails, and the task's retry
-    resumes from ckpt-20, the last complete checkpoint, losing only the steps after it."""
+    """Every attempt to upload ckpt-40 fails while the first job runs: that job stops with STORE_UNAVAILABLE
+    (the background writer's failure, not a crash), and the task's retry resumes from ckpt-20, the last
+    complete checkpoint, losing only the steps after it."""
     import datetime as dt
     import threading
 
@@ -328,7 +335,8 @@ def test_checkpoint_upload_failing_for_good_resumes_from_the_previous_checkpoint
 
     def heal_when_the_first_job_ends():  # the outage lasts exactly as long as the first try's job
         while not stop.wait(0.2):
-            if list((tmp_path / "jobs").glob("*-t1/exit_code")):
+            jobs = tmp_path / "jobs"  # it exits, or the trigger stops it once it has stopped itself
+            if list(jobs.glob("*-t1/exit_code")) or list(jobs.glob("*-t1/deleted")):
                 proxy.clear()
                 first_job_ended.set()
                 return
@@ -350,12 +358,8 @@ def test_checkpoint_upload_failing_for_good_resumes_from_the_previous_checkpoint
     assert len(attempts) == FAULT_TUNING["retries"]["total_max_attempts"], lost  # retried, then given up
     assert lost[-1].fault is None and 200 <= (lost[-1].status or 0) < 300  # the retried task uploaded it
     first_log = next((tmp_path / "jobs").glob("*-t1/output.log")).read_text(errors="replace")
-    assert "ckpt-000000040" in first_log, first_log[-3000:]
+    assert "ckpt-000000040" in first_log and "STORE_UNAVAILABLE" in first_log, first_log[-3000:]
 
-    # The first job's record of step 20 was still being gathered when ckpt-20 flushed the records, and the
-    # job died before its next flush: the retry's records start after the checkpoint it resumed from.
-    pointer = check_bucket(s3_server_with_auth, bucket, model, health_steps={10, 30, 40})
-    run_key = pointer["run_uri"].split(bucket + "/", 1)[1]
-    result = RunResult.from_json(s3_server_with_auth.boto3_client().get_object(
-        Bucket=bucket, Key=f"{run_key}/{RESULT}")["Body"].read())
+    pointer = check_bucket(s3_server_with_auth, bucket, model)
+    result = read_result(open_store(pointer["run_uri"], s3=s3_server_with_auth.settings()))
     assert result.resumed_from == "ckpt-000000020" and result.step == 44

@@ -5,18 +5,23 @@ Operator's hostfile, environment and keys; the hosts are network namespaces runn
 - training across 2 hosts (1 slot each) ends with the same parameters as a single-host run;
 - cutting one worker's link mid-run gives STALLED within stall_seconds, the job is stopped and nothing is
   left running on any host;
-- a retry after the link is back resumes from the last checkpoint and ends like the uninterrupted run.
+- a retry after the link is back resumes from the last checkpoint and ends like the uninterrupted run;
+- rank 0's host frozen and cut off from the launcher but not from the store (a node gone dark whose pod
+  outlives its MPIJob): the retry, a new MPIJob on other hosts, claims the run folder and succeeds; when the
+  old host comes back, its rank 0 ends FENCED without writing anything.
 """
 from __future__ import annotations
 
 import io
+import os
 import time
 from pathlib import Path
 
 import pytest
 
-from ringflow.training.run_layout import RESULT
-from ringflow.training.run_result import RunResult
+from ringflow.training.run_folder import RunFolder
+from ringflow.training.run_result import read_result
+from ringflow.training.store import LocalFolderStore
 
 import mpi_operator as op
 from hosts import STORE_MOUNT, Cluster
@@ -54,10 +59,7 @@ def host_path(cluster: Cluster, uri: str) -> Path:
 def final_parameters(run_dir: Path) -> dict:
     import torch
 
-    from ringflow.training.checkpoint import CheckpointStore
-    from ringflow.training.store import LocalFolderStore
-
-    loaded = CheckpointStore(LocalFolderStore(str(run_dir))).latest_valid()
+    loaded = RunFolder(LocalFolderStore(str(run_dir))).checkpoints().latest_valid()
     assert loaded is not None, f"no valid checkpoint in {run_dir}"
     (state,) = [data for name, data in loaded.files.items() if name.endswith(".pt")]
     return torch.load(io.BytesIO(state), weights_only=True, map_location="cpu")["model"]
@@ -140,7 +142,7 @@ def test_training_across_hosts_ends_like_a_single_host_run(cluster, mpijob, sing
     job = mpijob(config)
     rc, log = job.run(timeout=600)
     assert rc == 0, f"mpirun exited {rc}:\n{tail(log)}"
-    result = RunResult.from_json((host_path(cluster, config["run_uri"]) / RESULT).read_bytes())
+    result = read_result(LocalFolderStore(str(host_path(cluster, config["run_uri"]))))
     assert result.succeeded and result.world_size == WORKERS, result
     # Both ranks ran on the workers, reached over ssh as mpiuser.
     for i in range(WORKERS):
@@ -149,8 +151,21 @@ def test_training_across_hosts_ends_like_a_single_host_run(cluster, mpijob, sing
 
 
 def _newest_checkpoint_step(run_dir: Path) -> int:
-    steps = [int(p.parent.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("ckpt-*/MANIFEST.json")]
-    return max(steps, default=-1)
+    """The step of the newest checkpoint the run folder published (-1: none yet)."""
+    names = RunFolder(LocalFolderStore(str(run_dir))).checkpoints().names() if (run_dir / "run.json").exists() else []
+    return max((int(n.split("-")[1]) for n in names), default=-1)
+
+
+def start_and_wait_for_checkpoints(job, run_dir: Path):
+    """Start the job's pods and return its launcher once two checkpoints are published, the job still running."""
+    job.start_workers()
+    launcher = job.start_launcher()
+    deadline = time.monotonic() + 300
+    while _newest_checkpoint_step(run_dir) < 2 * CHECKPOINT_EVERY:
+        assert launcher.poll() is None, f"the job ended too soon:\n{tail(job.launcher_log.read_text())}"
+        assert time.monotonic() < deadline, tail(job.launcher_log.read_text())
+        time.sleep(0.2)
+    return launcher
 
 
 def _ranks(host) -> list[str]:
@@ -162,19 +177,11 @@ def _ranks(host) -> list[str]:
 def test_a_cut_link_stalls_stops_everything_and_a_retry_resumes(cluster, mpijob, single_host_parameters):
     from ringflow.training.checkpoint import step_of
     from ringflow.training.runs.health_watch import read_verdict
-    from ringflow.training.store import LocalFolderStore
 
     config = job_config("cut")
     run_dir = host_path(cluster, config["run_uri"])
     job = mpijob(config, attempt=1)
-    job.start_workers()
-    launcher = job.start_launcher()
-    # Cut worker 1 off once two checkpoints are out and the job is still running.
-    deadline = time.monotonic() + 300
-    while _newest_checkpoint_step(run_dir) < 2 * CHECKPOINT_EVERY:
-        assert launcher.poll() is None, f"the job ended before the cut:\n{tail(job.launcher_log.read_text())}"
-        assert time.monotonic() < deadline, tail(job.launcher_log.read_text())
-        time.sleep(0.2)
+    launcher = start_and_wait_for_checkpoints(job, run_dir)  # cut worker 1 off once two checkpoints are out
     cut_worker = job.workers[1]
     cut_worker.set_link(False)
     cut_at = time.time()
@@ -213,7 +220,7 @@ def test_a_cut_link_stalls_stops_everything_and_a_retry_resumes(cluster, mpijob,
     retry = mpijob(config, attempt=2)
     rc, log = retry.run(timeout=600)
     assert rc == 0, f"the retry's mpirun exited {rc}:\n{tail(log)}"
-    result = RunResult.from_json((run_dir / RESULT).read_bytes())
+    result = read_result(LocalFolderStore(str(run_dir)))
     assert result.succeeded, result
     assert step_of(result.resumed_from) == resume_step, result
     # The watcher judges the retry on its own records, not on the first attempt's stall.
@@ -221,3 +228,82 @@ def test_a_cut_link_stalls_stops_everything_and_a_retry_resumes(cluster, mpijob,
                         now=time.time())["status"] in ("HEALTHY", "DEGRADED")
     # Sample-exact resume: the interrupted-and-retried run ends where the uninterrupted one does.
     assert_same_parameters(final_parameters(run_dir), single_host_parameters)
+
+
+def test_a_host_cut_off_from_the_launcher_but_not_from_the_store_ends_fenced(cluster, mpijob, training_image, tmp_path):
+    """Rank 0's host goes dark: frozen and cut off from the launcher, its pod never deleted (the node cannot be
+    reached), while the store (a folder every host mounts) stays reachable. The retry is a new MPIJob on other
+    hosts; it claims the run folder, resumes and succeeds. When the dark host comes back its rank 0 finds the
+    run folder claimed by a newer attempt and ends FENCED: nothing anyone reads changes, and its own heartbeat
+    is not even written again."""
+    import signal
+
+    from ringflow.training.backends.job_spec import JobSpec
+    from ringflow.training.backends.kubernetes.settings import MPIJobSettings
+    from ringflow.training.health.heartbeat import read_heartbeat
+    from ringflow.training.health.records import read_health
+    from ringflow.training.runs.health_watch import read_verdict
+
+    config = job_config("dark")
+    run_dir = host_path(cluster, config["run_uri"])
+    run = LocalFolderStore(str(run_dir))
+    job = mpijob(config, attempt=1)
+    start_and_wait_for_checkpoints(job, run_dir)
+    dark = job.workers[0]  # rank 0's host
+    frozen = dark.pids()
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    dark.set_link(False)
+    old_attempt = RunFolder(run).pointer()[0].attempt
+    beat_before = read_heartbeat(run.child(old_attempt.prefix))
+    try:
+        verdict = None
+        deadline = time.monotonic() + STALL_SECONDS + 3 * WATCHER_SLACK
+        while time.monotonic() < deadline and not (verdict and verdict["status"] == "STALLED"):
+            verdict = read_verdict(run, config["health"], now=time.time())
+            time.sleep(1.0)
+        assert verdict and verdict["status"] == "STALLED", verdict
+        # The trigger deletes the MPIJob: the pods it can reach end; the dark host's pod lives on.
+        for host in (job.launcher, job.workers[1]):
+            host.kill_all()
+
+        # The retry: a new MPIJob (its own name, so its own pods) on hosts of its own.
+        retry_name = f"{JOB}-t2"
+        if not any(h.name == op.launcher_hostname(retry_name) for h in cluster.hosts):
+            cluster.add_host(op.launcher_hostname(retry_name))
+            for i in range(WORKERS):
+                cluster.add_host(op.worker_hostname(retry_name, i), [op.worker_fqdn(retry_name, i, NAMESPACE)])
+        hosts = {h.name: h for h in cluster.hosts}
+        spec = JobSpec(name=retry_name, config=config, num_workers=WORKERS, env=RANK_ENV)
+        retry = MPIJobOnHosts(cluster, hosts[op.launcher_hostname(retry_name)],
+                              [hosts[op.worker_hostname(retry_name, i)] for i in range(WORKERS)], spec,
+                              MPIJobSettings(image=training_image, namespace=NAMESPACE), tmp_path / "retry")
+        rc, log = retry.run(timeout=600)
+        assert rc == 0, f"the retry's mpirun exited {rc}:\n{tail(log)}"
+        result = read_result(run)
+        assert result.succeeded and result.attempt != old_attempt.id and result.resumed_from, result
+        before = (result.to_dict(), RunFolder(run).checkpoints().names(), read_health(run))
+
+        # The dark host comes back.
+        dark.set_link(True)
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _ranks(dark):
+            time.sleep(0.5)
+        assert not _ranks(dark), f"rank 0 of the old attempt still runs: {dark.process_names()}"
+        after = (read_result(run).to_dict(), RunFolder(run).checkpoints().names(), read_health(run))
+        assert after == before  # no visible write
+        assert read_heartbeat(run.child(old_attempt.prefix)) == beat_before  # and not even its own heartbeat
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        dark.set_link(True)
+        dark.kill_all()
+    assert dark.pids() == [], dark.process_names()

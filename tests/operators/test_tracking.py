@@ -21,6 +21,7 @@ from ringflow.operators.promote import PromoteModelOperator, RollbackModelOperat
 from ringflow.operators.tracking import MlflowTracking, tracking_settings_from_connection
 from ringflow.operators.train import HorovodTrainOperator
 from ringflow.training.backends.local import LocalProcessBackend
+from ringflow.training.run_folder import RunFolder
 from ringflow.training.tracking.settings import TrackingConfigError
 
 CONN_ID = "ringflow_mlflow"
@@ -108,7 +109,8 @@ def test_runs_are_tracked_and_promotions_registered_and_rolled_back(tmp_path, di
     assert run.data.params["health.every_steps"] == "10" and run.data.params["model.hidden"] == "[64, 64]"
     assert run.data.params["run_uri"] == run_a
     # the verdict as a tag
-    result = json.loads((pathlib.Path(run_a) / "result.json").read_text())
+    result_file = pathlib.Path(run_a) / RunFolder(open_store(run_a)).result_key()  # the published one
+    result = json.loads(result_file.read_text())
     assert run.data.tags["ringflow.verdict"] == result["verdict"]["status"] in ("HEALTHY", "DEGRADED")
     assert run.data.tags["ringflow.run_uri"] == run_a and run.data.tags["ringflow.dag_id"] == DAG_ID
     # per-step loss and health measurements, each at its step
@@ -123,7 +125,7 @@ def test_runs_are_tracked_and_promotions_registered_and_rolled_back(tmp_path, di
     # artifacts, in the server's S3 bucket
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"result.json", "health.png", "eval.json"}
     got = client.download_artifacts(run.info.run_id, "result.json", str(tmp_path))
-    assert pathlib.Path(got).read_bytes() == (pathlib.Path(run_a) / "result.json").read_bytes()
+    assert pathlib.Path(got).read_bytes() == result_file.read_bytes()
     keys = [o["Key"] for o in mlflow_server.s3.boto3_client().list_objects_v2(Bucket=mlflow_server.bucket)["Contents"]]
     assert any(k.endswith(f"{run.info.run_id}/artifacts/result.json") for k in keys), keys
 

@@ -322,3 +322,47 @@ def test_the_image_suite_checks_the_image_column():
 def test_row_counts_are_judged_on_the_exact_count_like_gx_does(digits, kwargs, passes):
     exp = {"type": "expect_table_row_count_to_be_between", "kwargs": kwargs}
     assert validate(digits, [exp]).success == passes == summarize(run_suite(digits, load_suite([exp])), "s", digits).success
+
+
+@pytest.mark.parametrize("kwargs, columns", [
+    ({"column": "a", "min_value": 0}, ("a",)),
+    ({"column_A": "a", "column_B": "b"}, ("a", "b")),
+    ({"column_list": ["c", "a"]}, ("c", "a")),
+    ({"column": "a", "row_condition": 'b > 0', "condition_parser": "pandas"}, None),  # names columns in its syntax
+    ({"value": 10}, None),  # the whole table
+])
+def test_an_expectation_reads_the_columns_it_names(kwargs, columns):
+    from ringflow.operators.validate import expectation_columns
+
+    assert expectation_columns({"type": "expect_x", "kwargs": kwargs}) == columns
+
+
+def test_a_parquet_file_read_in_column_groups_gives_the_same_summary(broken, tmp_path, monkeypatch):
+    """A wide Parquet table is read one column group per pass (datasets.Dataset.column_groups), each
+    expectation given only the columns it names: every count, example row, sampled aggregate and input-gate
+    finding is the one of the whole table."""
+    from ringflow.training import datasets
+    from ringflow.training.datasets import open_dataset
+
+    df = broken.copy()
+    df.loc[[10, 20], "pixel_7_7"] = np.nan  # training cannot use it; the suite does not look
+    df.to_parquet(tmp_path / "digits.parquet", row_group_size=300)
+    suite = load_suite({"name": "wide", "expectations": [
+        *digits_suite(broken)["expectations"][:40],
+        {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "target", "value_set": list(range(10))}},
+        {"type": "expect_column_pair_values_a_to_be_greater_than_b",  # two columns, in different groups
+         "kwargs": {"column_A": "pixel_0_0", "column_B": "pixel_6_3", "or_equal": True}},
+        {"type": "expect_column_mean_to_be_between", "kwargs": {"column": "pixel_5_5", "max_value": 1}},
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "label"}},  # not in the dataset
+        {"type": "expect_table_column_count_to_equal", "kwargs": {"value": 65}},
+    ]})
+    whole = validate_dataset(as_dataset(df), suite, target="target", batch_rows=500)
+    assert {f.expectation for f in whole.failures} == {
+        "expect_column_values_to_not_be_null", "expect_column_values_to_be_in_set",
+        "expect_column_pair_values_a_to_be_greater_than_b", "expect_column_mean_to_be_between"}
+    assert [p.column for p in whole.untrainable] == ["pixel_0_1", "pixel_7_7"]
+    monkeypatch.setattr(datasets, "READ_BYTES", 1)  # one pass per column (the pair: one pass for both)
+    with open_dataset(str(tmp_path / "digits.parquet")) as dataset:
+        assert len(dataset.column_groups()) == 65
+        grouped = validate_dataset(dataset, suite, target="target", batch_rows=500)
+    assert grouped == whole

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringflow.training.checkpoint import CheckpointStore
+from ringflow.training.run_folder import RunFolder
 from ringflow.training.health.records import read_health
 from ringflow.training.run_result import RunResult, read_result
 from ringflow.training.store import LocalFolderStore
@@ -37,7 +37,7 @@ class JobRunner:
 
     @staticmethod
     def result(cfg: dict) -> RunResult:
-        """The run's result.json as the job wrote it (whichever attempt wrote last)."""
+        """The run's published result (the current attempt's, run_folder.py)."""
         result = read_result(LocalFolderStore(cfg["run_uri"]))
         assert result is not None, f"no result.json in {cfg['run_uri']}"
         return result
@@ -48,11 +48,89 @@ class JobRunner:
 
     @staticmethod
     def final_parameters(cfg: dict) -> dict[str, torch.Tensor]:
-        store = CheckpointStore(LocalFolderStore(cfg["run_uri"]))
-        loaded = store.latest_valid()
+        loaded = JobRunner.checkpoints(cfg).latest_valid()
         return TrainingState.from_bytes(loaded.files[STATE_FILE], cfg["run_uri"]).model
+
+    @staticmethod
+    def checkpoints(cfg: dict):
+        """The checkpoints the run folder published (run_folder.py), newest first by names()."""
+        return RunFolder(LocalFolderStore(cfg["run_uri"])).checkpoints()
+
+    @staticmethod
+    def checkpoint_folder(cfg: dict, name: str) -> Path:
+        """Where a published checkpoint's files are on disk."""
+        return Path(cfg["run_uri"]) / JobRunner.checkpoints(cfg).prefix_of(name) / name
 
 
 @pytest.fixture
 def jobs(digits_manifest, tmp_path) -> JobRunner:
     return JobRunner(digits_manifest, tmp_path)
+
+
+class ProcessJanitor:
+    """Ends whatever a test's jobs left, however the test ended: the processes of every job folder under
+    `root` (their processes.json), any process whose command line names `root`, and the cgroups of
+    `ringflow train` processes run directly (named after their pid: register it with `launcher`)."""
+
+    def __init__(self, root: Path):
+        self.root, self.launchers = root, []
+
+    def launcher(self, pid: int) -> None:
+        self.launchers.append(pid)
+
+    def clean(self) -> None:
+        import signal
+
+        from ringflow.training.backends.processes import proc
+        from ringflow.training.backends.processes.cgroup import CgroupV1Freezer, CgroupV2
+        from ringflow.training.backends.processes.proc import Process
+        from ringflow.training.backends.processes.stop import stop_processes
+        from ringflow.training.backends.processes.tracker import TrackingUnavailable
+        from ringflow.training.backends.processes.tracking import reopen
+
+        for record in self.root.rglob("processes.json"):
+            doc = json.loads(record.read_text())
+            tracker, who = reopen(doc["tracking"]), doc["supervisor"]
+            supervisor = Process(pid=who["pid"], start=who["start"], ppid=0, state="?")
+            stop_processes(tracker, 0, last=[supervisor], kill_wait_seconds=5)
+            tracker.release(5.0)
+        for p in proc.snapshot():
+            if str(self.root) in proc.command_line(p.pid) and p.pid != os.getpid():
+                proc.send(p, signal.SIGKILL)
+                proc.send(p, signal.SIGCONT)
+        for kind in (CgroupV2, CgroupV1Freezer):
+            try:
+                home = Path(kind.home())
+            except TrackingUnavailable:
+                continue
+            for pid in self.launchers:
+                for folder in home.glob(f"ringflow-train-{pid}-*"):
+                    tracker = kind(str(folder))
+                    stop_processes(tracker, 0, kill_wait_seconds=5)
+                    tracker.release(5.0)
+
+
+@pytest.fixture
+def janitor(tmp_path):
+    janitor = ProcessJanitor(tmp_path)
+    try:
+        yield janitor
+    finally:
+        janitor.clean()
+
+
+TRACKING_MODES = ("cgroup-v2", "cgroup-v1", "subreaper")
+
+
+@pytest.fixture(params=TRACKING_MODES)
+def tracking_mode(request):
+    """Each way of tracking a job's processes (backends/processes/tracking.py) this machine allows."""
+    from ringflow.training.backends.processes.tracker import TrackingUnavailable
+    from ringflow.training.backends.processes.tracking import start_tracking
+
+    try:
+        with start_tracking("probe", request.param) as tracker:
+            tracker.release()
+    except TrackingUnavailable as exc:
+        pytest.skip(str(exc))
+    return request.param

@@ -37,6 +37,9 @@ def test_minimal_config_gets_defaults():
     (lambda d: d.update(checkpoint={"every_steps": 0}), "checkpoint.every_steps", ">= 1"),
     (lambda d: d.update(faults=[{"kind": "meteor"}]), "faults[].kind", "one of"),
     (lambda d: d.update(manifest_uri="/data/shards"), "manifest_uri", "manifest.json"),
+    (lambda d: d.update(bind_cores="yes"), "bind_cores", 'use "auto"'),
+    (lambda d: d.update(bind_cores="true"), "bind_cores", "true (bind wherever every rank can have a CPU)"),
+    (lambda d: d.update(bind_cores=1), "bind_cores", "or false (never bind)"),
 ])
 def test_bad_values_name_the_field_and_the_fix(change, field, hint):
     doc = valid()
@@ -45,6 +48,12 @@ def test_bad_values_name_the_field_and_the_fix(change, field, hint):
         JobConfig.from_dict(doc)
     assert err.value.field == field
     assert field in str(err.value) and hint in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["auto", True, False])
+def test_bind_cores_choices(value):
+    assert JobConfig.from_dict(valid() | {"bind_cores": value}).bind_cores == value
+    assert JobConfig.from_dict(valid()).bind_cores == "auto"
 
 
 def test_load_from_file_and_bad_json(tmp_path):

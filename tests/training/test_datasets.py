@@ -123,13 +123,66 @@ def _floats(rows: int) -> pa.Table:
     return pa.table({f"f{i}": np.random.default_rng(i).standard_normal(rows, dtype=np.float32) for i in range(8)})
 
 
-def test_reading_parquet_holds_one_row_group_not_the_file(tmp_path):
-    """Arrow's dataset scanner and ParquetFile.iter_batches read ahead of a slow consumer until the whole file
-    was in memory; the reader pulls one row group at a time. Measured as Arrow memory in use while each
-    batch is held: 12.8 MB of floats in 25 row groups of 0.5 MB."""
-    pq.write_table(_floats(400_000), tmp_path / "t.parquet", row_group_size=16_000)
+def test_reading_parquet_holds_a_slice_not_the_row_group(tmp_path):
+    """Arrow's dataset scanner and pre-buffering read ahead of a slow consumer until the whole file was in
+    memory, and reading whole row groups made memory grow with the writer's row-group size; the reader holds
+    a slice of rows and each column's current page. Measured as Arrow memory in use while each batch is held:
+    one row group of 12.8 MB of floats, in 16,000-row batches (0.5 MB)."""
+    pq.write_table(_floats(400_000), tmp_path / "t.parquet", row_group_size=400_000, use_dictionary=False,
+                   data_page_size=2**16)
     in_use = _arrow_memory_while_reading(tmp_path / "t.parquet", 16_000)
     assert len(in_use) == 25 and max(in_use) < 4 * 2**20, [round(b / 2**20, 1) for b in in_use]
+
+
+def test_batches_span_row_groups_and_hold_the_rows_in_order(tmp_path):
+    table = _floats(1000)
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=300)
+    with open_dataset(str(tmp_path / "t.parquet")) as dataset:
+        batches = list(dataset.batches(["f3", "f1"], batch_rows=400))
+    assert [b.num_rows for b in batches] == [400, 400, 200] and batches[0].schema.names == ["f3", "f1"]
+    assert pa.Table.from_batches(batches).equals(table.select(["f3", "f1"]))
+
+
+# (columns, read bytes, budget, together) -> groups
+GROUPS = [
+    (["a", "b", "c", "d"], {"a": 4, "b": 4, "c": 4, "d": 4}, 8, [], [["a", "b"], ["c", "d"]]),
+    (["a", "b", "c"], {"a": 4, "b": 4, "c": 4}, 100, [], [["a", "b", "c"]]),
+    (["a", "b", "c"], {"a": 20, "b": 4, "c": 4}, 8, [], [["a"], ["b", "c"]]),  # over budget alone: its own group
+    (["a", "b", "c", "d"], {"a": 4, "b": 4, "c": 4, "d": 4}, 8, [("a", "d")], [["a", "d"], ["b", "c"]]),
+    (["a", "b", "c", "d"], {"a": 4, "b": 4, "c": 4, "d": 4}, 8, [("b", "c"), ("c", "d")], [["a"], ["b", "c", "d"]]),
+    (["a", "b"], {"a": 4, "b": 4}, 8, [("a", "missing")], [["a", "b"]]),
+]
+
+
+@pytest.mark.parametrize("columns, read_bytes, budget, together, expected", GROUPS)
+def test_column_groups_fit_the_budget_and_keep_sets_together(columns, read_bytes, budget, together, expected):
+    assert datasets.column_groups(columns, read_bytes, budget, together) == expected
+
+
+def test_a_wide_parquet_table_is_read_in_column_groups_that_hold_the_same_data(tmp_path, monkeypatch):
+    table = pa.table({**{f"f{i}": np.arange(2000, dtype=np.float32) + i for i in range(6)},
+                      "image": pa.FixedShapeTensorArray.from_numpy_ndarray(np.ones((2000, 1, 2, 2), np.float32))})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=500)
+    with open_dataset(str(tmp_path / "t.parquet")) as dataset:
+        assert dataset.column_groups() == [dataset.columns]  # narrow: one pass
+        monkeypatch.setattr(datasets, "READ_BYTES", 1)  # every column over budget: one pass each
+        groups = dataset.column_groups()
+        assert groups == [[c] for c in table.column_names]
+        assert dataset.column_groups(["f4", "f1", "image"], together=[("f1", "image")]) == [["f4"], ["f1", "image"]]
+        hasher = ContentHash(table.schema)
+        for group in groups:
+            for batch in dataset.batches(group, batch_rows=300):
+                hasher.update(batch)
+        assert hasher.hexdigest() == fingerprint(as_dataset(table))
+    monkeypatch.setattr(datasets, "READ_BYTES", 1)
+    assert as_dataset(table).column_groups() == [table.column_names]  # in memory already: one pass
+
+
+def test_the_fingerprint_refuses_columns_fed_different_rows(wine):
+    hasher = ContentHash(wine.schema)
+    hasher.update(wine.select(["alcohol"]).to_batches()[0])
+    with pytest.raises(ValueError, match="different numbers of rows"):
+        hasher.hexdigest()
 
 
 def test_a_csv_value_of_another_type_past_the_first_block_is_named_with_its_column(tmp_path):

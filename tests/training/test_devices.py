@@ -6,8 +6,6 @@ The GPU half (NCCL, pinned-memory copies, fp16) runs where a GPU exists: bench/g
 test below marked for CUDA."""
 import gc
 import io
-import json
-import pathlib
 
 import pytest
 import torch
@@ -200,8 +198,9 @@ def one_partition(tmp_path_factory) -> str:
 
 
 def train_in_process(monkeypatch, manifest: str, run: str, precision: str):
-    from ringflow.training.checkpoint import CheckpointStore
     from ringflow.training.engines import start_engine
+    from ringflow.training.health.records import read_health
+    from ringflow.training.run_folder import RunFolder
     from ringflow.training.launcher import free_port
     from ringflow.training.store import LocalFolderStore
     from ringflow.training.worker import Trainer
@@ -221,8 +220,8 @@ def train_in_process(monkeypatch, manifest: str, run: str, precision: str):
         engine.shutdown()
     # The loop ran Python's collector on its schedule and gave it back (callbacks/garbage_collection.py).
     assert gc.isenabled() and gc.get_freeze_count() == 0
-    loaded = CheckpointStore(LocalFolderStore(run)).latest_valid()
-    start = json.loads((pathlib.Path(run) / "health.jsonl").read_text().splitlines()[0])
+    loaded = RunFolder(LocalFolderStore(run)).checkpoints().latest_valid()
+    start = read_health(LocalFolderStore(run))[0]
     return code, TrainingState.from_bytes(loaded.files["state.pt"], run), loaded.manifest.meta["loss"], start
 
 

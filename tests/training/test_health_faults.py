@@ -1,6 +1,5 @@
 """Fault injection through the job config: each fault yields its verdict, evidence and exit code, under
 either engine (Horovod under horovodrun, DDP under torchrun)."""
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ def engine(request) -> str:
 def run_fault(jobs, engine, name, fault, health=None):
     cfg = jobs.config(f"{name}-{engine}", epochs=3, faults=[fault], health=health or {}, engine=engine)
     code, out = jobs.run(cfg)
-    assert (Path(cfg["run_uri"]) / "result.json").exists(), out
+    assert jobs.result(cfg) is not None, out
     return code, out, jobs.result(cfg).verdict.to_dict()
 
 
@@ -47,7 +46,7 @@ def test_nan_between_measurements_never_reaches_a_checkpoint(jobs, engine, every
     parameters = jobs.final_parameters(cfg)  # the newest valid checkpoint
     assert jobs.result(cfg).checkpoint is None
     assert all(torch.isfinite(t).all() for t in parameters.values())
-    assert sorted(p.name for p in (Path(cfg["run_uri"]) / "checkpoints").iterdir()) == ["ckpt-000000010"]
+    assert jobs.checkpoints(cfg).names() == ["ckpt-000000010"]
 
 
 def test_slow_rank_is_degraded_and_named(jobs, engine):

@@ -31,7 +31,7 @@ def test_loss_falls_and_replicas_stay_identical(jobs, controller):
 def test_tampered_newest_checkpoint_is_skipped_on_resume(jobs):
     cfg = jobs.config("tamper", epochs=1)
     assert jobs.run(cfg)[0] == 0
-    newest = max((jobs.root / "tamper" / "checkpoints").iterdir())
+    newest = jobs.checkpoint_folder(cfg, jobs.checkpoints(cfg).names()[0])
     state = newest / "state.pt"
     state.write_bytes(state.read_bytes()[:-100])  # truncated, as by a crash mid-upload
     cfg["epochs"] = 2

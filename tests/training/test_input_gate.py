@@ -175,6 +175,25 @@ def test_streamed_batches_give_the_same_problems_as_the_whole_table(digits):
     assert gate.problems() == find_problems(df, "target") and gate.rows == 1797
 
 
+def test_a_table_fed_one_column_group_at_a_time_gives_the_same_problems(digits):
+    """A wide table is read one column group per pass (datasets.Dataset.column_groups): each column's rows
+    still arrive in order, so counts and example rows are those of the whole table."""
+    import pyarrow as pa
+
+    from ringflow.training.input_gate import InputGate
+
+    df = digits.copy()
+    _nan_cells(df, "pixel_1_1")
+    _inf(df, "target")
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    gate = InputGate(table.schema.names, "target")
+    names = table.schema.names
+    for group in (names[40:], names[:40]):
+        for batch in table.select(group).to_batches(max_chunksize=7):
+            gate.add(batch)
+    assert gate.problems() == find_problems(df, "target") and gate.rows == 1797
+
+
 def _images(values: np.ndarray):
     import pyarrow as pa
 

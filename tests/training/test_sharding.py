@@ -151,3 +151,30 @@ def test_a_v1_manifest_is_still_read(tmp_path):
     doc["format"] = "ringflow.shards/v0"
     with pytest.raises(ManifestError, match="expected one of"):
         ShardManifest.from_json(json.dumps(doc))
+
+
+def test_column_groups_and_fewer_writers_do_not_change_a_single_byte(tmp_path, monkeypatch):
+    """A wide Parquet input is scanned one column group per pass, and the writers are as many as the memory
+    left allows: neither may change the shards. A tensor column and the target each in a group of their own."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ringflow.training import datasets, sharding
+    from ringflow.training.datasets import builtin_table, open_dataset
+
+    table = builtin_table("digits_images")
+    table = table.append_column("brightness", pa.array(np.arange(len(table), dtype=np.float64) / 7))
+    pq.write_table(table, tmp_path / "images.parquet", row_group_size=500)
+
+    def shard_into(name):
+        with open_dataset(str(tmp_path / "images.parquet")) as dataset:
+            return write_shards(dataset, LocalFolderStore(str(tmp_path / name)), target="target", num_partitions=3,
+                                batch_size=16, seed=4)
+
+    reference = shard_into("one-pass")
+    monkeypatch.setattr(datasets, "READ_BYTES", 1)  # one pass per column
+    monkeypatch.setattr(sharding, "available_memory", lambda: 0)  # one writer
+    grouped = shard_into("per-column")
+    assert grouped == reference and _shas(grouped) == _shas(reference)
+    assert sorted(p.name for p in (tmp_path / "per-column").iterdir()) == sorted(
+        p.name for p in (tmp_path / "one-pass").iterdir())

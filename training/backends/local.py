@@ -1,32 +1,50 @@
-"""Runs a job as local `horovodrun` processes: the embedded default, for a laptop or a single host.
+"""Runs a job as local `horovodrun`/`torchrun` processes: the embedded default, for a laptop or a single host.
 
 Each job gets a folder under `work_dir`:
-    job.json     the training config          labels.json   for find() on retry
-    output.log   everything the ranks print   pid           the job's process group
-    exit_code    written when the job ends (absent while it runs, or if it was killed); its meaning comes
-                 from the one table (training/exit_codes.py), and the job's own result.json is the outcome
-                 (the trigger attaches it: backends.base.with_result)
-The job runs in its own session, detached from the Airflow worker that launched it, so the worker slot is
-free while the task is deferred.
+    job.json        the training config          labels.json     for find() on retry
+    output.log      everything the job prints    pid             the supervisor's pid (its session and process
+                                                                 group), as before processes.json existed
+    processes.json  who the supervisor is and how the job's processes are tracked (processes/supervise.py)
+    deleted         a stop was asked for
+    exit_code       written when the job ends (absent while it runs, or if it was killed); its meaning comes
+                    from the one table (training/exit_codes.py), and the job's own result.json is the outcome
+                    (the trigger attaches it: backends.base.with_result)
+The job runs under a supervisor (processes/supervise.py) in its own session, detached from the Airflow worker
+that launched it, so the worker slot is free while the task is deferred. Every process the job makes is
+tracked as one set (a cgroup, or the supervisor's tree as a subreaper: processes/tracking.py), so a stop ends
+all of them whatever state they are in, and `status()` reads "running" while any of them lives.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
-import shlex
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from ringflow.training.backends.base import (
     FAILED, RUNNING, SUCCEEDED, Backend, JobNotFound, JobStatus, LogChunk, exit_reason,
 )
 from ringflow.training.backends.connections import Connections, require
 from ringflow.training.backends.job_spec import JobSpec
+from ringflow.training.backends.processes import proc
+from ringflow.training.backends.processes.proc import Process
+from ringflow.training.backends.processes.stop import (
+    DEFAULT_GRACE_SECONDS, KILL_WAIT_SECONDS, ProcessesRemain, stop_processes,
+)
+from ringflow.training.backends.processes.subreaper import ProcessTree
+from ringflow.training.backends.processes.supervise import EXIT_CODE_FILE, PROCESSES_FILE
+from ringflow.training.backends.processes.tracker import RELEASE_WAIT_SECONDS, ProcessTracker
+from ringflow.training.backends.processes.tracking import AUTO, check_mode, reopen
+
+log = logging.getLogger(__name__)
+# How long launch() waits for the supervisor to record how it tracks the job (a Python start-up, normally
+# well under a second) before it calls the launch failed.
+SUPERVISOR_START_SECONDS = 60.0
 
 
 def job_environment(worker_env: Mapping[str, str], spec_env: Mapping[str, str],
@@ -48,20 +66,26 @@ def default_work_dir() -> str:
 class LocalProcessBackend(Backend):
     kind = "local"
 
-    def __init__(self, work_dir: str | None = None, python: str | None = None, stop_grace_seconds: float = 10.0,
-                 conn_id: str | None = None, connections: Connections | None = None):
+    def __init__(self, work_dir: str | None = None, python: str | None = None,
+                 stop_grace_seconds: float = DEFAULT_GRACE_SECONDS,
+                 conn_id: str | None = None, connections: Connections | None = None,
+                 process_tracking: str = AUTO):
         """conn_id: a connection (an Airflow one of type aws, through `connections`) whose S3 credentials
         the job gets in its environment, resolved at launch so they never appear in the job spec or the
         trigger's serialized state; None: no connection, the job keeps the S3 variables of the worker's
-        environment (operators/connections.py)."""
+        environment (operators/connections.py).
+        process_tracking: how a job's processes are tracked (processes/tracking.py): "auto" takes the best
+        this machine allows; "cgroup-v2", "cgroup-v1" or "subreaper" force one (a forced one that cannot
+        work here fails the launch, saying why)."""
         self.work_dir = work_dir or default_work_dir()
         self.python = python or sys.executable
         self.stop_grace_seconds = stop_grace_seconds
         self.conn_id, self.connections = conn_id, connections
+        self.process_tracking = check_mode(process_tracking)
 
     def to_dict(self) -> dict[str, Any]:
         return {"work_dir": self.work_dir, "python": self.python, "stop_grace_seconds": self.stop_grace_seconds,
-                "conn_id": self.conn_id}
+                "conn_id": self.conn_id, "process_tracking": self.process_tracking}
 
     def _secret_env(self, spec: JobSpec) -> dict[str, str]:
         uses_s3 = "s3://" in json.dumps(spec.config)
@@ -86,16 +110,31 @@ class LocalProcessBackend(Backend):
         (job_dir / "labels.json").write_text(json.dumps(spec.labels))
         train = [self.python, "-m", "ringflow.training.cli", "train", str(job_dir / "job.json"),
                  "--np", str(spec.num_workers), "--controller", spec.controller]
-        # The shell records the exit status, since nobody waits on this process once the task defers.
-        script = (f"{shlex.join(train)} > {shlex.quote(str(job_dir / 'output.log'))} 2>&1; "
-                  f"echo $? > {shlex.quote(str(job_dir / 'exit_code.tmp'))} && "
-                  f"mv {shlex.quote(str(job_dir / 'exit_code.tmp'))} {shlex.quote(str(job_dir / 'exit_code'))}")
-        proc = subprocess.Popen(["/bin/sh", "-c", script],
-                                env=job_environment(os.environ, spec.env, self._secret_env(spec)),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True, cwd=job_dir)
-        (job_dir / "pid").write_text(str(proc.pid))
+        # The supervisor records the exit status, since nobody waits on this process once the task defers.
+        supervise = [self.python, "-m", "ringflow.training.backends.processes.supervise", "--job-dir", str(job_dir),
+                     "--tracking", self.process_tracking, "--grace", str(self.stop_grace_seconds), "--", *train]
+        with open(job_dir / "output.log", "ab") as output:
+            supervisor = subprocess.Popen(supervise, env=job_environment(os.environ, spec.env, self._secret_env(spec)),
+                                          stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                                          start_new_session=True, cwd=job_dir)
+        (job_dir / "pid").write_text(str(supervisor.pid))
+        self._await_tracking(job_dir, supervisor)
         return spec.name
+
+    @staticmethod
+    def _await_tracking(job_dir: Path, supervisor: subprocess.Popen) -> None:
+        """Return once the supervisor has written how the job's processes are tracked: from then on any
+        process can find every one of them."""
+        deadline = time.monotonic() + SUPERVISOR_START_SECONDS
+        while not (job_dir / PROCESSES_FILE).exists():
+            if supervisor.poll() is not None:
+                raise RuntimeError(f"local job {job_dir.name!r} ended before it started training (exit "
+                                   f"{supervisor.returncode}): {_tail(job_dir / 'output.log', 5)}")
+            if time.monotonic() > deadline:
+                supervisor.kill()
+                raise RuntimeError(f"local job {job_dir.name!r}: its supervisor did not start within "
+                                   f"{SUPERVISOR_START_SECONDS:g} s (see {job_dir / 'output.log'})")
+            time.sleep(0.05)
 
     def find(self, labels: dict[str, str]) -> str | None:
         root = Path(self.work_dir)
@@ -110,19 +149,12 @@ class LocalProcessBackend(Backend):
 
     def status(self, job_id: str) -> JobStatus:
         job_dir = self._dir(job_id)
-        exit_file = job_dir / "exit_code"
-        if exit_file.exists():
-            code = int(exit_file.read_text().strip() or 1)
-            if code == 0:
-                return JobStatus(SUCCEEDED, exit_code=0)
-            return JobStatus(FAILED, reason=exit_reason(code), exit_code=code,
-                             detail={"log_tail": _tail(job_dir / "output.log")})
-        if _alive(self._pgid(job_dir)):
-            return JobStatus(RUNNING)
-        if (job_dir / "deleted").exists():
-            return JobStatus(FAILED, reason="stopped on request")
-        return JobStatus(FAILED, reason="the job's processes are gone without an exit status (machine restart?)",
-                         detail={"log_tail": _tail(job_dir / "output.log")})
+        tracker, supervisor = _job_processes(job_dir)
+        alive = _alive(tracker, supervisor)
+        if not alive:
+            tracker.release()  # an empty cgroup its supervisor could not remove (it was killed)
+        return local_job_status(_exit_code(job_dir), (job_dir / "deleted").exists(), alive,
+                                lambda: _tail(job_dir / "output.log"))
 
     def logs(self, job_id: str, cursor: Any = None) -> LogChunk:
         log_file = self._dir(job_id) / "output.log"
@@ -137,60 +169,97 @@ class LocalProcessBackend(Backend):
         return LogChunk(lines, offset + len(complete))
 
     def delete(self, job_id: str) -> None:
+        """Stop every process of the job (frozen, ignoring SIGTERM, whatever it is doing) and check that none
+        is left; raises ProcessesRemain naming those still alive once the check's bound has passed."""
         try:
             job_dir = self._dir(job_id)
         except JobNotFound:
             return
-        pgid = self._pgid(job_dir)
         (job_dir / "deleted").touch()
-        if not _alive(pgid):
-            return
-        _signal_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_grace_seconds
-        while _alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        _signal_group(pgid, signal.SIGKILL)
-
-    @staticmethod
-    def _pgid(job_dir: Path) -> int | None:
-        try:
-            return int((job_dir / "pid").read_text())
-        except (OSError, ValueError):
-            return None
+        tracker, supervisor = _job_processes(job_dir)
+        # The supervisor last: while it lives it reaps, and (as a subreaper) keeps orphans in its tree.
+        outcome = stop_processes(tracker, self.stop_grace_seconds, last=[supervisor] if supervisor else [])
+        if supervisor:
+            _reap(supervisor)
+        tracker.release(RELEASE_WAIT_SECONDS)
+        if outcome.killed:
+            log.info("local job %s: killed after %g s: %s", job_id, self.stop_grace_seconds, outcome.describe())
+        if not outcome.clean:
+            raise ProcessesRemain(f"stopping local job {job_id!r}", outcome, KILL_WAIT_SECONDS)
 
 
-def _alive(pgid: int | None) -> bool:
-    if not pgid:
-        return False
+def local_job_status(exit_code: int | None, deleted: bool, alive: Sequence[Process],
+                     log_tail: Callable[[], str]) -> JobStatus:
+    """What a local job's folder and live processes say of it. Pure but for reading `log_tail`.
+
+    Never finished while any process of the job lives: a retry must not start beside a rank that still
+    writes to the run folder (a frozen one thawed later would)."""
+    if alive:
+        if exit_code is None and not deleted:
+            return JobStatus(RUNNING)
+        which = "; ".join(p.describe() for p in alive)
+        ended = "stopping on request" if exit_code is None else f"the job ended ({exit_reason(exit_code)})"
+        return JobStatus(RUNNING, reason=f"{ended}, but {len(alive)} of its processes are still alive: {which}",
+                         detail={"alive": [p.to_dict() for p in alive]})
+    if exit_code == 0:
+        return JobStatus(SUCCEEDED, exit_code=0)
+    if deleted:
+        return JobStatus(FAILED, reason="stopped on request", exit_code=exit_code)
+    if exit_code is not None:
+        return JobStatus(FAILED, reason=exit_reason(exit_code), exit_code=exit_code,
+                         detail={"log_tail": log_tail()})
+    return JobStatus(FAILED, reason="the job's processes are gone without an exit status (machine restart?)",
+                     detail={"log_tail": log_tail()})
+
+
+def _job_processes(job_dir: Path) -> tuple[ProcessTracker, Process | None]:
+    """The job's tracked set and its supervisor, as its processes.json records them."""
     try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie leader still "exists"; reap it if it is our child, so status() sees it gone.
+        doc = json.loads((job_dir / PROCESSES_FILE).read_text())
+    except FileNotFoundError:
+        doc = None
+    if doc is not None:
+        who = doc["supervisor"]
+        supervisor = Process(pid=int(who["pid"]), start=int(who["start"]), ppid=0, state="?")
+        return reopen(doc["tracking"]), supervisor
+    # A folder from before processes.json (an older ringflow): the tree under the process it started is all
+    # that is known of the job, and that process is whoever has its pid now.
     try:
-        pid, _ = os.waitpid(pgid, os.WNOHANG)
-        if pid == pgid:
-            return _group_has_members(pgid)
+        root = proc.read(int((job_dir / "pid").read_text()))
+    except (OSError, ValueError):
+        root = None
+    if root is None:
+        return ProcessTree(Process(pid=0, start=-1, ppid=0, state="X")), None
+    return ProcessTree(root), root
+
+
+def _alive(tracker: ProcessTracker, supervisor: Process | None) -> list[Process]:
+    if supervisor is not None:
+        _reap(supervisor)
+    found = {p.identity: p for p in tracker.members()}
+    if supervisor is not None and (now := proc.current(supervisor)) is not None:
+        found.setdefault(now.identity, now)
+    return list(found.values())
+
+
+def _reap(supervisor: Process) -> None:
+    """Collect the supervisor's exit status if this process started it, so it does not linger as a zombie.
+    Only that zombie: a pid alone could be another child's by now, whose Popen must reap it itself."""
+    now = proc.read(supervisor.pid)
+    if now is None or not now.ended or now.start != supervisor.start:
+        return
+    try:
+        os.waitpid(supervisor.pid, os.WNOHANG)
     except ChildProcessError:
         pass
-    return True
 
 
-def _group_has_members(pgid: int) -> bool:
+def _exit_code(job_dir: Path) -> int | None:
     try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
+        text = (job_dir / EXIT_CODE_FILE).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return int(text or 1)
 
 
 def _tail(path: Path, lines: int = 20) -> str:

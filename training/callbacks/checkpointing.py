@@ -7,6 +7,11 @@ manifest's meta. Other callbacks add to the meta (`before_checkpoint`) and learn
 (`on_checkpoint`). A write that failed stops the loop with its verdict: NONFINITE for a state holding
 NaN/Inf (never written), STORE_UNAVAILABLE for a store that kept failing. The final checkpoint is complete
 before the loop reports it.
+
+A checkpoint due while rank 0's previous upload still runs waits for it on EVERY rank, together: the ranks
+exchange rank 0's word (still uploading, how many bytes so far; done; failed) about once a second with a
+small allgather, and each rank waits through its own Progress as a wait for the store. Without it the other
+ranks would sit in the next step's all-reduce, silent, and call a slow upload a stall.
 """
 from __future__ import annotations
 
@@ -14,9 +19,12 @@ from typing import Any, Mapping
 
 import torch
 
+from ringflow.training import exit_codes
 from ringflow.training.callbacks.base import Callback
 from ringflow.training.checkpoint_writer import AsyncCheckpointWriter, NonFiniteState
 from ringflow.training.checkpoint import checkpoint_name
+from ringflow.training.health.progress import Progress
+from ringflow.training.health.store_ops import StoreOp
 from ringflow.training.health.verdict import NONFINITE, Verdict, store_unavailable
 from ringflow.training.store.base import StoreConfigError, StoreUnavailable
 from ringflow.training.training_state import TrainingState
@@ -36,14 +44,25 @@ def serialize_state(loop) -> bytes:
     return training_state(loop).to_bytes()
 
 
+# Rank 0's word on its previous upload, as every rank reads it in the wait: still uploading, done, or failed
+# with the exit code of its verdict (exit_codes.BY_VERDICT: NONFINITE, STORE_UNAVAILABLE).
+UPLOADING, DONE = -1, 0
+# How often the ranks exchange it while rank 0 waits.
+WAIT_ROUND_SECONDS = 1.0
+
+
 class Checkpointing(Callback):
     def __init__(self, writer: AsyncCheckpointWriter | None, every_steps: int, world_size: int,
-                 run_meta: Mapping[str, Any], pin_memory: bool = False):
+                 run_meta: Mapping[str, Any], pin_memory: bool = False, progress: Progress | None = None,
+                 store_uri: str = ""):
         """writer: rank 0's background writer; None on the other ranks, which write nothing.
-        run_meta: what every checkpoint of this run says about it (manifest_uri, model, schema)."""
+        run_meta: what every checkpoint of this run says about it (manifest_uri, model, schema).
+        progress: this rank's (liveness); store_uri: where rank 0 writes (for the other ranks' waits)."""
         self._writer, self._every, self._size = writer, every_steps, world_size
         self._run_meta = dict(run_meta)
         self._pin_memory = pin_memory
+        self._progress = progress or Progress()
+        self._store_uri = writer.store_uri if writer is not None else store_uri
         self.final: str | None = None
 
     @property
@@ -54,24 +73,59 @@ class Checkpointing(Callback):
         return step % self._every == 0
 
     def on_step_end(self, loop, timing) -> Verdict | None:
-        if self._writer is None:
+        if not self.due(timing.step):
             return None
-        failure = self._writer.failed()
-        if failure is not None:
-            return self._verdict(failure)
-        if self.due(timing.step):
-            return self._save(loop)
-        return None
+        return self._previous_written(loop) or self._save(loop)
 
     def on_train_end(self, loop) -> Verdict | None:
-        verdict = self._save(loop, final=True)
-        if verdict is None and self._writer is not None:
-            try:
-                self._writer.wait()  # the final checkpoint is complete before anyone reports it
-            except Exception as exc:  # noqa: BLE001 - turned into the verdict it means, or raised
-                self.final = None
-                return self._verdict(exc)
+        verdict = self._previous_written(loop) or self._save(loop, final=True) or self._wait_alone()
+        if verdict is not None:  # the final checkpoint is complete before anyone reports it, or there is none
+            self.final = None
         return verdict
+
+    def _previous_written(self, loop) -> Verdict | None:
+        """Every rank: return once rank 0's previous upload is done (None), or with the verdict it failed on."""
+        if self._size == 1:
+            return self._wait_alone()
+        mirror = StoreOp("rank 0's upload of the last checkpoint", self._store_uri)
+        seen = 0
+        with self._progress.waiting(mirror):  # rank 0 waits for its writer; the others in the allgather
+            while True:
+                word, moved = self._rank0_word()
+                row = loop.engine.allgather(torch.tensor([[float(word), float(moved)]], dtype=torch.float64),
+                                            name="ringflow.checkpoint_wait")[0]
+                word, moved = int(row[0]), int(row[1])
+                if word != UPLOADING:
+                    break
+                mirror.moved(max(0, moved - seen))  # rank 0's bytes moving: a slow store, not silence
+                seen = moved
+        if word == DONE:
+            return None
+        if self._writer is not None:
+            return self._wait_alone()  # rank 0's own verdict, with its detail
+        return Verdict(exit_codes.VERDICT_OF[word], "rank 0's checkpoint write failed; its log and result.json "
+                       "say why", {"seen_by": "a rank waiting for rank 0's checkpoint"})
+
+    def _wait_alone(self) -> Verdict | None:
+        if self._writer is None:
+            return None
+        try:
+            self._writer.wait()
+        except Exception as exc:  # noqa: BLE001 - turned into the verdict it means, or raised
+            return self._verdict(exc)
+        return None
+
+    def _rank0_word(self) -> tuple[int, int]:
+        """Rank 0's word on its upload after waiting for it up to a round, and its bytes so far; the other
+        ranks' own words are ignored."""
+        if self._writer is None:
+            return UPLOADING, 0
+        if not self._writer.wait_for(WAIT_ROUND_SECONDS):
+            return UPLOADING, self._writer.in_flight_bytes
+        failure = self._writer.failed()
+        if failure is None:
+            return DONE, self._writer.in_flight_bytes
+        return exit_codes.for_verdict(self._verdict(failure).status), self._writer.in_flight_bytes
 
     def _save(self, loop, final: bool = False) -> Verdict | None:
         """Take the checkpoint (rank 0 hands it to the writer); its name on every rank."""

@@ -20,30 +20,30 @@ from ringflow.training.store.base import ObjectStore
 
 
 class Liveness(Callback):
-    def __init__(self, store: ObjectStore, attempt: str, cfg: HealthConfig, rank: int,
-                 on_stall: Callable[[Verdict], None]):
+    def __init__(self, attempt: str, cfg: HealthConfig, rank: int, on_stall: Callable[[Verdict], None]):
         """on_stall: called from the watchdog's thread with a STALLED or STORE_UNAVAILABLE verdict; it must
         end the process. Whoever can say most about the attempt replaces it (`on_stall = ...`)."""
         self.progress = Progress()
-        self.rank = rank
+        self.rank, self.attempt, self.cfg = rank, attempt, cfg
         self.on_stall = on_stall
         self.watchdog = StallWatchdog(self.progress, cfg.stall_seconds, cfg.store_timeout_seconds, rank,
                                       lambda verdict: self.on_stall(verdict))
-        self.heartbeat = None
+        self.heartbeat: HeartbeatWriter | None = None
         if rank == 0:
             # The watcher outside the job learns from the log which attempt it watches.
             print(ATTEMPT_LINE.format(attempt=attempt), flush=True)
-            self.heartbeat = HeartbeatWriter(store, attempt, self.progress, cfg.heartbeat_interval(),
-                                             cfg.stall_seconds)
-        self._started = False
 
     def start(self) -> None:
         """From here on, no progress for stall_seconds is a stall."""
-        if self._started:
-            return
-        self._started = True
-        self.watchdog.start()
-        if self.heartbeat is not None:
+        if not self.watchdog.is_alive() and self.watchdog.ident is None:
+            self.watchdog.start()
+
+    def start_heartbeat(self, store: ObjectStore, before_write: Callable[[], None] = lambda: None) -> None:
+        """Rank 0: beat into `store` (its attempt's own, once it has claimed the run folder: fence_guard.py),
+        calling `before_write` (the fence check) before each beat."""
+        if self.rank == 0 and self.heartbeat is None:
+            self.heartbeat = HeartbeatWriter(store, self.attempt, self.progress, self.cfg.heartbeat_interval(),
+                                             self.cfg.stall_seconds, before_write)
             self.heartbeat.start()
 
     def stop(self) -> None:

@@ -18,12 +18,15 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ringflow.training.config import DdpConfig, JobConfig
+from ringflow.training.cores import claim_cpu_share, local_rank_from_env
 from ringflow.training.devices import Placement, place_rank
 from ringflow.training.engine import Engine, share_host_cores
 from ringflow.training.training_state import on_cpu
 
 # What torchrun sets for every rank; without them there is no process group to join.
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# This rank's index among its host's ranks, and how many there are.
+LOCAL_RANK_ENV = (("LOCAL_RANK", "LOCAL_WORLD_SIZE"),)
 
 
 class SyncClock:
@@ -101,10 +104,12 @@ class DdpEngine(Engine):
             raise RuntimeError(f"engine 'ddp': this rank has no {', '.join(missing)} in its environment, so it was "
                                f"not started by torchrun; launch the job with `ringflow train CONFIG --engine ddp` "
                                f"(or torchrun -m ringflow.training CONFIG)")
+        local_rank, local_size = local_rank_from_env(environ, LOCAL_RANK_ENV) or (0, 1)
+        # Bound before the process group starts Gloo's threads, so they start on the rank's own CPUs.
+        share_host_cores(claim_cpu_share(cfg.bind_cores, local_rank, local_size, environ))
         # The rank's GPU is made current before the process group exists, so NCCL binds to it.
-        placement = place_rank(cls.name, cfg.precision, int(environ.get("LOCAL_RANK", "0")))
+        placement = place_rank(cls.name, cfg.precision, local_rank)
         dist.init_process_group(backend=placement.process_group)
-        share_host_cores(int(environ.get("LOCAL_WORLD_SIZE", "1")))
         return cls(cfg.ddp, dist.get_rank(), dist.get_world_size(), placement)
 
     def distribute(self, model, optimizer):

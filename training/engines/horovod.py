@@ -7,10 +7,18 @@ from __future__ import annotations
 import os
 
 from ringflow.training.config import HorovodConfig, JobConfig
+from ringflow.training.cores import claim_cpu_share, local_rank_from_env
 from ringflow.training.devices import Placement, place_rank
 from ringflow.training.engine import Engine, share_host_cores
 from ringflow.training.training_state import on_cpu
 from ringflow.training.sync_wait import wait_for_allreduce
+
+# Where the launchers Horovod runs under say which rank this is on its host, before hvd.init() can.
+LOCAL_RANK_ENV = (
+    ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),  # Open MPI's mpirun: horovodrun --mpi, MPIJobs
+    ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),                  # horovodrun --gloo
+    ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),                        # MPICH's and Intel MPI's mpiexec (hydra)
+)
 
 
 class HorovodEngine(Engine):
@@ -28,12 +36,18 @@ class HorovodEngine(Engine):
         # Set by the rank itself: mpirun under an MPIJob starts ranks with just the variables it forwards,
         # and Horovod and Open MPI read these once, in hvd.init().
         os.environ.update(cfg.horovod.environment())
+        # Bound before hvd.init() starts Horovod's and MPI's threads, so they start on the rank's own CPUs.
+        on_host = local_rank_from_env(os.environ, LOCAL_RANK_ENV)
+        share = claim_cpu_share(cfg.bind_cores, *on_host) if on_host else None
         import horovod.torch as hvd
 
         hvd.init()
+        if share is None:  # no launcher variable names the local rank: Horovod knows it now, and binding
+            # reaches every thread, the ones hvd.init() started included
+            share = claim_cpu_share(cfg.bind_cores, hvd.local_rank(), hvd.local_size())
+        share_host_cores(share)
         # Horovod knows the local rank once initialized; its NCCL ops use the current device.
         placement = place_rank(cls.name, cfg.precision, hvd.local_rank(), bool(hvd.nccl_built()))
-        share_host_cores(hvd.local_size())
         return cls(hvd, cfg.horovod, placement)
 
     def distribute(self, model, optimizer):

@@ -24,7 +24,7 @@ import re
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ringflow.training.health.progress import Progress
 from ringflow.training.health.store_ops import StoreOpReading
@@ -95,9 +95,11 @@ class HeartbeatWriter(threading.Thread):
     poll after the in-job watchdog does, not up to an interval later."""
 
     def __init__(self, store: ObjectStore, attempt: str, progress: Progress, interval: float,
-                 stall_seconds: float):
+                 stall_seconds: float, before_write: Callable[[], None] = lambda: None):
+        """before_write: called before each write (the run folder's fence check, fence_guard.py)."""
         super().__init__(name="ringflow-heartbeat", daemon=True)
         self._store, self._attempt, self._progress = store, attempt, progress
+        self._before_write = before_write
         self._interval, self._stall_seconds = interval, stall_seconds
         self._stopped = threading.Event()
         self._lock = threading.Lock()
@@ -125,6 +127,7 @@ class HeartbeatWriter(threading.Thread):
                              reading.progress_at, state, reading.phase, reading.done, reading.waiting,
                              self._write_seconds)
             self._seq += 1
+            self._before_write()
             started = time.monotonic()
             try:
                 self._store.put_bytes(HEARTBEAT, beat.to_json())

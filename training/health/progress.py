@@ -78,10 +78,15 @@ class Progress:
         finally:
             with self._lock:
                 self._waiting = outer
+                if self._step is None:  # start-up: what the phase has read or written so far
+                    self._done["bytes"] = self._done.get("bytes", 0) + op.reading().bytes
                 self._moved()
 
     def read(self) -> ProgressReading:
         with self._lock:
             now = time.monotonic()
             waiting = self._waiting.reading(now) if self._waiting is not None else None
-            return ProgressReading(self._step, self._phase, now - self._mono, self._wall, dict(self._done), waiting)
+            done = dict(self._done)
+            if waiting is not None and self._step is None:
+                done["bytes"] = done.get("bytes", 0) + waiting.bytes
+            return ProgressReading(self._step, self._phase, now - self._mono, self._wall, done, waiting)

@@ -16,7 +16,7 @@ import math
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ringflow.training.store.base import ObjectNotFound, ObjectStore
 
@@ -60,7 +60,15 @@ def _segment_keys(store: ObjectStore) -> list[str]:
 
 
 def read_health(store: ObjectStore) -> list[dict[str, Any]]:
-    """All of a run's records in order: the sealed segments, then health.jsonl."""
+    """All of a run's visible records in order: each attempt's the run folder's pointer names, as far as
+    they are visible (run_folder.py), or, in a folder of today's layout, its own."""
+    from ringflow.training.run_folder import RunFolder
+
+    return RunFolder(store).records_after(-1)
+
+
+def read_health_in(store: ObjectStore) -> list[dict[str, Any]]:
+    """All of the records one health log holds, in order: the sealed segments, then health.jsonl."""
     # health.jsonl before the segment listing: a segment is sealed before health.jsonl starts over, so
     # whatever moment this read falls on, no record is missed (some may be seen twice, dropped by seq).
     try:
@@ -119,6 +127,20 @@ class HealthReader:
         return fresh
 
 
+def last_seq_in(store: ObjectStore) -> int | None:
+    """The seq of the last record in `store`'s health log (health.jsonl, else the last sealed segment), or
+    None when it holds none."""
+    try:
+        last = _last_seq(parse(store.get_bytes(HEALTH_KEY)))
+    except ObjectNotFound:
+        last = -1
+    if last < 0:
+        sealed = _segment_keys(store)
+        if sealed:
+            last = _last_seq(parse(store.get_bytes(sealed[-1])))
+    return last if last >= 0 else None
+
+
 def _last_seq(records: list[dict[str, Any]]) -> int:
     for rec in reversed(records):
         if isinstance(rec.get("seq"), int):
@@ -143,7 +165,12 @@ class HealthLog:
     """
 
     def __init__(self, store: ObjectStore, flush_seconds: float = 1.0, enabled: bool = True,
-                 segment_lines: int = 2_000, attempt: str | None = None, segment_bytes: int = SEGMENT_BYTES):
+                 segment_lines: int = 2_000, attempt: str | None = None, segment_bytes: int = SEGMENT_BYTES,
+                 first_seq: int = 0, before_write: Callable[[], None] = lambda: None):
+        """first_seq: the seq of this log's first record, when the records before it live elsewhere (the
+        attempts before this one, run_folder.py), so seq keeps counting across a run's attempts.
+        before_write: called before each write to the store (the run folder's fence check)."""
+        self._before_write = before_write
         self._store = store
         self._attempt = attempt
         self._flush_seconds = flush_seconds
@@ -175,7 +202,7 @@ class HealthLog:
             last = _last_seq(parse("\n".join(self._lines)))
             if last < 0 and sealed:
                 last = _last_seq(parse(store.get_bytes(sealed[-1])))
-            self._next_seq = last + 1
+            self._next_seq = max(last + 1, first_seq)
 
     def start_flushing(self) -> None:
         """From now on a background thread writes the records, every flush_seconds or when one is forced."""
@@ -245,6 +272,7 @@ class HealthLog:
                 self._last_flush, self._dirty = now, False
             sealed = False
             try:
+                self._before_write()
                 if seal is not None:
                     # Sealed first, then health.jsonl starts over: see read_health for why in this order.
                     self._store.put_bytes(_segment_key(seal[0]), ("\n".join(seal[1]) + "\n").encode())

@@ -32,7 +32,10 @@ HEALTHY, DEGRADED, STALLED, DIVERGED, NONFINITE = "HEALTHY", "DEGRADED", "STALLE
 # The store, not the job: a store operation the job had to wait for moved nothing for
 # health.store_timeout_seconds, or failed after every retry. Retried (a store comes back), never STALLED.
 STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
-FATAL = (NONFINITE, DIVERGED, STALLED, STORE_UNAVAILABLE)
+# Not about health: a newer attempt claimed the run folder (run_folder.py), so this one stops and writes
+# nothing more. Never in the records (a fenced attempt writes none); only in its log and exit status.
+FENCED = "FENCED"
+FATAL = (NONFINITE, DIVERGED, STALLED, STORE_UNAVAILABLE, FENCED)
 # Fewer measured steps than this and a straggler or sync-share reading is noise, not evidence.
 MIN_STEPS_FOR_DEGRADED = 5
 

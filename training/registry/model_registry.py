@@ -47,7 +47,8 @@ import urllib.parse
 from typing import Any, Callable
 
 from ringflow.training.checkpoint import MANIFEST_NAME as CHECKPOINT_MANIFEST
-from ringflow.training.checkpoint import CheckpointCorrupt, CheckpointManifest, CheckpointStore
+from ringflow.training.checkpoint import CheckpointCorrupt, CheckpointManifest
+from ringflow.training.run_folder import RunFolder
 from ringflow.training.store.base import ObjectNotFound, ObjectStore, PreconditionFailed, join_key
 
 log = logging.getLogger(__name__)
@@ -252,7 +253,6 @@ class ModelRegistry:
     # -- writing --------------------------------------------------------------------------------
 
     def promote(self, name: str, *, run_uri: str, checkpoint: str, metrics: dict[str, Any],
-                checkpoint_prefix: str = "checkpoints",
                 source_store: ObjectStore | None = None, decide: Decide | None = None) -> Promotion:
         """Copy checkpoint `checkpoint` of the run folder `run_uri` into a new version and
         point production at it, if `decide(current pointer)` returns None (no `decide`: always).
@@ -269,8 +269,8 @@ class ModelRegistry:
         same_store = source_store is None
         src = self.store if same_store else source_store
         run_key = run_key_in(src.uri, run_uri)  # inside `src`, else a RegistryError that says so
-        checkpoints = CheckpointStore(src.child(run_key), prefix=checkpoint_prefix, keep_last=None)
-        manifest = checkpoints.read_manifest(checkpoint)
+        # The checkpoint the run folder published (run_folder.py), wherever its attempt wrote it.
+        manifest = RunFolder(src.child(run_key)).checkpoints().read_manifest(checkpoint)
         reserved = sorted(set(manifest.files) & set(RESERVED_FILES))
         if reserved:
             raise RegistryError(f"checkpoint {checkpoint} has files named {reserved}, which the registry writes "

@@ -17,6 +17,7 @@ from ringflow.training.health.heartbeat import attempt_in_log, read_heartbeat
 from ringflow.training.health.liveness import LATE_AFTER_INTERVALS, judged_outside
 from ringflow.training.health.records import HealthReader
 from ringflow.training.health.verdict import HealthJudge
+from ringflow.training.run_folder import RunFolder
 from ringflow.training.runs.store_probe import StoreProbe
 from ringflow.training.store.base import ObjectStore
 
@@ -46,6 +47,9 @@ class HealthWatch:
         self._first_beat: tuple[str, int] | None = None
         self._polled = False
         self._probe = StoreProbe(run)
+        self._folder = RunFolder(run)
+        self._watched: tuple[str, ObjectStore] | None = None  # (attempt, where it writes) once it claimed
+        self._first_current: int | None = None  # the pointer's attempt number at the first poll
 
     def learn_from_log(self, lines: list[str]) -> None:
         for line in lines:
@@ -57,11 +61,12 @@ class HealthWatch:
         """The verdict on the watched attempt so far, with `fatal`; None while there is nothing to say.
         `now` (unix seconds, while the job runs) adds the outside stall check on the heartbeat."""
         reading_since = time.monotonic()
-        records = self._reader.poll(self._store)
+        store = self._attempt_store()
+        records = self._reader.poll(store) if store is not None else []
         if self.attempt is not None and not self._follow_latest:
             records = [r for r in records if r.get("attempt") == self.attempt]  # not even a late write of another
         self._judge.feed(records)
-        heartbeat = read_heartbeat(self._store)
+        heartbeat = read_heartbeat(store) if store is not None else None
         self._probe.read_took(time.monotonic() - reading_since)
         self._adopt(heartbeat)
         if self._follow_latest and self._judge.started:
@@ -81,6 +86,26 @@ class HealthWatch:
             if stall:
                 return self._dict(stall)
         return self._dict(verdict) if verdict is not None else None
+
+    def _attempt_store(self) -> ObjectStore | None:
+        """Where the watched attempt writes: the folder itself in today's layout; in a fenced one
+        (run_folder.py) its own prefix once it has claimed the folder, None before."""
+        pointer, _ = self._folder.pointer()
+        if pointer is None:
+            return self._store
+        current = pointer.attempt
+        if self._first_current is None:
+            self._first_current = current.number
+        if self.attempt is None and (self._follow_latest or current.number != self._first_current):
+            self.attempt = current.id  # claimed while we watch: a live job in this run folder is this one
+        if self.attempt is None:
+            return None
+        if self._watched is None or self._watched[0] != self.attempt:
+            store = self._folder.attempt_store(self.attempt)
+            if store is None:
+                return None
+            self._watched, self._reader = (self.attempt, store), HealthReader()
+        return self._watched[1]
 
     def _adopt(self, heartbeat) -> None:
         beat = (heartbeat.attempt, heartbeat.seq) if heartbeat is not None else None

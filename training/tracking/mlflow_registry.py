@@ -15,7 +15,7 @@ import logging
 import tempfile
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from ringflow.training.checkpoint import CheckpointStore
+from ringflow.training.run_folder import RunFolder
 from ringflow.training.manifest import ShardManifest
 from ringflow.training.store.base import ObjectStore
 from ringflow.training.store import split_uri
@@ -70,7 +70,7 @@ def model_data(folder: str, *, run_folder: ObjectStore, checkpoint: str,
                open_store: Callable[[str], ObjectStore], source: Mapping[str, Any]) -> served_model.ServedModel:
     """Write the pyfunc data folder for `checkpoint` of the run (its sha256 checked on the way) and load it
     back: a model that would not load never gets registered."""
-    loaded = CheckpointStore(run_folder).load(checkpoint)
+    loaded = RunFolder(run_folder).checkpoints().load(checkpoint)
     meta = loaded.manifest.meta
     parent, name = split_uri(meta["manifest_uri"])
     schema = ShardManifest.from_json(open_store(parent).get_bytes(name)).schema

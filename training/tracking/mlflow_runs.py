@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ringflow.training import run_layout
-from ringflow.training.health.records import HealthReader
+from ringflow.training.run_folder import RunFolder
 from ringflow.training.run_result import RunResult
 from ringflow.training.store.base import ObjectNotFound, ObjectStore
 from ringflow.training.tracking import measurements
@@ -141,9 +141,8 @@ def records_after(seq: int, run_folder: ObjectStore,
     """The health records after `seq` and the last seq among them (`seq` when none is newer): picked from
     `every_record` when given, else read from the run folder (only what lies past `seq`)."""
     if every_record is None:
-        reader = HealthReader()
-        reader.last_seq = seq
-        return reader.poll(run_folder), reader.last_seq
+        newer = RunFolder(run_folder).records_after(seq)
+        return newer, newer[-1]["seq"] if newer else seq
     newer = [r for r in every_record if isinstance(r.get("seq"), int) and r["seq"] > seq]
     return newer, newer[-1]["seq"] if newer else seq
 
@@ -180,7 +179,8 @@ def log_training_run(settings: TrackingSettings, *, experiment: str, run_uri: st
             **({"ringflow.attempt": result.attempt} if result and result.attempt else {}),
             **({"ringflow.checkpoint": result.checkpoint} if result and result.checkpoint else {}),
             **(tags or {})})
-        files = log_files(client, run_id, run_folder, [run_layout.RESULT, run_layout.HEALTH_PLOT])
+        result_key = RunFolder(run_folder).result_key()  # the published result (run_folder.py)
+        files = log_files(client, run_id, run_folder, [*([result_key] if result_key else []), run_layout.HEALTH_PLOT])
         client.set_terminated(run_id, "FINISHED" if result is not None and result.succeeded else "FAILED")
     log.info("MLflow run %s (experiment %r): %d measurements from %d health records, verdict %s, artifacts %s",
              run_id, experiment, len(items), len(records), verdict, files)

@@ -207,7 +207,7 @@ def _extra_links(page, airflow, run_id, store, steps, expect) -> None:
     steps.shot("health-plot")
     page.go_back()
     page.get_by_role("link", name="Run folder", exact=True).click()
-    for name in ("health.png", "result.json", "health.jsonl", "checkpoints/"):
+    for name in ("health.png", "run.json", "eval.json", "attempts/"):
         expect(page.get_by_role("link", name=name, exact=True)).to_be_visible()
     steps.shot("run-folder")
 

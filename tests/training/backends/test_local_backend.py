@@ -1,10 +1,10 @@
 """The local-process backend with real horovodrun jobs."""
 import json
-import time
 from pathlib import Path
 
 import pytest
 
+from polling import wait_for
 from ringflow.training.backends.base import JobNotFound, backend_from_dict
 from ringflow.training.backends.job_spec import JobSpec, JobSpecError
 from ringflow.training.backends.local import LocalProcessBackend, job_environment
@@ -15,15 +15,6 @@ pytestmark = pytest.mark.slow
 def spec(name, manifest, run_dir, **config):
     cfg = {"manifest_uri": manifest, "run_uri": str(run_dir), "epochs": 1, "log_every_steps": 5} | config
     return JobSpec(name=name, config=cfg, num_workers=2, labels={"dag": "d", "run": "r1", "task": "train"})
-
-
-def wait_for(predicate, timeout=120, every=0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(every)
-    return False
 
 
 def processes_mentioning(text: str) -> list[str]:

@@ -1,7 +1,5 @@
 """A rerun of a job that had already finished reports the same checkpoint and verdict (the promotion gate
 refuses a `null` verdict), and writes no checkpoint again."""
-from pathlib import Path
-
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -14,7 +12,7 @@ def test_rerun_of_a_finished_job_keeps_its_verdict(jobs):
     first = jobs.result(cfg)
     # HEALTHY, or DEGRADED (sync-bound) on a loaded host: this tiny model's step is mostly all-reduce.
     assert first.verdict is not None and first.verdict.status in ("HEALTHY", "DEGRADED"), first
-    final = Path(cfg["run_uri"]) / "checkpoints" / first.checkpoint / "MANIFEST.json"
+    final = jobs.checkpoint_folder(cfg, first.checkpoint) / "MANIFEST.json"
     written = final.read_bytes()
 
     code, out = jobs.run(cfg)

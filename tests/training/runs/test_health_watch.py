@@ -105,12 +105,13 @@ def test_a_poll_reads_only_what_is_new(tmp_path, monkeypatch):
     monkeypatch.setattr(LocalFolderStore, "get_bytes", lambda self, key: reads.append(key) or real(self, key))
     watch = HealthWatch(run.store, HEALTH, attempt="a1")
     assert watch.poll(None, None)["evidence"]["steps_measured"] == 500
-    assert len(reads) == 1 + 10 + 1 + 1  # health.jsonl, every segment once, a probe, heartbeat.json
+    # run.json (which attempt writes where), health.jsonl, every segment once, a probe, heartbeat.json
+    assert len(reads) == 1 + 1 + 10 + 1 + 1
     for n in range(501, 521):
         log.append(steps(n, n)[0])
         reads.clear()
         assert watch.poll(None, None)["evidence"]["steps_measured"] == n
-        assert len(reads) <= 4, reads  # health.jsonl, a new segment at most, a probe, heartbeat.json
+        assert len(reads) <= 5, reads  # run.json, health.jsonl, a new segment at most, a probe, heartbeat.json
 
 
 def test_one_look_judges_the_attempt_that_started_last(tmp_path):

@@ -9,8 +9,10 @@ it in the triggerer; `conn_id` names the cluster connection that `connections` r
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+import time
 from typing import Any, ClassVar
 
 from ringflow.training.backends.base import Backend, JobNotFound, JobStatus, LogChunk
@@ -23,6 +25,30 @@ from ringflow.training.backends.kubernetes.mpijob import API_VERSION, KIND, MPIJ
 from ringflow.training.backends.kubernetes.outcome import MPIJOB_WORDS, outcome_from_status
 
 log = logging.getLogger(__name__)
+
+
+class StillDeleting(RuntimeError):
+    """A deleted job, or pods of it, were still there when the wait for them to go ran out."""
+
+
+def still_there(kind: str, namespace: str, name: str, job: dict[str, Any] | None,
+                pods: list[dict[str, Any]]) -> list[str]:
+    """What is left of a deleted job: the job object and each of its pods, with what holds them. Pure."""
+    left = []
+    if job is not None:
+        meta = job.get("metadata") or {}
+        since = meta.get("deletionTimestamp")
+        state = f"deleting since {since}, finalizers {meta.get('finalizers') or []}" if since else "not being deleted"
+        left.append(f"{kind} {namespace}/{name} ({state})")
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        words = [status.get("phase") or "no phase"]
+        if meta.get("deletionTimestamp"):
+            words.append(f"terminating since {meta['deletionTimestamp']}")
+        if (pod.get("spec") or {}).get("nodeName"):
+            words.append(f"on node {pod['spec']['nodeName']}")
+        left.append(f"pod {namespace}/{meta.get('name')} ({', '.join(words)})")
+    return left
 
 
 def _created_key(pod: dict[str, Any]) -> tuple[str, str]:
@@ -86,14 +112,23 @@ class ClusterJobBackend(Backend):
         context: str | None = None,
         max_attempts: int = 5,
         backoff_s: float = 0.5,
+        delete_timeout_s: float = 300.0,
+        delete_poll_s: float = 2.0,
         connections: Connections | None = None,
     ) -> None:
+        """delete_timeout_s: how long delete() waits for the job object and its pods to be gone before it
+        raises StillDeleting (pods get their terminationGracePeriodSeconds, 30 s by default, and a busy
+        kubelet more); delete_poll_s: how often it looks."""
         cls = self.settings_class
         self.settings = cls.from_dict(settings) if isinstance(settings, dict) else settings
         if not isinstance(self.settings, cls):
             raise TypeError(f"settings must be a dict of {cls.__name__} fields")
         self.conn_id, self.kubeconfig_path, self.in_cluster, self.context = conn_id, kubeconfig_path, in_cluster, context
         self.max_attempts, self.backoff_s = max_attempts, backoff_s
+        if not (delete_timeout_s >= 0 and delete_poll_s > 0):
+            raise ValueError(f"delete_timeout_s {delete_timeout_s!r} / delete_poll_s {delete_poll_s!r}: use seconds, "
+                             ">= 0 for the timeout and > 0 between looks")
+        self.delete_timeout_s, self.delete_poll_s = delete_timeout_s, delete_poll_s
         self.connections = connections
         self.client = KubernetesClient(conn_id, connections=connections, kubeconfig_path=kubeconfig_path,
                                        in_cluster=in_cluster, context=context, max_attempts=max_attempts,
@@ -117,7 +152,8 @@ class ClusterJobBackend(Backend):
     def to_dict(self) -> dict[str, Any]:
         return {"settings": self.settings.to_dict(), "conn_id": self.conn_id, "kubeconfig_path": self.kubeconfig_path,
                 "in_cluster": self.in_cluster, "context": self.context, "max_attempts": self.max_attempts,
-                "backoff_s": self.backoff_s}
+                "backoff_s": self.backoff_s, "delete_timeout_s": self.delete_timeout_s,
+                "delete_poll_s": self.delete_poll_s}
 
     @property
     def namespace(self) -> str:
@@ -177,24 +213,34 @@ class ClusterJobBackend(Backend):
         return live[-1]["metadata"]["name"] if live else None
 
     # -- status ---------------------------------------------------------------------------------
-    def status(self, job_id: str) -> JobStatus:
-        ns = self.namespace
+    def _job_or_none(self, ns: str, job_id: str) -> dict[str, Any] | None:
         try:
-            job = self._call("get_{}")(ns, job_id)
+            return self._call("get_{}")(ns, job_id)
         except KubernetesApiError as e:
             if e.status == 404:
-                raise JobNotFound(f"no {self.object_kind} {ns}/{job_id}") from e
+                return None
             raise
+
+    async def _ajob_or_none(self, ns: str, job_id: str) -> dict[str, Any] | None:
+        try:
+            return await self._call("aget_{}")(ns, job_id)
+        except KubernetesApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def status(self, job_id: str) -> JobStatus:
+        ns = self.namespace
+        job = self._job_or_none(ns, job_id)
+        if job is None:
+            raise JobNotFound(f"no {self.object_kind} {ns}/{job_id}")
         return self.outcome(job, self.client.list_pods(ns, self._pods_selector(job_id)))
 
     async def astatus(self, job_id: str) -> JobStatus:
         ns = await self.anamespace()
-        try:
-            job = await self._call("aget_{}")(ns, job_id)
-        except KubernetesApiError as e:
-            if e.status == 404:
-                raise JobNotFound(f"no {self.object_kind} {ns}/{job_id}") from e
-            raise
+        job = await self._ajob_or_none(ns, job_id)
+        if job is None:
+            raise JobNotFound(f"no {self.object_kind} {ns}/{job_id}")
         return self.outcome(job, await self.client.alist_pods(ns, self._pods_selector(job_id)))
 
     # -- logs -----------------------------------------------------------------------------------
@@ -227,18 +273,42 @@ class ClusterJobBackend(Backend):
         return _chunk(_container_key(pod), text, cursor)
 
     # -- delete ---------------------------------------------------------------------------------
+    # A foreground delete only starts the deletion: the API server keeps the job while its pods terminate
+    # (their grace period), and a rank's pod can go on writing to the run folder all that time. So delete
+    # returns once the job object and every pod of it are gone, and a retry launched after it never runs
+    # beside this attempt.
     def delete(self, job_id: str) -> None:
+        """Delete the job (foreground) and its ConfigMap; return once the job and its pods are gone. Raises
+        StillDeleting, naming what is left, when delete_timeout_s passes first."""
         ns = self.namespace
         self._call("delete_{}")(ns, job_id)
         # The garbage collector removes the owned ConfigMap anyway; deleting it here also covers a
         # ConfigMap whose job never got created.
         self.client.delete_configmap(ns, configmap_name(job_id))
+        deadline = time.monotonic() + self.delete_timeout_s
+        while left := still_there(self.object_kind, ns, job_id, self._job_or_none(ns, job_id),
+                                  self.client.list_pods(ns, self._pods_selector(job_id))):
+            if time.monotonic() >= deadline:
+                raise self._still_deleting(ns, job_id, left)
+            time.sleep(self.delete_poll_s)
 
     async def adelete(self, job_id: str) -> None:
         ns = await self.anamespace()
         await self._call("adelete_{}")(ns, job_id)
         await self.client.adelete_configmap(ns, configmap_name(job_id))
+        deadline = time.monotonic() + self.delete_timeout_s
+        while left := still_there(self.object_kind, ns, job_id, await self._ajob_or_none(ns, job_id),
+                                  await self.client.alist_pods(ns, self._pods_selector(job_id))):
+            if time.monotonic() >= deadline:
+                raise self._still_deleting(ns, job_id, left)
+            await asyncio.sleep(self.delete_poll_s)
 
+    def _still_deleting(self, ns: str, job_id: str, left: list[str]) -> StillDeleting:
+        return StillDeleting(
+            f"{self.object_kind} {ns}/{job_id} was deleted, but {self.delete_timeout_s:g} s later these are still "
+            f"there: {'; '.join(left)}. A pod stuck "
+            "terminating waits for its node or a finalizer (kubectl describe pod); until it is gone a retry "
+            "could run beside it. Raise delete_timeout_s if the cluster is only slow")
 
 class MPIJobBackend(ClusterJobBackend):
     """Horovod ranks in a Kubeflow MPIJob (kubeflow.org/v2beta1, MPI Operator v0.8.2)."""

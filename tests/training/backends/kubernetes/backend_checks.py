@@ -11,8 +11,9 @@ from typing import Any
 import kmock
 import pytest
 
-from kmock_cluster import CONFIGMAPS
-from ringflow.training.backends.base import JobNotFound
+from kmock_cluster import CONFIGMAPS, PODS
+from ringflow.training.backends.base import JobNotFound, backend_from_dict
+from ringflow.training.backends.kubernetes.backend import StillDeleting
 from ringflow.training.backends.kubernetes.client import AlreadyExistsError
 
 NS = "training"
@@ -61,3 +62,45 @@ def assert_a_failed_configmap_create_removes_the_job(cluster, backend, spec, res
     with pytest.raises(Exception, match="forbidden"):
         backend.launch(spec)
     assert cluster.get(resource, NS, spec.name) is None
+
+
+RUNNING_POD = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+
+
+def left_of(cluster, resource: str, job_id: str, pods: list[str]) -> list[str]:
+    """What of the job is still in the cluster: the job object and any of `pods`."""
+    return ([resource] if cluster.get(resource, NS, job_id) else []) + [p for p in pods if cluster.get(PODS, NS, p)]
+
+
+async def _launch_and_adelete(backend, spec, add_pods) -> list[str]:
+    job_id = await asyncio.to_thread(backend.launch, spec)
+    pods = add_pods(job_id)
+    await backend.adelete(job_id)
+    return pods
+
+
+def assert_delete_waits_until_the_job_and_its_pods_are_gone(cluster, backend, spec, add_pods, resource: str,
+                                                             kind: str) -> None:
+    """The pods take a while to terminate (the emulator plays the API server's foreground deletion): delete
+    and adelete come back only once the job object and every pod are gone; when the wait runs out (a pod
+    that never terminates), the error names the job and the pods left. add_pods(job_id): the pods the job's
+    operator would make, running; returns their names."""
+    cluster.set_pod_termination(0.5)
+    pods = add_pods(backend.launch(spec))
+    assert left_of(cluster, resource, spec.name, pods) == [resource, *pods]
+    backend.delete(spec.name)
+    assert left_of(cluster, resource, spec.name, pods) == []
+
+    pods = asyncio.run(_launch_and_adelete(backend, spec, add_pods))
+    assert pods and left_of(cluster, resource, spec.name, pods) == []
+
+    cluster.set_pod_termination(None)  # a pod on a lost node: it never finishes terminating
+    first = add_pods(backend.launch(spec))[0]
+    impatient = backend_from_dict(backend.kind, backend.to_dict() | {"delete_timeout_s": 0.3})
+    expected = (rf"{kind} {NS}/{spec.name} was deleted, but 0.3 s later these are still there: {kind} {NS}/"
+                rf"{spec.name} \(deleting since .*, finalizers \['foregroundDeletion'\]\); pod {NS}/{first} "
+                rf"\(Running, terminating since .*\)\. A pod stuck terminating")
+    with pytest.raises(StillDeleting, match=expected):
+        impatient.delete(spec.name)
+    with pytest.raises(StillDeleting, match=expected):
+        asyncio.run(impatient.adelete(spec.name))

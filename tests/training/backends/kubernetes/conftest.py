@@ -29,12 +29,13 @@ def settings_dict():
 def backend(cluster, settings_dict):
     from ringflow.training.backends.kubernetes.backend import MPIJobBackend
 
-    # Tiny backoff: retries are tested for happening, not for their timing.
-    return MPIJobBackend(settings_dict, kubeconfig_path=str(cluster.kubeconfig), backoff_s=0.01)
+    # Tiny backoff and delete poll: retries and waits are tested for happening, not for their timing.
+    return MPIJobBackend(settings_dict, kubeconfig_path=str(cluster.kubeconfig), backoff_s=0.01, delete_poll_s=0.05)
 
 
 @pytest.fixture
 def trainjob_backend(cluster, settings_dict):
     from ringflow.training.backends.kubernetes.trainjob_backend import TrainJobBackend
 
-    return TrainJobBackend(settings_dict, kubeconfig_path=str(cluster.kubeconfig), backoff_s=0.01)
+    return TrainJobBackend(settings_dict, kubeconfig_path=str(cluster.kubeconfig), backoff_s=0.01,
+                           delete_poll_s=0.05)

@@ -5,7 +5,8 @@ own event loop in a background thread, because the code under test makes blockin
 change the cluster through `Cluster` methods, which run on that loop.
 
 Where the emulator is simpler than a real API server, `FaithfulEmulator` fills in what the backend relies
-on: server-set metadata (uid, creationTimestamp, resourceVersion) and label selectors on lists.
+on: server-set metadata (uid, creationTimestamp, resourceVersion), label selectors on lists, and foreground
+deletion (kmock removes an object at once and never its dependents; see `_begin_foreground_delete`).
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ MPIJOBS = "kubeflow.org/v2beta1/mpijobs"
 TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
 PODS = "v1/pods"
 CONFIGMAPS = "v1/configmaps"
+# The label each job kind's operator puts on every pod of a job, valued with the job's name: the MPI
+# Operator's, and the JobSet's (a TrainJob's JobSet is named like it).
+JOB_POD_LABELS = {MPIJOBS: "training.kubeflow.org/job-name", TRAINJOBS: "jobset.sigs.k8s.io/jobset-name"}
 
 
 def _matches(selector: str, labels: dict[str, str]) -> bool:
@@ -46,8 +50,13 @@ def _matches(selector: str, labels: dict[str, str]) -> bool:
 
 class FaithfulEmulator(kmock.KubernetesEmulator):
     _clock = itertools.count(1)
+    # How long a job's pods take to terminate once the job is deleted (the kubelet's grace period, scaled
+    # down); None: they never do (a pod on a lost node, or held by a finalizer).
+    pod_termination_seconds: float | None = 0.0
 
     async def _handle(self, request: kmock.Request):  # type: ignore[override]
+        if request.action == kmock.action.DELETE and request.name is not None:
+            self._begin_foreground_delete(request)
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
             meta.setdefault("namespace", request.namespace)
@@ -57,6 +66,42 @@ class FaithfulEmulator(kmock.KubernetesEmulator):
             now = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(microseconds=next(self._clock))
             meta.setdefault("creationTimestamp", now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
         return await super()._handle(request)
+
+    def _begin_foreground_delete(self, request: kmock.Request) -> None:
+        """What a real API server does with a job deleted with propagationPolicy Foreground: the job stays,
+        with a deletionTimestamp and the foregroundDeletion finalizer, while the garbage collector deletes
+        its dependents (its pods terminate); the job goes last. Its dependents here are the pods carrying its
+        operator's name label (the real collector follows their ownerReferences) and the ConfigMaps it owns."""
+        label = next((label for resource, label in JOB_POD_LABELS.items()
+                      if request.resource == kmock.resource(resource)), None)
+        if label is None or (request.data or {}).get("propagationPolicy") != "Foreground":
+            return
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return
+        meta = self.objects[key].get("metadata", {})
+        if meta.get("deletionTimestamp"):
+            return  # already being deleted
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.objects[key].patch({"metadata": {"deletionTimestamp": now, "finalizers": ["foregroundDeletion"]}})
+        asyncio.get_running_loop().create_task(self._collect_garbage(key, label, now))
+
+    async def _collect_garbage(self, job: Any, label: str, now: str) -> None:
+        _resource, namespace, name = job
+        pods = [key for key, obj in self.objects.items() if key[0] == kmock.resource(PODS) and key[1] == namespace
+                and not obj.deleted and (obj.get("metadata", {}).get("labels") or {}).get(label) == name]
+        for key in pods:
+            self.objects[key].patch({"metadata": {"deletionTimestamp": now}})  # Terminating
+        if self.pod_termination_seconds is None:
+            return  # stuck: the pods, and so the job, stay
+        await asyncio.sleep(self.pod_termination_seconds)
+        owned = [key for key, obj in self.objects.items() if key[0] == kmock.resource(CONFIGMAPS) and not obj.deleted
+                 and any(ref.get("name") == name for ref in obj.get("metadata", {}).get("ownerReferences") or [])]
+        for key in pods + owned:
+            if not self.objects[key].deleted:
+                self.objects[key].delete()
+        if not self.objects[job].deleted:
+            self.objects[job].delete()  # the finalizer's work is done: the job goes
 
     async def _serve_list(self, request: kmock.Request):  # type: ignore[override]
         result = await super()._serve_list(request)
@@ -179,6 +224,10 @@ class Cluster:
             "status": status,
         })
         return name
+
+    def set_pod_termination(self, seconds: float | None) -> None:
+        """How long the job's pods take to terminate after a foreground delete; None: forever."""
+        self.k.pod_termination_seconds = seconds
 
     def requests(self, method: str | None = None, resource: str | None = None) -> list[kmock.Request]:
         def read() -> list[kmock.Request]:

@@ -86,6 +86,17 @@ def test_delete_on_kill_is_foreground_and_tolerates_404(cluster, backend):
     checks.assert_delete_is_foreground_and_tolerates_404(cluster, backend, backend.launch(spec()), MPIJOBS, "MPIJob")
 
 
+def mpijob_pods(cluster, job_id):
+    """The launcher and both workers, running, as the MPI Operator makes them."""
+    return [cluster.add_pod(NS, job_id, "launcher", status=checks.RUNNING_POD)] + [
+        cluster.add_pod(NS, job_id, "worker", i, status=checks.RUNNING_POD) for i in (0, 1)]
+
+
+def test_delete_waits_until_the_mpijob_and_its_pods_are_gone(cluster, backend):
+    checks.assert_delete_waits_until_the_job_and_its_pods_are_gone(
+        cluster, backend, spec(), lambda job_id: mpijob_pods(cluster, job_id), MPIJOBS, "MPIJob")
+
+
 def test_async_delete(cluster, backend):
     job_id = backend.launch(spec())
     asyncio.run(backend.adelete(job_id))

@@ -93,6 +93,16 @@ def test_a_launcher_that_cannot_reach_the_nodes_restarts_then_fails(cluster, tra
     assert status.exit_code == 1
 
 
+def jobset_pods(cluster, job_id):
+    """Both nodes of the TrainJob's JobSet, running."""
+    return [cluster.add_jobset_pod(NS, job_id, "node", i, status=checks.RUNNING_POD) for i in (0, 1)]
+
+
+def test_delete_waits_until_the_trainjob_and_its_pods_are_gone(cluster, trainjob_backend):
+    checks.assert_delete_waits_until_the_job_and_its_pods_are_gone(
+        cluster, trainjob_backend, spec(), lambda job_id: jobset_pods(cluster, job_id), TRAINJOBS, "TrainJob")
+
+
 def test_delete_on_kill_is_foreground_and_tolerates_404(cluster, trainjob_backend):
     job_id = trainjob_backend.launch(spec())
     checks.assert_delete_is_foreground_and_tolerates_404(cluster, trainjob_backend, job_id, TRAINJOBS, "TrainJob")
