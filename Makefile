@@ -23,6 +23,9 @@ test-fast: setup
 bench: setup
 	$(PY) bench/throughput.py
 	$(PY) bench/health_overhead.py
+	$(PY) bench/health_overhead.py --engine ddp --out health_overhead-ddp
+	$(PY) bench/checkpoint_overhead.py
+	$(PY) bench/checkpoint_profile.py
 	$(PY) bench/bind_cores.py
 	$(PY) bench/shard_throughput.py
 	$(PY) bench/promotion.py

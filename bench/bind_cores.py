@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import sys
 import tempfile
@@ -33,14 +32,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bind_in_job  # noqa: E402
 import throughput  # noqa: E402  (its model, environment, shards and job runners)
+from results_file import write_results  # noqa: E402
 
+# ringflow with checkpoints off (bind_in_job.SETTINGS), as the plain peers never checkpoint: binding is what
+# differs. Each runner's rate (throughput's runners also give the monitor's share, not used here).
 CONFIGS = {
-    "ringflow horovod": lambda root, n, steps, bind: throughput.ringflow(root, n, steps, "horovod",
-                                                                         settings={"bind_cores": bind}),
-    "horovod + mpi": lambda root, n, steps, bind: throughput.peer("horovod", "mpi", n, steps, bind),
-    "ringflow ddp": lambda root, n, steps, bind: throughput.ringflow(root, n, steps, "ddp",
-                                                                     settings={"bind_cores": bind}),
-    "torch DDP + gloo": lambda root, n, steps, bind: throughput.peer("ddp", None, n, steps, bind),
+    "ringflow horovod": lambda root, n, steps, bind: throughput.ringflow(
+        root, n, steps, "horovod", settings=bind_in_job.SETTINGS | {"bind_cores": bind})[0],
+    "horovod + mpi": lambda root, n, steps, bind: throughput.peer("horovod", "mpi", n, steps, bind)[0],
+    "ringflow ddp": lambda root, n, steps, bind: throughput.ringflow(
+        root, n, steps, "ddp", settings=bind_in_job.SETTINGS | {"bind_cores": bind})[0],
+    "torch DDP + gloo": lambda root, n, steps, bind: throughput.peer("ddp", None, n, steps, bind)[0],
 }
 # Compared with its own library's plain peer, both bound and both not.
 PEERS = {"ringflow horovod": "horovod + mpi", "ringflow ddp": "torch DDP + gloo"}
@@ -134,15 +136,13 @@ def main() -> None:
     usable, quota = usable_cpus(), cpu_quota_cores()
     shares = {n: [decide_cpu_share(usable, quota, host_cpu_count(), r, n, True).describe(r, n) for r in range(n)]
               for n in NPS}
-    command = " ".join([".venv/bin/python bench/bind_cores.py", *map(shlex.quote, sys.argv[1:])])
     loads: list[float] = []  # the host's 1-minute load average after each job: how much other work there was
     in_job: dict[str, dict[str, list[float]]] = {}
     configs = {name: run for name, run in CONFIGS.items() if not args.only or name in args.only}
     rates = {name: {n: {True: [], False: []} for n in NPS} for name in configs}
 
     def save(final: bool = False) -> None:
-        lines = [f"Made by `{command}`.", "",
-                 f"Model: MLP {throughput.FEATURES}->{throughput.HIDDEN}->10, {throughput.BATCH} rows per worker per "
+        lines = [f"Model: MLP {throughput.FEATURES}->{throughput.HIDDEN}->10, {throughput.BATCH} rows per worker per "
                  f"step, one torch thread per rank. This host: CPUs {usable}, CPU quota "
                  f"{quota if quota is not None else 'none'}, shared with other work: the 1-minute load average after "
                  f"each job was {spread(loads, 1)} (median, min–max) on {len(usable)} CPUs. Bound, each rank's "
@@ -153,13 +153,13 @@ def main() -> None:
         rows, peers, more = separate_lines(rates, args)
         if rows:
             lines += more
-        summary = {"command": command, "cpus": list(usable), "cpu_quota_cores": quota, "cores": os.cpu_count(),
+        summary = {"cpus": list(usable), "cpu_quota_cores": quota, "cores": os.cpu_count(),
                    "shares": shares, "load_averages": loads, "environment": throughput.shown_environment(),
                    "in_job": {"steps": args.in_job_steps, "block": args.block, "ratios": in_job,
                               "medians": {k: {name: statistics.median(v) for name, v in r.items() if v}
                                           for k, r in in_job.items()}},
                    "separate": {"steps": args.steps, "rows": rows, "ringflow_vs_peer": peers}}
-        throughput.write_results(args.out, summary, lines, echo=final)
+        write_results(args.out, summary, lines, echo=final)
 
     if not args.skip_in_job:
         for job in range(args.jobs):  # interleaved, so drifting machine load hits every row alike

@@ -21,6 +21,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import loop_vs_plain  # noqa: E402  (its rank worker, job runner and block comparison)
+from checkpoint_gate import CHECKPOINTS_OFF  # noqa: E402
+
+# Checkpoints off: the plain loop, and the plain peers of bind_cores.py's separate jobs, never checkpoint, and
+# binding is what is measured.
+SETTINGS = CHECKPOINTS_OFF
 
 RF_BOUND, RF_FLOATING = "ringflow, bound", "ringflow, not bound"
 PLAIN_BOUND, PLAIN_FLOATING = "plain, bound", "plain, not bound"
@@ -55,8 +60,8 @@ class BindingSwitch:
 
 def run_job(root: Path, engine: str, np_: int, steps: int, block: int, env: dict) -> list:
     """One job, bind_cores true, its ranks running this file; rank 0's blocks."""
-    return loop_vs_plain.run_job(root, engine, np_, steps, block, {}, env, script=__file__,
-                                 settings={"bind_cores": True})
+    return loop_vs_plain.run_job(root, engine, np_, steps, block, env, script=__file__,
+                                 settings=SETTINGS | {"bind_cores": True})
 
 
 def job_ratios(blocks: list) -> dict[str, list[float]]:

@@ -4,11 +4,19 @@ Separate jobs differ by ±10 % or more from run to run on a shared machine, more
 resolve. So each rank of one job (launched as ringflow launches it: horovodrun or torchrun, ringflow's
 settings) runs ringflow's own Trainer, and a callback on its loop, every `block` steps, runs `block` steps of
 the plain loop (bench/peer_worker.PlainLoop: its own model, optimizer and in-memory rows, the same library
-underneath). ringflow's blocks alternate health monitoring on and off. Each ringflow block is compared with
-the plain blocks on either side, each health-on block with the health-off blocks on either side: a machine
-that speeds up or slows down during the job cancels out.
+underneath, and no checkpoint ever). ringflow's blocks take three settings in turn (SettingsSwitch): its
+defaults (checkpoints every 50 steps into the local run folder, health monitoring on, a log line every 10
+steps), checkpoints off, and checkpoints and health monitoring off. Each ringflow block is compared with the
+plain blocks on either side, and with the nearest blocks of the other settings: a machine that speeds up or
+slows down during the job cancels out. Other benches alternate something else with the same worker and
+job runner (bind_in_job.py: the rank's CPU binding).
 
-    .venv/bin/python bench/loop_vs_plain.py --engine horovod|ddp --np 1|2 [--steps 1600] [--block 100]
+Blocks start at multiples of the default checkpoint interval: a block at the defaults takes its checkpoint
+at its first step, after the plain block before it, so the snapshot and the background upload fall in it
+(checkpoint_gate.py). The three settings in turn, with Python's collections every 100 steps (every other
+block), give each setting its share of collections.
+
+    .venv/bin/python bench/loop_vs_plain.py --engine horovod|ddp --np 1|2 [--steps 1600] [--block 50]
 
 prints one JSON document: the blocks and the ratios. bench/throughput.py runs it and reports.
 """
@@ -25,31 +33,42 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from checkpoint_gate import DEFAULT_INTERVAL, gate_checkpoints  # noqa: E402
 from peer_worker import LEARNING_RATE  # noqa: E402  (the plain loop's, given to ringflow's job too)
-from rank_script import rank_script_command  # noqa: E402
+from rank_script import rank_script_command, train_and_report  # noqa: E402
 
 FEATURES, HIDDEN, BATCH = 128, [256, 256], 256
-WARMUP_STEPS = 20
-RF_ON, RF_OFF, PLAIN = "ringflow, health on", "ringflow, health off", "plain"
+WARMUP_STEPS = DEFAULT_INTERVAL  # ringflow at its defaults, then the blocks
+RF_DEFAULTS, RF_NO_CHECKPOINTS, RF_BARE, PLAIN = ("ringflow at defaults", "ringflow, checkpoints off",
+                                                  "ringflow, checkpoints and health off", "plain")
 
 
-class HealthSwitch:
-    """What alternates between ringflow's blocks here: health monitoring, on first, then off, on, ..."""
+class SettingsSwitch:
+    """What alternates between ringflow's blocks here: its defaults first (the warm-up's too), then
+    checkpoints off, then checkpoints and health monitoring off, then the defaults again, ..."""
+
+    SETTINGS = (RF_DEFAULTS, RF_NO_CHECKPOINTS, RF_BARE)
+
+    def __init__(self):
+        self.setting = RF_DEFAULTS
 
     def attach(self, trainer) -> None:
         self.health = trainer.health  # the Trainer's HealthMonitoring
+        # A checkpoint due at a block's first step is taken after flip() chose the block's setting.
+        gate_checkpoints(trainer, lambda step: self.setting == RF_DEFAULTS)
 
     def kinds(self) -> tuple[str, str]:
         """The kinds of the ringflow block now ending and of the plain block that follows it."""
-        return RF_ON if self.health.enabled else RF_OFF, PLAIN
+        return self.setting, PLAIN
 
     def flip(self) -> None:
-        self.health.enabled = not self.health.enabled
+        self.setting = self.SETTINGS[(self.SETTINGS.index(self.setting) + 1) % len(self.SETTINGS)]
+        self.health.enabled = self.setting != RF_BARE
 
 
 def alternating(plain, block: int, switch):
     """A callback on the Trainer's loop: at every `block`-th step it closes the ringflow block, runs a timed
-    block of the plain loop, and flips `switch` (HealthSwitch, or another bench's) for the next pair.
+    block of the plain loop, and flips `switch` (SettingsSwitch, or another bench's) for the next pair.
     Every rank switches at the same step, so the monitor's gathers stay matched."""
     from ringflow.training.callbacks.base import Callback
 
@@ -79,7 +98,7 @@ def alternating(plain, block: int, switch):
 
 def worker(config_path: str, block: int, out: str, switch=None) -> None:
     """A rank's side: ringflow's Trainer with the alternating callback; rank 0 writes the blocks to `out`.
-    switch: made before the engine starts (HealthSwitch unless given)."""
+    switch: made before the engine starts (SettingsSwitch unless given)."""
     import torch
 
     from ringflow.training.config import load_job_config
@@ -87,7 +106,7 @@ def worker(config_path: str, block: int, out: str, switch=None) -> None:
     from ringflow.training.worker import Trainer
     from peer_worker import plain_ddp, plain_horovod
 
-    switch = switch or HealthSwitch()
+    switch = switch or SettingsSwitch()
     cfg = load_job_config(config_path)
     engine = start_engine(cfg)  # the engine its launcher was chosen for
     threads = torch.get_num_threads()  # ringflow's choice for this rank; the plain loop runs under the same
@@ -99,19 +118,14 @@ def worker(config_path: str, block: int, out: str, switch=None) -> None:
     callback = alternating(plain, block, switch)
     trainer = Trainer(cfg, engine, callbacks=[callback])
     switch.attach(trainer)
-    try:
-        if trainer.train() != 0:
-            raise SystemExit("the training job failed")
-    finally:
-        engine.shutdown()
-    if engine.rank == 0:
-        Path(out).write_text(json.dumps(callback.blocks))
+    train_and_report(trainer, engine, out, lambda: callback.blocks)
 
 
 def neighbours(blocks: list, kind: str, against: str, field: int = 1) -> list[float]:
     """For each `kind` block, the mean time of the nearest `against` block before and after it, over its
-    own time: the throughput of `kind` relative to `against` under the same load. field 1: wall-clock
-    time; 2: the process's CPU time, which a core taken by other work does not lengthen."""
+    own time: the throughput of `kind` relative to `against` under the same load. field: which of the
+    block's times (1: wall-clock time; 2: the process's CPU time, which a core taken by other work does not
+    lengthen; a benchmark may record more)."""
     out = []
     for i, block in enumerate(blocks):
         k, t = block[0], block[field]
@@ -124,15 +138,18 @@ def neighbours(blocks: list, kind: str, against: str, field: int = 1) -> list[fl
     return out
 
 
-def run_job(root: Path, engine: str, np_: int, steps: int, block: int, health: dict, env: dict,
+def run_job(root: Path, engine: str, np_: int, steps: int, block: int, env: dict,
             script: str = __file__, settings: dict | None = None) -> list:
     """One job whose ranks run `script --worker CONFIG --block N --blocks-out FILE` (this file's worker, or
     another bench's); settings: more top-level job config fields. Rank 0's blocks."""
+    if block % DEFAULT_INTERVAL:
+        raise ValueError(f"block {block}: use a multiple of the default checkpoint interval, {DEFAULT_INTERVAL} steps")
     tag = f"{engine}-{np_}-{time.monotonic_ns()}"
+    # ringflow's defaults (checkpoints, health, logging) but for the model, its batch and learning rate (the
+    # plain loop's), the epochs that make `steps` and `settings`.
     cfg = {"manifest_uri": str(root / f"shards{np_}" / "manifest.json"), "run_uri": str(root / f"run-{tag}"),
-           "checkpoint": {"every_steps": 10**6}, "epochs": max(1, round(steps / (8192 // BATCH))),
-           "batch_size": BATCH, "learning_rate": LEARNING_RATE, "model": {"hidden": HIDDEN}, "log_every_steps": 10**6, "health": health,
-           "engine": engine, **(settings or {})}
+           "epochs": max(1, round(steps / (8192 // BATCH))), "batch_size": BATCH, "learning_rate": LEARNING_RATE,
+           "model": {"hidden": HIDDEN}, "engine": engine, **(settings or {})}
     cfg_path, out = root / f"{tag}.json", root / f"blocks-{tag}.json"
     cfg_path.write_text(json.dumps(cfg))
     # The rank runs the script instead of `-m ringflow.training`, under the same launcher and settings.
@@ -146,10 +163,14 @@ def run_job(root: Path, engine: str, np_: int, steps: int, block: int, health: d
     return [tuple(b) for b in json.loads(out.read_text())]
 
 
-# Each ratio: (kind, against, field) for neighbours().
-RATIOS = {"ringflow_vs_plain": (RF_ON, PLAIN, 1), "ringflow_health_off_vs_plain": (RF_OFF, PLAIN, 1),
-          "health_on_vs_off": (RF_ON, RF_OFF, 1), "ringflow_vs_plain_cpu": (RF_ON, PLAIN, 2),
-          "health_on_vs_off_cpu": (RF_ON, RF_OFF, 2)}
+# Throughput ratios, block by block against its neighbours, each (kind, against, field) for neighbours():
+# wall time, and `_cpu`: the process's CPU time per step, the other's over this one's.
+RATIOS = {"defaults_vs_plain": (RF_DEFAULTS, PLAIN, 1), "defaults_vs_plain_cpu": (RF_DEFAULTS, PLAIN, 2),
+          "checkpoints_off_vs_plain": (RF_NO_CHECKPOINTS, PLAIN, 1),
+          "checkpoints_off_vs_plain_cpu": (RF_NO_CHECKPOINTS, PLAIN, 2), "bare_vs_plain": (RF_BARE, PLAIN, 1),
+          "checkpoints_on_vs_off": (RF_DEFAULTS, RF_NO_CHECKPOINTS, 1),
+          "checkpoints_on_vs_off_cpu": (RF_DEFAULTS, RF_NO_CHECKPOINTS, 2),
+          "health_on_vs_off": (RF_NO_CHECKPOINTS, RF_BARE, 1), "health_on_vs_off_cpu": (RF_NO_CHECKPOINTS, RF_BARE, 2)}
 
 
 def job_ratios(blocks: list, ratios: dict[str, tuple[str, str, int]] = RATIOS) -> dict[str, list[float]]:
@@ -161,8 +182,9 @@ def main() -> None:
     p.add_argument("--engine", choices=["horovod", "ddp"])
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--steps", type=int, default=1600)
-    p.add_argument("--block", type=int, default=50,
-                   help="steps per block; at least checksum_every_steps, so every health-on block holds a checksum")
+    p.add_argument("--block", type=int, default=DEFAULT_INTERVAL,
+                   help="steps per block: a multiple of the default checkpoint interval, and at least "
+                        "checksum_every_steps, so every block with health on holds a checksum")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--blocks-out", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -172,7 +194,7 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="ringflow-loop-bench-"))
     shards(root, args.np)
-    blocks = run_job(root, args.engine, args.np, args.steps, args.block, {}, environment())
+    blocks = run_job(root, args.engine, args.np, args.steps, args.block, environment())
     ratios = job_ratios(blocks)
     print(json.dumps({"blocks": blocks, **{k: statistics.median(v) for k, v in ratios.items()}}, indent=1))
 

@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from ringflow.training.callbacks.throughput import job_samples_per_sec
 from ringflow.training.config import BIND_CORES, DEFAULT_BIND_CORES
 from ringflow.training.cores import claim_cpu_share, local_rank_from_env
 from ringflow.training.engines.ddp import LOCAL_RANK_ENV as DDP_LOCAL_RANK_ENV
@@ -70,14 +71,15 @@ def plain_ddp(rank: int, size: int, features: int, hidden, batch: int) -> PlainL
     return PlainLoop(ddp, torch.optim.Adam(ddp.parameters(), lr=LEARNING_RATE * size), *data(rank, 8192, features), batch)
 
 
-def timed(plain: PlainLoop, steps: int, warmup: int, sync) -> float:
-    """samples/s of this rank over `steps` after `warmup` steps, between two barriers."""
+def timed(plain: PlainLoop, steps: int, warmup: int, sync) -> tuple[float, float]:
+    """(samples, seconds) of this rank over `steps` after `warmup` steps, between two barriers: its time runs
+    until every rank is done."""
     plain.run(warmup)
     sync()
     started = time.perf_counter()
     plain.run(steps)
     sync()
-    return steps * plain.batch / (time.perf_counter() - started)
+    return float(steps * plain.batch), time.perf_counter() - started
 
 
 def bind_cores_arg(text: str) -> str | bool:
@@ -106,8 +108,8 @@ def main() -> None:
         torch.set_num_threads(share.threads)
         rank, size = hvd.rank(), hvd.size()
         plain = plain_horovod(hvd, rank, size, args.features, args.hidden, args.batch)
-        rate = timed(plain, args.steps, args.warmup, lambda: hvd.allreduce(torch.zeros(1), name="bench.barrier"))
-        rates = hvd.allgather_object(rate)
+        timings = hvd.allgather_object(timed(plain, args.steps, args.warmup,
+                                             lambda: hvd.allreduce(torch.zeros(1), name="bench.barrier")))
     else:
         import torch.distributed as dist
 
@@ -115,12 +117,12 @@ def main() -> None:
         rank, size = dist.get_rank(), dist.get_world_size()
         torch.set_num_threads(share.threads)
         plain = plain_ddp(rank, size, args.features, args.hidden, args.batch)
-        rate = timed(plain, args.steps, args.warmup, dist.barrier)
-        rates = [None] * size
-        dist.all_gather_object(rates, rate)
+        timings = [None] * size
+        dist.all_gather_object(timings, timed(plain, args.steps, args.warmup, dist.barrier))
     if rank == 0:
-        # Every rank processes its own batch; the job's rate is the slowest rank's rate times the world size.
-        print(json.dumps({"samples_per_sec": min(rates) * size, "world_size": size}), flush=True)
+        # The job's rate as ringflow's result counts its own: the slowest rank's, times the world size.
+        samples, seconds = zip(*timings)
+        print(json.dumps({"samples_per_sec": job_samples_per_sec(samples, seconds), "world_size": size}), flush=True)
 
 
 if __name__ == "__main__":

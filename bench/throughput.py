@@ -6,14 +6,19 @@
    Horovod's fusion threshold and cycle time from ringflow's HorovodConfig, the launcher's rank
    environment, one core per rank, the CPU binding ringflow's default bind_cores gives its ranks), so the
    ratios compare engines, not tuning. Interleaved repeats.
-2. Each engine against a plain loop of its library, inside one job (bench/loop_vs_plain.py): ringflow's
-   loop with health monitoring on (and off) in blocks alternating with the plain loop's, at np=1 and np=2.
-   Separate jobs differ by ±10 % here; blocks side by side in one job see the same machine.
+   ringflow runs at its defaults (checkpoints every 50 steps into the local run folder, health on, a log
+   line every 10 steps) and, in rows of their own, with checkpoints off. Every job's rate is counted the
+   same way: the slowest rank's rate up to a closing barrier, times the ranks (ringflow's in its
+   result.json; callbacks/throughput.job_samples_per_sec for both).
+2. Each engine against a plain loop of its library that never checkpoints, inside one job
+   (bench/loop_vs_plain.py): ringflow's loop at its defaults, with checkpoints off, and with checkpoints and
+   health off, in turn, in blocks alternating with the plain loop's, at np=1 and np=2. Separate jobs differ
+   by ±10 % here; blocks side by side in one job see the same machine.
 
     .venv/bin/python bench/throughput.py [--steps 1600] [--repeats 3] [--jobs 3] [--only NAME ...]
                                          [--alternatives] [--skip-table] [--skip-loop] [--out NAME]
 
-Results: bench/results/<out>.json and <out>.md (linked from the README).
+Results: bench/results/<out>.json and <out>.md, with the command (linked from the README).
 """
 from __future__ import annotations
 
@@ -29,14 +34,18 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from checkpoint_gate import CHECKPOINTS_OFF  # noqa: E402  (the "checkpoints off" rows)
 from peer_worker import LEARNING_RATE  # noqa: E402  (the peers' and ringflow's jobs train with the same)
 from random_shards import write_random_shards  # noqa: E402
+from results_file import write_results  # noqa: E402
 
 PY = sys.executable
 BIN = Path(PY).parent
 FEATURES, HIDDEN, BATCH = 128, [256, 256], 256
 TARGET_VS_PLAIN, TARGET_HEALTH = 0.97, 0.03
 NOISE_FLOOR = "horovod + mpi, again (noise floor)"
+HVD_DEFAULTS, HVD_NO_CHECKPOINTS = "ringflow horovod (defaults)", "ringflow horovod (checkpoints off)"
+DDP_DEFAULTS, DDP_NO_CHECKPOINTS = "ringflow ddp (defaults)", "ringflow ddp (checkpoints off)"
 
 
 def environment() -> dict[str, str]:
@@ -50,8 +59,10 @@ def environment() -> dict[str, str]:
     return rank_environment() | HorovodConfig().environment() | {TORCH_THREADS_ENV: "1"}
 
 
-def peer(framework: str, controller: str | None, np_: int, steps: int, bind_cores: str | bool | None = None) -> float:
-    """bind_cores: as a ringflow rank's config says (None: ringflow's default)."""
+def peer(framework: str, controller: str | None, np_: int, steps: int,
+         bind_cores: str | bool | None = None) -> tuple[float, None]:
+    """samples/s after warm-up as the peer's job counted it (peer_worker.py); it has no health monitor.
+    bind_cores: as a ringflow rank's config says (None: ringflow's default)."""
     worker = [PY, str(HERE / "peer_worker.py"), "--framework", framework, "--steps", str(steps),
               "--batch", str(BATCH), "--features", str(FEATURES), "--hidden", *map(str, HIDDEN)]
     if bind_cores is not None:
@@ -66,7 +77,7 @@ def peer(framework: str, controller: str | None, np_: int, steps: int, bind_core
     out = subprocess.run(cmd, capture_output=True, text=True, env=environment(), timeout=600)
     for line in out.stdout.splitlines():
         if '"samples_per_sec"' in line:
-            return json.loads(line[line.index("{"):line.index("}") + 1])["samples_per_sec"]
+            return json.loads(line[line.index("{"):line.index("}") + 1])["samples_per_sec"], None
     raise RuntimeError(f"{cmd} printed no rate:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
 
 
@@ -76,17 +87,20 @@ def shards(root: Path, np_: int) -> str:
 
 
 def ringflow(root: Path, np_: int, steps: int, engine: str, controller: str | None = None,
-             horovod: dict | None = None, settings: dict | None = None) -> float:
-    """samples/s after warm-up, as the job itself measured it (result.json), like the peers measure theirs.
-    settings: more top-level job config fields (e.g. bind_cores)."""
+             horovod: dict | None = None, settings: dict | None = None) -> tuple[float, float | None]:
+    """samples/s after warm-up as the job itself counted it (result.json): the slowest rank's rate up to a
+    closing barrier, times the ranks, as the peers count theirs (callbacks/throughput.job_samples_per_sec).
+    ringflow's defaults (checkpoints every 50 steps into the local run folder, health on, a log line every
+    10 steps) but for the model, its batch, the peers' learning rate and `settings` (more top-level job
+    config fields, e.g. bind_cores). Also the share of the time rank 0's training thread spent in the health
+    monitor (result.json: the job's own accounting)."""
     from ringflow.training.launcher import DEFAULT_CONTROLLER
 
     run = root / f"run-{engine}-{np_}-{time.monotonic_ns()}"
     # One epoch is 8192 rows per rank; run as many epochs as reach `steps`.
     cfg = {"manifest_uri": str(root / f"shards{np_}" / "manifest.json"), "engine": engine,
-           "run_uri": str(run), "checkpoint": {"every_steps": 10**6}, "epochs": max(1, round(steps / (8192 // BATCH))),
-           "batch_size": BATCH, "learning_rate": LEARNING_RATE, "model": {"hidden": HIDDEN}, "log_every_steps": 10**6, "horovod": horovod or {},
-           **(settings or {})}
+           "run_uri": str(run), "epochs": max(1, round(steps / (8192 // BATCH))), "batch_size": BATCH,
+           "learning_rate": LEARNING_RATE, "model": {"hidden": HIDDEN}, "horovod": horovod or {}, **(settings or {})}
     cfg_path = root / f"{run.name}.json"
     cfg_path.write_text(json.dumps(cfg))
     out = subprocess.run([str(BIN / "ringflow"), "train", str(cfg_path), "--np", str(np_), "--engine", engine,
@@ -97,7 +111,8 @@ def ringflow(root: Path, np_: int, steps: int, engine: str, controller: str | No
     from ringflow.training.run_result import read_result
     from ringflow.training.store import LocalFolderStore
 
-    return read_result(LocalFolderStore(str(run))).samples_per_sec_after_warmup
+    result = read_result(LocalFolderStore(str(run)))
+    return result.samples_per_sec_after_warmup, result.health_monitor_share_after_warmup
 
 
 def spread(values: list[float], digits: int = 2) -> str:
@@ -109,19 +124,12 @@ def shown_environment() -> dict[str, str]:
     return {k: v for k, v in environment().items() if k.startswith(("OMPI_MCA", "HOROVOD", "RINGFLOW", "GLOO"))}
 
 
-def write_results(out: str, summary: dict, lines: list[str], echo: bool = True) -> None:
-    """bench/results/<out>.json and <out>.md, and (echo) the report on stdout."""
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / f"{out}.json").write_text(json.dumps(summary, indent=1))
-    (HERE / "results" / f"{out}.md").write_text("\n".join(lines) + "\n")
-    if echo:
-        print("\n".join(lines))
-
-
 def peer_table(root: Path, args) -> tuple[dict, list[str]]:
     configs = {
-        "ringflow horovod (defaults)": lambda n: ringflow(root, n, args.steps, "horovod"),
-        "ringflow ddp (defaults)": lambda n: ringflow(root, n, args.steps, "ddp"),
+        HVD_DEFAULTS: lambda n: ringflow(root, n, args.steps, "horovod"),
+        HVD_NO_CHECKPOINTS: lambda n: ringflow(root, n, args.steps, "horovod", settings=CHECKPOINTS_OFF),
+        DDP_DEFAULTS: lambda n: ringflow(root, n, args.steps, "ddp"),
+        DDP_NO_CHECKPOINTS: lambda n: ringflow(root, n, args.steps, "ddp", settings=CHECKPOINTS_OFF),
         "horovod + mpi": lambda n: peer("horovod", "mpi", n, args.steps),
         "horovod + gloo": lambda n: peer("horovod", "gloo", n, args.steps),
         "torch DDP + gloo": lambda n: peer("ddp", None, n, args.steps),
@@ -140,14 +148,19 @@ def peer_table(root: Path, args) -> tuple[dict, list[str]]:
             raise SystemExit(f"unknown configurations {sorted(unknown)}; choose from {list(configs)}")
         configs = {name: run for name, run in configs.items() if name in args.only}
     rates: dict[str, dict[int, list[float]]] = {name: {1: [], 2: []} for name in configs}
+    # ringflow's jobs' own accounting: rank 0's training thread's share in the health monitor.
+    monitor: dict[str, dict[int, list[float]]] = {name: {1: [], 2: []} for name in configs}
     for _ in range(args.repeats):  # interleaved, so drifting machine load hits every configuration alike
         for name, run in configs.items():
             for np_ in (1, 2):
-                rates[name][np_].append(run(np_))
-                print(f"{name} np={np_}: {rates[name][np_][-1]:.0f} samples/s", flush=True)
+                rate, share = run(np_)
+                rates[name][np_].append(rate)
+                if share is not None:
+                    monitor[name][np_].append(share)
+                print(f"{name} np={np_}: {rate:.0f} samples/s", flush=True)
     # Each engine against its own library's plain loop; ratios within each repeat, then their median.
-    pairs = {"ringflow horovod (defaults)": "horovod + mpi", "ringflow ddp (defaults)": "torch DDP + gloo",
-             NOISE_FLOOR: "horovod + mpi"}
+    pairs = {HVD_DEFAULTS: "horovod + mpi", HVD_NO_CHECKPOINTS: "horovod + mpi", DDP_DEFAULTS: "torch DDP + gloo",
+             DDP_NO_CHECKPOINTS: "torch DDP + gloo", NOISE_FLOOR: "horovod + mpi"}
     vs = {f"{a} / {b} np={n}": [rates[a][n][i] / rates[b][n][i] for i in range(args.repeats)]
           for a, b in pairs.items() if a in rates and b in rates for n in (1, 2)}
     rows = [{"config": name, "np1_samples_per_sec": statistics.median(r[1]),
@@ -155,7 +168,10 @@ def peer_table(root: Path, args) -> tuple[dict, list[str]]:
             for name, r in rates.items()]
     lines = ["## The fair peer table (separate jobs, equal tuning)", "",
              f"Every job runs with {json.dumps(shown_environment())}"
-             f"; median of {args.repeats} interleaved repeats (min–max in brackets).", "",
+             f"; median of {args.repeats} interleaved repeats (min–max in brackets). ringflow at its defaults "
+             "(checkpoints every 50 steps into the local run folder, health on, a log line every 10 steps) and with "
+             "checkpoints off. Every rate is the slowest rank's over the same steps up to a closing barrier, times "
+             "the ranks (ringflow's as its result.json counts it).", "",
              "| configuration | np=1 samples/s | np=2 samples/s | np=2 / np=1 |", "|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['np1_samples_per_sec']:.0f} ({min(r['np1_runs']):.0f}–{max(r['np1_runs']):.0f}) | "
@@ -166,7 +182,18 @@ def peer_table(root: Path, args) -> tuple[dict, list[str]]:
                   for a, b in pairs.items() if a in rates and b in rates for n in (1, 2)}
     lines += ["", "Engine / its plain peer, per repeat then median (min–max), and the ratio of the medians: " +
               "; ".join(f"{k}: {spread(v)}, {of_medians[k]:.2f}" for k, v in vs.items()), ""]
-    return {"rows": rows, "engine_vs_peer": vs, "ratio_of_medians": of_medians}, lines
+    shares = {f"{name} np={n}": v[n] for name, v in monitor.items() for n in (1, 2) if v[n]}
+    if shares:
+        lines += ["ringflow's jobs' own accounting, rank 0's training thread in the health monitor (result.json "
+                  "`health_monitor_share_after_warmup`), median (min–max): " +
+                  "; ".join(f"{k}: {statistics.median(v):.2%} ({min(v):.2%}–{max(v):.2%})" for k, v in shares.items()), ""]
+    return {"rows": rows, "engine_vs_peer": vs, "ratio_of_medians": of_medians, "monitor_share": shares}, lines
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(median, lower quartile, upper quartile)."""
+    qs = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return statistics.median(values), qs[0], qs[2]
 
 
 def loop_overhead(root: Path, args) -> tuple[dict, list[str]]:
@@ -176,37 +203,48 @@ def loop_overhead(root: Path, args) -> tuple[dict, list[str]]:
     for job in range(args.jobs):  # interleaved, as above
         for engine in ("horovod", "ddp"):
             for np_ in (1, 2):
-                blocks = loop_vs_plain.run_job(root, engine, np_, args.steps, args.block, {}, environment())
+                blocks = loop_vs_plain.run_job(root, engine, np_, args.steps, args.block, environment())
                 key = f"{engine} np={np_}"
                 job_ratios = loop_vs_plain.job_ratios(blocks)
                 for name, ratios in job_ratios.items():
                     results.setdefault(key, {}).setdefault(name, []).extend(ratios)
-                med = {k: round(statistics.median(v), 3) for k, v in job_ratios.items()}
+                med = {k: round(statistics.median(v), 3) for k, v in job_ratios.items() if v}
                 print(f"loop {key} job {job}: {med}", flush=True)
     lines = ["## Each engine against a plain loop of its library, inside one job", "",
-             f"{args.jobs} jobs per row of {args.steps} ringflow steps; ringflow's loop (health on and off in turn) in "
-             f"blocks of {args.block} steps alternating with the same number of plain-loop steps "
-             "(bench/loop_vs_plain.py). Each ratio: a block's throughput over its neighbours'; median of all "
-             "blocks, quartiles in brackets. Wall: throughput; CPU: the job's CPU seconds per step, which other "
-             "work on the machine does not lengthen (plain's over ringflow's, so higher is cheaper). Target: ringflow "
-             f"with health on >= {TARGET_VS_PLAIN:.2f}x the plain loop; the monitor's cost <= {TARGET_HEALTH:.0%}.", "",
-             "| engine | ringflow (health on) / plain, wall | same, CPU | ringflow (health off) / plain, wall "
-             "| health monitor's cost (on vs off), wall | same, CPU | block pairs (on/off) |",
-             "|---|---|---|---|---|---|---|"]
+             f"{args.jobs} jobs per row of {args.steps} ringflow steps; ringflow's loop in blocks of {args.block} steps "
+             "alternating with the same number of plain-loop steps (a plain loop that never checkpoints; "
+             "bench/loop_vs_plain.py). ringflow's blocks take three settings in turn: its defaults (checkpoints "
+             "every 50 steps into the local run folder, health monitoring on, a log line every 10 steps), checkpoints "
+             "off, and checkpoints and health off. Each ratio: a block's throughput over its neighbours'; median of "
+             "all blocks, quartiles in brackets. Wall: throughput; CPU: the job's CPU seconds per step, all threads "
+             "(the checkpoint writer's too), which other work on the machine does not lengthen (the neighbour's over "
+             f"this one's, so higher is cheaper). Targets: ringflow at its defaults >= {TARGET_VS_PLAIN:.2f}x the plain "
+             f"loop; the health monitor's cost <= {TARGET_HEALTH:.0%}.", "",
+             "| engine | ringflow at defaults / plain, wall | same, CPU | checkpoints off / plain, wall | same, CPU "
+             "| checkpoints and health off / plain, wall | checkpoints' cost (defaults vs checkpoints off), wall "
+             "| same, CPU | health monitor's cost (checkpoints off, health on vs off), wall | same, CPU | blocks at defaults |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     summary = {}
     for key, r in results.items():
-        def q(v):
-            qs = statistics.quantiles(v, n=4) if len(v) > 1 else [v[0]] * 3
-            return statistics.median(v), qs[0], qs[2]
-        on, off, cost = q(r["ringflow_vs_plain"]), q(r["ringflow_health_off_vs_plain"]), q(r["health_on_vs_off"])
-        on_cpu, cost_cpu = q(r["ringflow_vs_plain_cpu"]), q(r["health_on_vs_off_cpu"])
-        summary[key] = {"ringflow_vs_plain": on, "ringflow_vs_plain_cpu": on_cpu, "ringflow_health_off_vs_plain": off,
-                        "health_cost": [1 - c for c in cost], "health_cost_cpu": [1 - c for c in cost_cpu],
+        if not all(r.values()):
+            raise SystemExit(f"{key}: too few blocks for every comparison; raise --steps (at least 7 blocks a job)")
+        q = {name: quartiles(v) for name, v in r.items()}
+        # A cost is one minus the throughput ratio; its quartiles swap ends.
+        cost = {name: (1 - q[name][0], 1 - q[name][2], 1 - q[name][1])
+                for name in ("checkpoints_on_vs_off", "checkpoints_on_vs_off_cpu", "health_on_vs_off", "health_on_vs_off_cpu")}
+        summary[key] = {**q, **{f"{name}_cost": c for name, c in cost.items()},
                         "blocks": {k: len(v) for k, v in r.items()}, "ratios": r}
-        lines.append(f"| {key} | {on[0]:.3f} ({on[1]:.3f}–{on[2]:.3f}) | {on_cpu[0]:.3f} ({on_cpu[1]:.3f}–{on_cpu[2]:.3f}) | "
-                     f"{off[0]:.3f} ({off[1]:.3f}–{off[2]:.3f}) | {1 - cost[0]:.1%} ({1 - cost[2]:.1%} to {1 - cost[1]:.1%}) | "
-                     f"{1 - cost_cpu[0]:.1%} ({1 - cost_cpu[2]:.1%} to {1 - cost_cpu[1]:.1%}) | "
-                     f"{len(r['ringflow_vs_plain'])}/{len(r['ringflow_health_off_vs_plain'])} |")
+
+        def ratio(name):
+            return f"{q[name][0]:.3f} ({q[name][1]:.3f}–{q[name][2]:.3f})"
+
+        def share(name):
+            return f"{cost[name][0]:.1%} ({cost[name][1]:.1%} to {cost[name][2]:.1%})"
+
+        lines.append(f"| {key} | {ratio('defaults_vs_plain')} | {ratio('defaults_vs_plain_cpu')} | "
+                     f"{ratio('checkpoints_off_vs_plain')} | {ratio('checkpoints_off_vs_plain_cpu')} | "
+                     f"{ratio('bare_vs_plain')} | {share('checkpoints_on_vs_off')} | {share('checkpoints_on_vs_off_cpu')} | "
+                     f"{share('health_on_vs_off')} | {share('health_on_vs_off_cpu')} | {len(r['defaults_vs_plain'])} |")
     return summary, lines
 
 
@@ -216,7 +254,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="repeats of the peer table")
     p.add_argument("--jobs", type=int, default=3, help="in-job comparisons per engine and np")
     p.add_argument("--block", type=int, default=50,
-                   help="steps per block; at least checksum_every_steps, so every health-on block holds a checksum")
+                   help="steps per block: a multiple of the checkpoint interval (50), and at least "
+                        "checksum_every_steps, so every block with health on holds a checksum")
     p.add_argument("--only", nargs="+", help="peer-table configurations to run (names as in the table)")
     p.add_argument("--alternatives", action="store_true", help="also the Horovod settings ringflow's were chosen from")
     p.add_argument("--skip-table", action="store_true")

@@ -51,14 +51,24 @@ class TrainingState:
         return buf.getvalue()
 
     def save(self, path: str) -> None:
-        """Serialise to a file: what the background checkpoint writer uploads (host_copy made it CPU-only)."""
-        torch.save(on_cpu(self._doc()), path)
+        """Serialise to a file: what the background checkpoint writer uploads (host_copy made it CPU-only).
+        Without the zip format's CRC32 of every record (about a third of torch.save's CPU time on a 300 MB
+        state, bench/results/checkpoint_profile.md): the checkpoint's manifest holds the file's sha256,
+        checked on every load (checkpoint.py), which a CRC would only repeat."""
+        crc32 = torch.serialization.get_crc32_options()
+        torch.serialization.set_crc32_options(False)
+        try:
+            torch.save(on_cpu(self._doc()), path)
+        finally:
+            torch.serialization.set_crc32_options(crc32)
 
-    def host_copy(self, pin_memory: bool = False) -> "TrainingState":
+    def host_copy(self, pin_memory: bool = False, into: "TrainingState | None" = None) -> "TrainingState":
         """This state with every tensor copied to host memory (pinned on a GPU host, so the copy runs
         without blocking), sharing nothing with the live model and optimizer: the snapshot an asynchronous
-        checkpoint writes while training goes on and changes the originals in place."""
-        copied = host_copy(self._doc(), pin_memory)
+        checkpoint writes while training goes on and changes the originals in place.
+        into: an earlier snapshot nobody reads any more; its tensors are copied into where they fit (same
+        place, shape and dtype) instead of new memory (see host_copy())."""
+        copied = host_copy(self._doc(), pin_memory, into._doc() if into is not None else None)
         if pin_memory and torch.cuda.is_available():
             torch.cuda.synchronize()  # the non-blocking copies have landed before the writer reads them
         return dataclasses.replace(self, model=copied["model"], optimizer=copied["optimizer"],
@@ -96,25 +106,34 @@ def on_cpu(obj: Any) -> Any:
     return obj
 
 
-def host_copy(obj: Any, pin_memory: bool = False) -> Any:
-    """`obj` with every tensor in it (through dicts, lists, tuples) copied to new host memory; CPU tensors are
-    cloned too, since the optimizer changes its state in place while a checkpoint of it is being written."""
+def host_copy(obj: Any, pin_memory: bool = False, into: Any = None) -> Any:
+    """`obj` with every tensor in it (through dicts, lists, tuples) copied to host memory of its own; CPU
+    tensors are copied too, since the optimizer changes its state in place while a checkpoint of it is being
+    written. `into`: the same structure from an earlier copy; a tensor there of the same shape and dtype (and
+    pinned, if asked for) is written over rather than new memory taken. New memory is paid for at first
+    touch, page by page: for a 300 MB state that made the copy ~5x slower than writing over pages already
+    in use, on the training thread (bench/results/checkpoint_profile.md)."""
     if isinstance(obj, torch.Tensor):
         tensor = obj.detach()
+        if (isinstance(into, torch.Tensor) and into.shape == tensor.shape and into.dtype == tensor.dtype
+                and into.device.type == "cpu" and (not pin_memory or into.is_pinned())):
+            return into.copy_(tensor, non_blocking=pin_memory and tensor.device.type != "cpu")
         if tensor.device.type == "cpu":
             return tensor.clone()
         out = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin_memory)
         return out.copy_(tensor, non_blocking=pin_memory)
     if isinstance(obj, dict):
-        return {k: host_copy(v, pin_memory) for k, v in obj.items()}
+        spare = into if isinstance(into, dict) else {}
+        return {k: host_copy(v, pin_memory, spare.get(k)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(host_copy(v, pin_memory) for v in obj)
+        spare = into if isinstance(into, (list, tuple)) and len(into) == len(obj) else [None] * len(obj)
+        return type(obj)(host_copy(v, pin_memory, s) for v, s in zip(obj, spare))
     return obj
 
 
 def _nonfinite(obj: Any, path: str, found: list[str]) -> None:
     if isinstance(obj, torch.Tensor):
-        if obj.is_floating_point() and obj.numel() and not bool(torch.isfinite(obj).all()):
+        if obj.is_floating_point() and obj.numel() and not all_finite(obj):
             found.append(path)
     elif isinstance(obj, dict):
         for k, v in obj.items():
@@ -122,6 +141,14 @@ def _nonfinite(obj: Any, path: str, found: list[str]) -> None:
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
             _nonfinite(v, f"{path}.{i}", found)
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every element is finite. The sum first: one read of the tensor, nothing allocated, and a NaN
+    or Inf anywhere makes it non-finite; only a sum that overflowed (or a real NaN/Inf) is checked element
+    by element. torch.isfinite(t).all() writes a mask as large as the tensor: on a 300 MB state it was the
+    largest part of the checkpoint writer's CPU time, ~15x this (bench/results/checkpoint_profile.md)."""
+    return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
 
 def load_plain(data: bytes, where: str) -> dict[str, Any]:

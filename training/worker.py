@@ -165,7 +165,7 @@ class Trainer:
                                        {"world_size": self.size, "engine": engine.name,
                                         "device": placement.device, "precision": cfg.precision,
                                         "resumed_from": self.resumed_from, "health": self._health_dict()})
-        self.throughput = Throughput(self.size, engine.accumulation_steps, lambda: self.health.seconds_in_monitor)
+        self.throughput = Throughput(engine, lambda: self.health.seconds_in_monitor)
         self.garbage_collection = (ScheduledGarbageCollection(cfg.gc_every_steps) if cfg.gc_every_steps else None)
         # In this order on every hook: faults act before anything measures, the health verdict comes before
         # the final checkpoint, and a checkpoint is taken last in a step.

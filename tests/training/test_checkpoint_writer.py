@@ -1,6 +1,8 @@
 """The asynchronous checkpoint writer: training goes on while a snapshot uploads, one write in flight at most
 (a due checkpoint waits, and the wait is the store's time, recorded), a NaN state is never written, a failed
 upload is the store's verdict, and a write cut short leaves the previous checkpoint the newest valid one."""
+import os
+import sys
 import threading
 import time
 
@@ -52,6 +54,49 @@ def test_the_snapshot_is_the_state_at_its_step_whatever_training_does_after(tmp_
     saved = TrainingState.from_bytes(checkpoints.load("ckpt-000000004").files[STATE_FILE], "x")
     assert torch.equal(saved.model["w"], torch.ones(4, 4))
     assert torch.equal(saved.optimizer["state"][0]["momentum_buffer"], torch.ones(4, 4))
+
+
+def test_each_snapshot_is_copied_into_the_last_one_written_never_into_one_being_written(tmp_path):
+    live = state(4)
+    checkpoints = CheckpointStore(GatedStore(tmp_path))
+    writer = AsyncCheckpointWriter(checkpoints, Progress())
+    taken = []
+
+    def take():
+        taken.append(writer.snapshot(live))
+        return taken[-1]
+
+    checkpoints.store.gate.clear()
+    writer.submit(4, take, {})
+    in_flight = writer.snapshot(live)  # the first is still being written: not its memory
+    assert in_flight.model["w"].data_ptr() != taken[0].model["w"].data_ptr()
+    checkpoints.store.gate.set()
+    live.model["w"].fill_(8.0)
+    writer.submit(8, take, {})  # after the first is written: into its memory
+    writer.wait()
+    assert taken[1].model["w"].data_ptr() == taken[0].model["w"].data_ptr()
+    assert taken[1].model["w"].data_ptr() != live.model["w"].data_ptr()
+    saved = {n: TrainingState.from_bytes(checkpoints.load(n).files[STATE_FILE], n).model["w"] for n in checkpoints.names()}
+    assert torch.equal(saved["ckpt-000000004"], torch.ones(4, 4))
+    assert torch.equal(saved["ckpt-000000008"], torch.full((4, 4), 8.0))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own priority is Linux's setpriority")
+def test_the_writer_runs_nicer_than_training(tmp_path):
+    from ringflow.training.checkpoint_writer import WRITER_NICENESS
+
+    seen = []
+
+    class Recording(LocalFolderStore):
+        def put_file(self, key, path, *, progress=None):
+            seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+            super().put_file(key, path, progress=progress)
+
+    writer = AsyncCheckpointWriter(CheckpointStore(Recording(tmp_path)), Progress())
+    writer.submit(4, lambda: state(4), {})
+    writer.wait()
+    training = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert seen == [min(19, training + WRITER_NICENESS)] and (seen[0] > training or training == 19)
 
 
 def test_a_checkpoint_due_while_the_last_one_uploads_waits_for_it_as_a_wait_for_the_store(tmp_path):

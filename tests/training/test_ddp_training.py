@@ -32,6 +32,7 @@ def test_ddp_trains_like_horovod_with_identical_replicas(jobs):
     assert [r["engine"] for r in jobs.health(ddp) if r["type"] == "start"] == ["ddp"]
     result = jobs.result(ddp)
     assert result.succeeded and result.world_size == 2
+    assert result.samples_per_sec_after_warmup > 0  # both ranks' rows and times gathered after the closing barrier
     assert "step=10 epoch=1/3 loss=" in out and "on 2 workers with ddp (lr 0.004 = 0.002 x 2)" in out
 
     horovod = jobs.config("learn-horovod", epochs=3)

@@ -117,3 +117,42 @@ def test_resume_refuses_a_planted_checkpoint_whose_manifest_was_fixed_up(jobs, t
     assert code != 0, out
     assert "refused to load" in out and "ckpt-" in out
     assert not marker.exists()
+
+
+def test_a_host_copy_into_an_earlier_one_writes_over_its_memory_and_holds_the_new_values():
+    state = _real_state()
+    first = state.host_copy()
+    weight = state.model["weight"]
+    with torch.no_grad():
+        weight.add_(1.0)  # training goes on in place
+    second = state.host_copy(into=first)
+    assert second.model["weight"].data_ptr() == first.model["weight"].data_ptr()  # the same pages, written over
+    assert second.model["weight"].data_ptr() != weight.data_ptr()  # still nothing shared with the live state
+    torch.testing.assert_close(second.model["weight"], weight)
+    exp_avg = state.optimizer["state"][0]["exp_avg"]
+    assert second.optimizer["state"][0]["exp_avg"].data_ptr() == first.optimizer["state"][0]["exp_avg"].data_ptr()
+    torch.testing.assert_close(second.optimizer["state"][0]["exp_avg"], exp_avg)
+
+
+def test_a_host_copy_takes_new_memory_where_the_earlier_one_does_not_fit():
+    state = _real_state()
+    earlier = TrainingState(model={"weight": torch.zeros(2, 2)}, optimizer={}, cursor=(0, 0), step=0,
+                            torch_rng=torch.get_rng_state())
+    copy = state.host_copy(into=earlier)
+    assert copy.model["weight"].shape == (3, 4) and copy.model["weight"].data_ptr() != earlier.model["weight"].data_ptr()
+    torch.testing.assert_close(copy.model["weight"], state.model["weight"])
+    torch.testing.assert_close(copy.optimizer["state"], state.optimizer["state"])  # nothing to write over: new
+
+
+@pytest.mark.parametrize("values, finite", [
+    ([1.0, -2.0, 3.0], True),
+    ([1.0, float("nan"), 3.0], False),
+    ([1.0, float("inf"), 3.0], False),
+    ([float("inf"), float("-inf")], False),     # their sum is NaN: still non-finite
+    ([3e38, 3e38, 3e38], True),                 # finite values whose sum overflows: checked element by element
+    ([3e38, 3e38, float("nan")], False),
+])
+def test_all_finite_is_exact_however_the_sum_turns_out(values, finite):
+    from ringflow.training.training_state import all_finite
+
+    assert all_finite(torch.tensor(values, dtype=torch.float32)) is finite

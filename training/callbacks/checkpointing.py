@@ -144,8 +144,9 @@ class Checkpointing(Callback):
         for callback in loop.callbacks:
             callback.before_checkpoint(loop, meta, final)
         try:
-            name = self._writer.submit(loop.step, lambda: training_state(loop).host_copy(self._pin_memory), meta,
-                                       final, waited_before=waited)
+            writer = self._writer
+            name = writer.submit(loop.step, lambda: writer.snapshot(training_state(loop), self._pin_memory), meta,
+                                 final, waited_before=waited)
         except Exception as exc:  # noqa: BLE001 - what the previous write raised
             return self._verdict(exc)
         for callback in loop.callbacks:
