@@ -108,6 +108,7 @@ def measure(job: RealSizeJob, folder: Path, run_uri: str, settings, label: str) 
         "step_time_s": statistics.median(max(r["step_time"]) for r in records if r.get("type") == "step"),
         "watcher_verdicts": sorted({v["status"] for v in outcome.watched.verdicts}),
         "verdict": result.verdict.status if result and result.verdict else None,
+        "verdict_reason": result.verdict.reason if result and result.verdict else None,
     }
     print(json.dumps(row), flush=True)
     return row
@@ -178,11 +179,12 @@ def markdown(doc: dict) -> str:
             _f(r["first_step_after_start_record_s"], 1), r["checkpoints"],
             _f(r["checkpoint_bytes"] / 1e6 if r["checkpoint_bytes"] else None), _f(r["snapshot_ms"]),
             _f(r["upload_s"], 1), _f(r["waited_s"], 1), _f(r["blocked_s"], 1),
-            ", ".join(r["watcher_verdicts"]) or "none", r["verdict"])) + " |")
+            ", ".join(r["watcher_verdicts"]) or "none",
+            r["verdict"] + (f": {r['verdict_reason']}" if r.get("verdict_reason") else ""))) + " |")
     on, off = med("defaults", "samples_per_sec"), med("checkpoints off", "samples_per_sec")
     if on and off:
         lines += ["", f"Throughput at the defaults / checkpoints off: {on / off:.3f} (median of runs; the link, "
-                      f"not the compute, bounds both)."]
+                      f"not the compute, bounds both: a checkpoint's upload shares the link with the data)."]
     return "\n".join(lines) + "\n"
 
 
