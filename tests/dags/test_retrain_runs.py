@@ -143,7 +143,8 @@ def test_worker_crash_is_retried_and_resumes_from_the_checkpoint(airflow_db, dag
     assert tis["train"].try_number == 2
     result = read_result(LocalFolderStore(run_folder(store, dr)))
     assert result.succeeded
-    assert result.resumed_from == "ckpt-000000020"
+    # The newest checkpoint published before the kill at step 25: 20, or 10 when 20's upload was not through.
+    assert result.resumed_from in ("ckpt-000000020", "ckpt-000000010")
     assert result.step == 44  # 2 epochs x 22 steps: nothing lost, nothing repeated
     pointer = json.loads((store / "models" / "digits-crash" / "production.json").read_text())
     assert pointer["version"] == 1 and pointer["checkpoint"] == result.checkpoint
