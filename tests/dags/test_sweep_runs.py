@@ -8,9 +8,9 @@ import pathlib
 
 import pytest
 
-from ringflow.training.run_layout import RESULT
-from ringflow.training.run_result import RunResult
+from ringflow.training.run_result import read_result
 from ringflow.training.runs import store_layout
+from ringflow.training.store import LocalFolderStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -39,7 +39,7 @@ def test_sweep_promotes_the_best_healthy_candidate(airflow_db, dagbag, store):
     assert len(list((store / "shards" / "digits").glob("*/manifest.json"))) == 1
 
     folders = [pathlib.Path(store_layout.run_uri(str(store), DAG_ID, dr.run_id, GROUP, map_index=i)) for i in range(3)]
-    results = [RunResult.from_json((f / RESULT).read_bytes()) for f in folders]
+    results = [read_result(LocalFolderStore(str(f))) for f in folders]  # what each run folder published
     assert len({str(f) for f in folders}) == 3 and all((f / "health.png").is_file() for f in folders)
     # the NaN: its own verdict, its own failed train task, its evaluate never ran
     assert results[1].verdict.status == "NONFINITE" and not results[1].succeeded, results[1]

@@ -229,8 +229,8 @@ def _job_processes(job_dir: Path) -> tuple[ProcessTracker, Process | None]:
     except (OSError, ValueError):
         root = None
     if root is None:
-        return ProcessTree(Process(pid=0, start=-1, ppid=0, state="X")), None
-    return ProcessTree(root), root
+        return ProcessTree(Process(pid=0, start=-1, ppid=0, state="X"), None), None
+    return ProcessTree(root, None), root  # every descendant: it marked nothing
 
 
 def _alive(tracker: ProcessTracker, supervisor: Process | None) -> list[Process]:

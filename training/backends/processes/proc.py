@@ -78,6 +78,20 @@ def command_line(pid: int) -> str:
         return ""
 
 
+def environment_value(pid: int, name: str) -> str | None:
+    """The value of `name` in the environment the process started with (/proc/<pid>/environ), or None."""
+    try:
+        with open(f"{PROC}/{pid}/environ", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    for entry in raw.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode(errors="replace")
+    return None
+
+
 def snapshot() -> list[Process]:
     """Every process on the machine (that this pid namespace shows)."""
     found = []

@@ -7,6 +7,12 @@ handed to it instead and stay its descendants. What this cannot see: a process w
 orphans then go to the next subreaper up, or init); the local backend's supervisor therefore survives
 SIGTERM and is killed only after the processes below it.
 
+The owner may have children of its own that are not the job's (a test runner's servers, another job of the
+same process): only descendants that carry this tree's mark are members. The mark is an environment variable
+every process the tree spawns starts with (TREE_ENV: the marks of every tree it belongs to, nested trees
+appending theirs), which children inherit through forks and execs, and orphans keep when they are handed to
+the owner. A process that clears its whole environment leaves the tree's view.
+
 The kill first stops every descendant with SIGSTOP, sweeping the tree again until a sweep finds nobody new:
 a stopped process cannot fork, so the set stops growing; then SIGKILL (and SIGCONT) to each.
 """
@@ -16,6 +22,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import uuid
 from typing import Any, Sequence
 
 from ringflow.training.backends.processes import proc
@@ -23,6 +30,8 @@ from ringflow.training.backends.processes.proc import Process
 from ringflow.training.backends.processes.tracker import ProcessTracker, TrackingUnavailable
 
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
+# The marks of the process trees a process belongs to, separated by spaces (see the module's docstring).
+TREE_ENV = "RINGFLOW_PROCESS_TREES"
 # A sweep that finds nobody new ends the SIGSTOP phase; a tree forking faster than we can sweep is cut off
 # here, and the stop's check repeats the kill for whatever it missed.
 MAX_SWEEPS = 50
@@ -48,8 +57,10 @@ def is_subreaper() -> bool:
 class ProcessTree(ProcessTracker):
     mode = "subreaper"
 
-    def __init__(self, owner: Process, restore_subreaper: bool | None = None):
-        self.owner = owner
+    def __init__(self, owner: Process, mark: str | None, restore_subreaper: bool | None = None):
+        """mark: what this tree's processes carry in TREE_ENV; None (a record from before marks): every
+        descendant of the owner."""
+        self.owner, self.mark = owner, mark
         self._restore = restore_subreaper  # the owner's own flag before create() set it; None: not ours
 
     @classmethod
@@ -58,18 +69,23 @@ class ProcessTree(ProcessTracker):
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         owner = proc.read(os.getpid())
         assert owner is not None
-        return cls(owner, restore_subreaper=was)
+        return cls(owner, f"{label}-{uuid.uuid4().hex[:12]}", restore_subreaper=was)
 
     def record(self) -> dict[str, Any]:
-        return {"mode": self.mode, "owner": {"pid": self.owner.pid, "start": self.owner.start}}
+        return {"mode": self.mode, "owner": {"pid": self.owner.pid, "start": self.owner.start}, "mark": self.mark}
 
     def spawn(self, argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen:
-        return subprocess.Popen(argv, **popen_kwargs)
+        env = dict(popen_kwargs.pop("env", None) or os.environ)
+        env[TREE_ENV] = " ".join(filter(None, [env.get(TREE_ENV, ""), self.mark]))
+        return subprocess.Popen(argv, env=env, **popen_kwargs)
 
     def members(self) -> list[Process]:
         if proc.current(self.owner) is None:
             return []  # the owner is gone: its tree is no longer ours to walk (see the module's docstring)
-        return [p for p in proc.descendants(self.owner.pid, proc.snapshot()) if not p.ended]
+        found = [p for p in proc.descendants(self.owner.pid, proc.snapshot()) if not p.ended]
+        if self.mark is None:
+            return found
+        return [p for p in found if self.mark in (proc.environment_value(p.pid, TREE_ENV) or "").split()]
 
     def kill_all(self) -> None:
         stopped: dict[tuple[int, int], Process] = {}

@@ -57,7 +57,8 @@ def reopen(record: Mapping[str, Any]) -> ProcessTracker:
     mode = record.get("mode")
     if mode == ProcessTree.mode:
         owner = record["owner"]
-        return ProcessTree(Process(pid=int(owner["pid"]), start=int(owner["start"]), ppid=0, state="?"))
+        return ProcessTree(Process(pid=int(owner["pid"]), start=int(owner["start"]), ppid=0, state="?"),
+                           record.get("mark"))
     if mode in _KINDS:
         return _KINDS[mode](str(record["path"]))
     raise ValueError(f"process tracking record {dict(record)!r} names no mode of {MODES[1:]}")

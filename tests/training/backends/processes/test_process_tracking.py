@@ -46,7 +46,8 @@ def test_auto_falls_back_to_a_subreaper_tree_where_no_cgroup_can_be_made(monkeyp
 @pytest.mark.parametrize("record", [
     {"mode": "cgroup-v2", "path": "/sys/fs/cgroup/unified/ringflow-x-1"},
     {"mode": "cgroup-v1", "path": "/sys/fs/cgroup/freezer/ringflow-x-1"},
-    {"mode": "subreaper", "owner": {"pid": 12, "start": 34}},
+    {"mode": "subreaper", "owner": {"pid": 12, "start": 34}, "mark": "x-0123456789ab"},
+    {"mode": "subreaper", "owner": {"pid": 12, "start": 34}, "mark": None},  # written before marks
 ])
 def test_reopen_round_trips(record):
     assert tracking.reopen(record).record() == record

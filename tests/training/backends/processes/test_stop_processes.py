@@ -31,7 +31,9 @@ def roles(path) -> dict[str, proc.Process]:
 
 @pytest.mark.slow
 def test_every_member_ends_whatever_it_does(tmp_path, tracking_mode):
+    """...and the owner's other children (here: the test runner's, as its S3 server) are left alone."""
     pids = tmp_path / "pids"
+    bystander = subprocess.Popen(["sleep", "300"])  # the owner's own child, not the tracker's
     with start_tracking("unruly", tracking_mode) as tracker:
         try:
             shell = tracker.spawn(["bash", "-c", UNRULY, "_", str(pids)])
@@ -49,9 +51,12 @@ def test_every_member_ends_whatever_it_does(tmp_path, tracking_mode):
             assert {members["orphan"].pid, members["plain"].pid} <= {p.pid for p in outcome.terminated}
             assert "killed: " in outcome.describe() and f"pid {members['ignorer'].pid} " in outcome.describe()
             shell.wait(5)
+            assert bystander.poll() is None and bystander.pid not in {p.pid for p in tracker.members()}
         finally:
             stop_processes(tracker, 0, kill_wait_seconds=5)
             assert tracker.release(2.0)
+            bystander.kill()
+            bystander.wait(5)
 
 
 @pytest.mark.slow
