@@ -128,11 +128,6 @@ class AsyncCheckpointWriter:
             concurrent.futures.wait([future], timeout=seconds)
         return future.done()
 
-    @property
-    def in_flight_bytes(self) -> int:
-        """Bytes the write in flight (or the last one) has uploaded so far."""
-        return self._op.reading().bytes if self._op is not None else 0
-
     def wait(self) -> None:
         """Return once nothing is in flight; raise what the last write raised."""
         future, op = self._future, self._op

@@ -160,7 +160,7 @@ class Trainer:
             "manifest_uri": cfg.manifest_uri, "model": json.loads(json.dumps(cfg.to_dict()["model"])),
             "schema": {"num_features": schema.num_features, "input_shape": list(schema.input_shape),
                        "num_outputs": schema.num_outputs, "task": schema.task}}, pin_memory=placement.pin_memory,
-            progress=progress, store_uri=self.run_folder.uri)
+            progress=progress)
         self.health = HealthMonitoring(self.monitor, self.health_log, cfg.health, self.rank, self.checkpointing.due,
                                        {"world_size": self.size, "engine": engine.name,
                                         "device": placement.device, "precision": cfg.precision,

@@ -8,10 +8,10 @@ manifest's meta. Other callbacks add to the meta (`before_checkpoint`) and learn
 NaN/Inf (never written), STORE_UNAVAILABLE for a store that kept failing. The final checkpoint is complete
 before the loop reports it.
 
-A checkpoint due while rank 0's previous upload still runs waits for it on EVERY rank, together: the ranks
-exchange rank 0's word (still uploading, how many bytes so far; done; failed) about once a second with a
-small allgather, and each rank waits through its own Progress as a wait for the store. Without it the other
-ranks would sit in the next step's all-reduce, silent, and call a slow upload a stall.
+A checkpoint due while rank 0's previous upload still runs waits for it on EVERY rank, together: rank 0 waits
+for its writer as a wait for the store, and the ranks exchange its word (still uploading; done; failed) about
+once a second with a small allgather, each round a sign of life (Progress.alive). Without it the other ranks
+would sit in the next step's all-reduce, silent, and call a slow upload a stall.
 """
 from __future__ import annotations
 
@@ -54,16 +54,14 @@ WAIT_ROUND_SECONDS = 1.0
 
 class Checkpointing(Callback):
     def __init__(self, writer: AsyncCheckpointWriter | None, every_steps: int, world_size: int,
-                 run_meta: Mapping[str, Any], pin_memory: bool = False, progress: Progress | None = None,
-                 store_uri: str = ""):
+                 run_meta: Mapping[str, Any], pin_memory: bool = False, progress: Progress | None = None):
         """writer: rank 0's background writer; None on the other ranks, which write nothing.
         run_meta: what every checkpoint of this run says about it (manifest_uri, model, schema).
-        progress: this rank's (liveness); store_uri: where rank 0 writes (for the other ranks' waits)."""
+        progress: this rank's (liveness)."""
         self._writer, self._every, self._size = writer, every_steps, world_size
         self._run_meta = dict(run_meta)
         self._pin_memory = pin_memory
         self._progress = progress or Progress()
-        self._store_uri = writer.store_uri if writer is not None else store_uri
         self.final: str | None = None
 
     @property
@@ -97,10 +95,9 @@ class Checkpointing(Callback):
         # that goes through while rank 0 still uploads is a sign of life on every rank; a store that moves
         # nothing for store_timeout_seconds is rank 0's finding (STORE_UNAVAILABLE), and it stops the job.
         while True:
-            word, moved = self._rank0_word()
-            row = loop.engine.allgather(torch.tensor([[float(word), float(moved)]], dtype=torch.float64),
-                                        name="ringflow.checkpoint_wait")[0]
-            word = int(row[0])
+            word = self._rank0_word()
+            word = int(loop.engine.allgather(torch.tensor([[float(word)]], dtype=torch.float64),
+                                             name="ringflow.checkpoint_wait")[0, 0])
             if word != UPLOADING:
                 break
             self._progress.alive()
@@ -120,17 +117,17 @@ class Checkpointing(Callback):
             return self._verdict(exc)
         return None
 
-    def _rank0_word(self) -> tuple[int, int]:
-        """Rank 0's word on its upload after waiting for it up to a round, and its bytes so far; the other
-        ranks' own words are ignored."""
+    def _rank0_word(self) -> int:
+        """Rank 0's word on its upload after waiting for it up to a round; the other ranks' own words are
+        ignored."""
         if self._writer is None:
-            return UPLOADING, 0
+            return UPLOADING
         if not self._writer.wait_for(WAIT_ROUND_SECONDS):
-            return UPLOADING, self._writer.in_flight_bytes
+            return UPLOADING
         failure = self._writer.failed()
         if failure is None:
-            return DONE, self._writer.in_flight_bytes
-        return exit_codes.for_verdict(self._verdict(failure).status), self._writer.in_flight_bytes
+            return DONE
+        return exit_codes.for_verdict(self._verdict(failure).status)
 
     def _save(self, loop, final: bool = False, waited: float = 0.0) -> Verdict | None:
         """Take the checkpoint (rank 0 hands it to the writer); its name on every rank. waited: how long every

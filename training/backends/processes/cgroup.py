@@ -81,6 +81,12 @@ def _read(path: str) -> str:
         return fh.read()
 
 
+def _removed(exc: OSError) -> bool:
+    """Whether `exc` says the cgroup file is gone: removed (FileNotFoundError), or being removed (cgroup v2
+    answers ENODEV for a released cgroup's files), so the cgroup holds nothing."""
+    return isinstance(exc, FileNotFoundError) or exc.errno == errno.ENODEV
+
+
 def _write(path: str, value: str) -> None:
     with open(path, "w") as fh:
         fh.write(value)
@@ -155,12 +161,9 @@ class Cgroup(ProcessTracker):
         for folder in self.folders():
             try:
                 pids.update(int(line) for line in _read(os.path.join(folder, "cgroup.procs")).split())
-            except FileNotFoundError:
-                continue
-            except OSError as exc:  # ENODEV: removed (released) while we read it, so it has no members
-                if exc.errno != errno.ENODEV:
+            except OSError as exc:
+                if not _removed(exc):
                     raise
-                continue
         found = (proc.read(pid) for pid in sorted(pids))
         return [p for p in found if p is not None and not p.ended]
 
@@ -191,10 +194,8 @@ class CgroupV2(Cgroup):
     def kill_all(self) -> None:
         try:
             _write(os.path.join(self.path, "cgroup.kill"), "1")
-        except FileNotFoundError:
-            pass  # already removed: nothing in it
-        except OSError as exc:  # ENODEV: being removed, so nothing in it
-            if exc.errno != errno.ENODEV:
+        except OSError as exc:
+            if not _removed(exc):
                 raise
 
 
@@ -222,8 +223,6 @@ class CgroupV1Freezer(Cgroup):
             for folder in reversed(self.folders()):
                 try:
                     _write(os.path.join(folder, "freezer.state"), "THAWED")
-                except FileNotFoundError:
-                    continue
                 except OSError as exc:
-                    if exc.errno != errno.ENODEV:
+                    if not _removed(exc):
                         raise
