@@ -15,7 +15,7 @@ demo: setup
 
 # The browser test's screenshots (tests/dags/ui) are kept in test-output/ui, one per step.
 test: setup
-	RINGFLOW_UI_SCREENSHOTS=$(CURDIR)/test-output/ui $(PY) -m pytest --durations=40
+	RINGFLOW_UI_SCREENSHOTS=$(CURDIR)/test-output/ui PY=$(PY) scripts/test.sh
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow"

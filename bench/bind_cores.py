@@ -1,4 +1,4 @@
-"""Bound or not: each rank on its own CPUs (job config `bind_cores`, training/cores.py) against ranks that
+"""Bound or not: each rank on its own CPUs (job config `bind_cores`, training/rank/cores.py) against ranks that
 float over all of them, for ringflow and for the plain peers, at np=1 and np=2. Measured two ways:
 
 1. In one job (bench/bind_in_job.py): ringflow's loop and the plain loop of its library in alternating
@@ -122,13 +122,13 @@ def main() -> None:
     p.add_argument("--skip-separate", action="store_true")
     p.add_argument("--out", default="bind_cores", help="results file name under bench/results/")
     args = p.parse_args()
-    from ringflow.training.config import JobConfig
+    from ringflow.training.formats.config import JobConfig
 
     gc_every = JobConfig.from_dict({"manifest_uri": "/m/manifest.json", "run_uri": "/r"}).gc_every_steps
     if args.block % gc_every:
         p.error(f"--block {args.block}: use a multiple of gc_every_steps ({gc_every})")
-    from ringflow.training.cores import decide_cpu_share
-    from ringflow.training.cpu_limits import cpu_quota_cores, host_cpu_count, usable_cpus
+    from ringflow.training.rank.cores import decide_cpu_share
+    from ringflow.training.rank.cpu_limits import cpu_quota_cores, host_cpu_count, usable_cpus
 
     root = Path(tempfile.mkdtemp(prefix="ringflow-bench-bind-"))
     for np_ in NPS:

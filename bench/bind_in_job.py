@@ -52,7 +52,7 @@ class BindingSwitch:
         return (RF_BOUND, PLAIN_BOUND) if self.is_bound else (RF_FLOATING, PLAIN_FLOATING)
 
     def flip(self) -> None:
-        from ringflow.training.cores import bind_process
+        from ringflow.training.rank.cores import bind_process
 
         self.is_bound = not self.is_bound
         bind_process(sorted(self.bound if self.is_bound else self.floating))

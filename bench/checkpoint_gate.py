@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ringflow.training.config import CheckpointConfig
+from ringflow.training.formats.config import CheckpointConfig
 
-DEFAULT_INTERVAL = CheckpointConfig().every_steps  # steps between checkpoints at ringflow's defaults
+DEFAULT_INTERVAL = CheckpointConfig().cadence_steps  # steps between due checkpoints at ringflow's defaults
 # A checkpoint interval no bench job reaches: checkpoints off (the final checkpoint is written after the timed
 # steps, as a peer's script would save its model).
 CHECKPOINTS_OFF = {"checkpoint": {"every_steps": 10**6}}
@@ -24,7 +24,7 @@ def gate_checkpoints(trainer, on_at: Callable[[int], bool]):
     """Put a gate in place of `trainer.checkpointing` on its loop (before `trainer.train()`): a checkpoint
     due at step t is taken only when `on_at(t)`. The final checkpoint, and the check for a failed write at
     every step, are the Trainer's as always."""
-    from ringflow.training.callbacks.base import Callback
+    from ringflow.training.rank.callbacks.base import Callback
 
     checkpointing = trainer.checkpointing
 

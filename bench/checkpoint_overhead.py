@@ -61,7 +61,7 @@ def block_timer():
     """A callback that times each block of steps after the warm-up: (kind, wall seconds, this process's CPU
     seconds, all its threads: the training thread, the checkpoint writer and the rest, the training thread's
     own CPU seconds)."""
-    from ringflow.training.callbacks.base import Callback
+    from ringflow.training.rank.callbacks.base import Callback
 
     class BlockTimer(Callback):
         def __init__(self):
@@ -81,9 +81,9 @@ def block_timer():
 
 
 def worker(config_path: str, out: str) -> None:
-    from ringflow.training.config import load_job_config
-    from ringflow.training.engines import start_engine
-    from ringflow.training.worker import Trainer
+    from ringflow.training.formats.config import load_job_config
+    from ringflow.training.rank.engines import start_engine
+    from ringflow.training.rank.worker import Trainer
 
     cfg = load_job_config(config_path)
     engine = start_engine(cfg)
@@ -103,9 +103,9 @@ def shards(root: Path, batch: int) -> str:
 
 def run_job(root: Path, manifest: str, blocks: int, batch: int, env: dict) -> tuple[list, list[dict], dict]:
     """One job: its blocks, its `checkpoint` health records and its result (as a dict)."""
-    from ringflow.training.engines import ENGINE_ENV
+    from ringflow.training.rank.engines import ENGINE_ENV
     from ringflow.training.health.records import read_health
-    from ringflow.training.run_result import read_result
+    from ringflow.training.formats.run_result import read_result
     from ringflow.training.store import LocalFolderStore
 
     tag = f"job-{time.monotonic_ns()}"
@@ -167,7 +167,7 @@ def main() -> None:
     def per_checkpoint(field: str) -> tuple[float, float, float]:
         return quartiles([r[field] for r in records])
 
-    from ringflow.training.models import TabularMLP
+    from ringflow.training.rank.models import TabularMLP
 
     params = sum(p.numel() for p in TabularMLP(FEATURES, CLASSES, tuple(HIDDEN)).parameters())
     step_seconds = statistics.median(b[1] for job in jobs for b in job["blocks"] if b[0] == OFF) / BLOCK_STEPS

@@ -46,9 +46,9 @@ def main() -> None:
     args = p.parse_args()
     import torch
 
-    from ringflow.training.models import TabularMLP
+    from ringflow.training.rank.models import TabularMLP
     from ringflow.training.store import LocalFolderStore
-    from ringflow.training.training_state import TrainingState, all_finite
+    from ringflow.training.rank.training_state import TrainingState, all_finite
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -78,7 +78,7 @@ def child(step: str, data: Path, shards: Path, features: int, batch: int) -> dic
     os.environ.setdefault("RINGFLOW_STORE", str(shards.parent / "store"))
     if step == "validate":
         from ringflow.operators.validate import load_suite, validate_dataset
-        from ringflow.training.datasets import open_dataset
+        from ringflow.training.formats.datasets import open_dataset
         baseline = rss_mb()
         started = time.perf_counter()
         with open_dataset(str(data)) as dataset:
@@ -96,10 +96,10 @@ def child(step: str, data: Path, shards: Path, features: int, batch: int) -> dic
         import statistics
 
         import torch
-        from ringflow.training.config import ModelConfig
-        from ringflow.training.data import Cursor, PartitionData
-        from ringflow.training.manifest import load_manifest
-        from ringflow.training.models import build_model
+        from ringflow.training.formats.config import ModelConfig
+        from ringflow.training.rank.data import Cursor, PartitionData
+        from ringflow.training.formats.manifest import load_manifest
+        from ringflow.training.rank.models import build_model
 
         torch.set_num_threads(1)
         manifest, store = load_manifest((shards / "manifest_uri").read_text())

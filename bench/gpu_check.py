@@ -44,9 +44,9 @@ def rank_main(config_path: str, out_prefix: str) -> None:
     """One rank under torchrun/horovodrun: train, then note its device and peak memory."""
     import torch
 
-    from ringflow.training.config import load_job_config
-    from ringflow.training.engines import start_engine
-    from ringflow.training.worker import Trainer
+    from ringflow.training.formats.config import load_job_config
+    from ringflow.training.rank.engines import start_engine
+    from ringflow.training.rank.worker import Trainer
 
     cfg = load_job_config(config_path)
     engine = start_engine(cfg)
@@ -84,13 +84,13 @@ def horovod_nccl() -> tuple[bool, str]:
 
 
 def run_job(root: Path, manifest: str, engine: str, precision: str, np_: int, batch: int, steps: int) -> dict:
-    from ringflow.training.engines import ENGINE_ENV
-    from ringflow.training.launcher import rank_environment
-    from ringflow.training.run_result import read_result
+    from ringflow.training.rank.engines import ENGINE_ENV
+    from ringflow.training.core.launcher import rank_environment
+    from ringflow.training.formats.run_result import read_result
     from ringflow.training.store import LocalFolderStore
-    from ringflow.training.training_state import STATE_FILE
-    from ringflow.training.checkpoint import CheckpointStore
-    from ringflow.training.worker_env import ATTEMPT_ENV
+    from ringflow.training.rank.training_state import STATE_FILE
+    from ringflow.training.formats.checkpoint import CheckpointStore
+    from ringflow.training.rank.worker_env import ATTEMPT_ENV
 
     tag = f"{engine}-{precision}"
     run = root / f"run-{tag}"

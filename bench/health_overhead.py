@@ -34,7 +34,7 @@ def alternating_health(block: int):
     """A callback on the Trainer's loop that times each block of steps and switches the health callback
     off or on between blocks (on through warm-up). Every rank switches at the same step, so the monitor's
     gathers stay matched."""
-    from ringflow.training.callbacks.base import Callback
+    from ringflow.training.rank.callbacks.base import Callback
 
     class AlternatingHealth(Callback):
         def __init__(self):
@@ -55,9 +55,9 @@ def alternating_health(block: int):
 
 
 def worker(config_path: str, block: int, out: str) -> None:
-    from ringflow.training.config import load_job_config
-    from ringflow.training.engines import start_engine
-    from ringflow.training.worker import Trainer
+    from ringflow.training.formats.config import load_job_config
+    from ringflow.training.rank.engines import start_engine
+    from ringflow.training.rank.worker import Trainer
     from rank_script import train_and_report
 
     cfg = load_job_config(config_path)
@@ -72,8 +72,8 @@ def run_job(root: Path, index: int, steps: int, block: int, health: dict,
             engine: str = "horovod") -> tuple[list[tuple[bool, float]], float | None]:
     """One np=2 job: its blocks, and the share of its time rank 0's training thread spent in the health monitor
     (result.json: the job's own accounting, over all its steps after warm-up, the monitor on and off alike)."""
-    from ringflow.training.engines import ENGINE_ENV
-    from ringflow.training.run_result import read_result
+    from ringflow.training.rank.engines import ENGINE_ENV
+    from ringflow.training.formats.run_result import read_result
     from ringflow.training.store import LocalFolderStore
     from rank_script import rank_script_command
     from throughput import environment

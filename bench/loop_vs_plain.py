@@ -70,7 +70,7 @@ def alternating(plain, block: int, switch):
     """A callback on the Trainer's loop: at every `block`-th step it closes the ringflow block, runs a timed
     block of the plain loop, and flips `switch` (SettingsSwitch, or another bench's) for the next pair.
     Every rank switches at the same step, so the monitor's gathers stay matched."""
-    from ringflow.training.callbacks.base import Callback
+    from ringflow.training.rank.callbacks.base import Callback
 
     class Alternating(Callback):
         def __init__(self):
@@ -101,9 +101,9 @@ def worker(config_path: str, block: int, out: str, switch=None) -> None:
     switch: made before the engine starts (SettingsSwitch unless given)."""
     import torch
 
-    from ringflow.training.config import load_job_config
-    from ringflow.training.engines import start_engine
-    from ringflow.training.worker import Trainer
+    from ringflow.training.formats.config import load_job_config
+    from ringflow.training.rank.engines import start_engine
+    from ringflow.training.rank.worker import Trainer
     from peer_worker import plain_ddp, plain_horovod
 
     switch = switch or SettingsSwitch()
@@ -155,7 +155,7 @@ def run_job(root: Path, engine: str, np_: int, steps: int, block: int, env: dict
     # The rank runs the script instead of `-m ringflow.training`, under the same launcher and settings.
     command = rank_script_command(engine, str(cfg_path), np_, str(Path(script).resolve()),
                                   ["--worker", str(cfg_path), "--block", str(block), "--blocks-out", str(out)])
-    from ringflow.training.engines import ENGINE_ENV
+    from ringflow.training.rank.engines import ENGINE_ENV
 
     proc = subprocess.run(command, capture_output=True, text=True, env=env | {ENGINE_ENV: engine}, timeout=1800)
     if proc.returncode != 0:

@@ -61,7 +61,7 @@ def in_job_training_seconds(run_folder: Path) -> float | None:
 
 
 def one_run(dag, conf: dict, jobs: Path, store: Path) -> dict:
-    from ringflow.training.runs import store_layout
+    from ringflow.training.core.runs import store_layout
 
     before = set(job_seconds(jobs)) if jobs.exists() else set()
     started = time.perf_counter()

@@ -15,12 +15,12 @@ import time
 
 import torch
 
-from ringflow.training.callbacks.throughput import job_samples_per_sec
-from ringflow.training.config import BIND_CORES, DEFAULT_BIND_CORES
-from ringflow.training.cores import claim_cpu_share, local_rank_from_env
-from ringflow.training.engines.ddp import LOCAL_RANK_ENV as DDP_LOCAL_RANK_ENV
-from ringflow.training.engines.horovod import LOCAL_RANK_ENV as HOROVOD_LOCAL_RANK_ENV
-from ringflow.training.models import TabularMLP
+from ringflow.training.rank.callbacks.throughput import job_samples_per_sec
+from ringflow.training.formats.config import BIND_CORES, DEFAULT_BIND_CORES
+from ringflow.training.rank.cores import claim_cpu_share, local_rank_from_env
+from ringflow.training.rank.engines.ddp import LOCAL_RANK_ENV as DDP_LOCAL_RANK_ENV
+from ringflow.training.rank.engines.horovod import LOCAL_RANK_ENV as HOROVOD_LOCAL_RANK_ENV
+from ringflow.training.rank.models import TabularMLP
 
 CLASSES = 10
 # Per-worker learning rate (scaled by the world size, as ringflow scales it); ringflow's jobs in the benchmarks

@@ -92,7 +92,7 @@ def start_moto(log: Path):
 
 
 def make_run(store, run_key: str, size: int) -> str:
-    from ringflow.training.checkpoint import CheckpointStore
+    from ringflow.training.formats.checkpoint import CheckpointStore
 
     run = store.child(run_key)
     name = CheckpointStore(run).save(100, {"state.pt": os.urandom(size)}, {"step": 100})
@@ -115,14 +115,14 @@ def promote_task(bucket: str, run_key: str, model: str) -> dict:
 def promote_through_worker(store, run_key: str, checkpoint: str, model: str) -> None:
     """The registry's own copy-through path (what it does for runs in another store): the same checks and
     bookkeeping as the promote task, but every file downloaded and uploaded by the worker."""
-    from ringflow.training.registry.model_registry import ModelRegistry
+    from ringflow.training.core.registry.model_registry import ModelRegistry
 
     ModelRegistry(store).promote(model, run_uri=f"{store.uri.rstrip('/')}/{run_key}", checkpoint=checkpoint,
                                  metrics={"accuracy": 0.9}, source_store=store)
 
 
 def download_upload(store, run_key: str, checkpoint: str, model: str) -> None:
-    from ringflow.training.checkpoint import CheckpointStore
+    from ringflow.training.formats.checkpoint import CheckpointStore
 
     manifest = CheckpointStore(store.child(run_key)).read_manifest(checkpoint)
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,7 +13,7 @@ def write_random_shards(folder: Path, *, partitions: int, rows_per_partition: in
     import numpy as np
     import pandas as pd
 
-    from ringflow.training.sharding import write_shards
+    from ringflow.training.core.sharding import write_shards
     from ringflow.training.store import LocalFolderStore
 
     rng = np.random.default_rng(0)

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 def rank_script_command(engine: str, config_path: str, num_workers: int, script: str,
                         script_args: Sequence[str]) -> list[str]:
-    from ringflow.training.launcher import launch_command
+    from ringflow.training.core.launcher import launch_command
 
     command = launch_command(engine, config_path, num_workers)
     # The last `-m`: torchrun's own `-m torch.distributed.run` comes first.

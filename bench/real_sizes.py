@@ -82,7 +82,7 @@ class Moto:
 
 def measure(job: RealSizeJob, folder: Path, run_uri: str, settings, label: str) -> dict:
     from ringflow.training.health.records import read_health
-    from ringflow.training.run_result import read_result
+    from ringflow.training.formats.run_result import read_result
     from ringflow.training.store import open_store
 
     outcome = job.run(folder)

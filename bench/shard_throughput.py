@@ -73,7 +73,7 @@ def main() -> None:
         print(f"input: {args.rows} rows x {args.cols + 1} columns, {size / 2**20:.0f} MiB Parquet", flush=True)
         shard(src, root / "warmup", args.workers, args.batch)  # imports, page cache
         plain_copy(src, root)
-        from ringflow.training.datasets import fingerprint, open_dataset
+        from ringflow.training.formats.datasets import fingerprint, open_dataset
 
         copies, shards, reruns, reads = [], [], [], []
         for i in range(args.repeats):  # side by side, alternating

@@ -52,9 +52,9 @@ def environment() -> dict[str, str]:
     """What every job here runs with: the launcher's rank environment, ringflow's Horovod/Open MPI settings
     (a ringflow rank sets them itself from its config; a peer gets them here), one core per rank so np=1
     measures one core and np=2 can reach at most 2.0x."""
-    from ringflow.training.config import HorovodConfig
-    from ringflow.training.cores import TORCH_THREADS_ENV
-    from ringflow.training.launcher import rank_environment
+    from ringflow.training.formats.config import HorovodConfig
+    from ringflow.training.rank.cores import TORCH_THREADS_ENV
+    from ringflow.training.core.launcher import rank_environment
 
     return rank_environment() | HorovodConfig().environment() | {TORCH_THREADS_ENV: "1"}
 
@@ -70,7 +70,7 @@ def peer(framework: str, controller: str | None, np_: int, steps: int,
     if framework == "horovod":
         cmd = [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", f"--{controller}", *worker]
     else:
-        from ringflow.training.launcher import free_port
+        from ringflow.training.core.launcher import free_port
 
         cmd = [PY, "-m", "torch.distributed.run", "--nnodes", "1", f"--nproc-per-node={np_}", "--rdzv-backend",
                "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--local-addr", "127.0.0.1", *worker[1:]]
@@ -94,7 +94,7 @@ def ringflow(root: Path, np_: int, steps: int, engine: str, controller: str | No
     10 steps) but for the model, its batch, the peers' learning rate and `settings` (more top-level job
     config fields, e.g. bind_cores). Also the share of the time rank 0's training thread spent in the health
     monitor (result.json: the job's own accounting)."""
-    from ringflow.training.launcher import DEFAULT_CONTROLLER
+    from ringflow.training.core.launcher import DEFAULT_CONTROLLER
 
     run = root / f"run-{engine}-{np_}-{time.monotonic_ns()}"
     # One epoch is 8192 rows per rank; run as many epochs as reach `steps`.
@@ -108,7 +108,7 @@ def ringflow(root: Path, np_: int, steps: int, engine: str, controller: str | No
                          capture_output=True, text=True, env=environment(), timeout=900)
     if out.returncode != 0:
         raise RuntimeError(out.stdout[-3000:])
-    from ringflow.training.run_result import read_result
+    from ringflow.training.formats.run_result import read_result
     from ringflow.training.store import LocalFolderStore
 
     result = read_result(LocalFolderStore(str(run)))
@@ -265,8 +265,8 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="ringflow-bench-"))
     for np_ in (1, 2):
         shards(root, np_)
-    from ringflow.training.config import HorovodConfig, DdpConfig
-    from ringflow.training.launcher import DEFAULT_CONTROLLER
+    from ringflow.training.formats.config import HorovodConfig, DdpConfig
+    from ringflow.training.core.launcher import DEFAULT_CONTROLLER
     import dataclasses
     import os
 

@@ -1,5 +1,5 @@
 """What one poll of the Airflow trigger's health watch costs as a run grows: the old way (read every record
-of the run and judge them all, each poll) against the new one (training/runs/health_watch.HealthWatch: each sealed
+of the run and judge them all, each poll) against the new one (training/core/runs/health_watch.HealthWatch: each sealed
 segment read once, only health.jsonl's new lines parsed, the verdict's running state kept), side by side on
 the same run folder, at 1 k, 10 k and 100 k records (100 k: a 1 M-step run at the default sampling).
 
@@ -56,9 +56,9 @@ def old_poll(uri: str, cfg) -> str:
 
 
 def measure(size: int, polls: int, per_poll: int) -> dict:
-    from ringflow.training.config import HealthConfig
+    from ringflow.training.formats.config import HealthConfig
     from ringflow.training.health.records import HealthLog, record
-    from ringflow.training.runs.health_watch import HealthWatch
+    from ringflow.training.core.runs.health_watch import HealthWatch
     from ringflow.training.store import LocalFolderStore
 
     cfg = HealthConfig(**HEALTH)

@@ -3,7 +3,7 @@
   validate  suites/digits_images.json checks the `image` column: shape 1x8x8 float32, no nulls, every pixel in
             [0, 16] (on every row), and the labels
   shard     the image column is stored as a fixed-shape tensor; the manifest records its shape and dtype
-  train     the custom-model factory `ringflow.training.models:conv_net` receives (batch, 1, 8, 8) tensors
+  train     the custom-model factory `ringflow.training.rank.models:conv_net` receives (batch, 1, 8, 8) tensors
   evaluate, promote   as for any model (accuracy, no worse than production)
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import datetime as dt
 from airflow.sdk import DAG, Param
 
 from ringflow.operators.pipeline import ringflow_pipeline
-from ringflow.training.runs import store_layout
+from ringflow.training.core.runs import store_layout
 
 with DAG(
     "ringflow_images",
@@ -33,6 +33,6 @@ with DAG(
         store_uri=store_layout.default_store_uri(), num_workers="{{ params.num_workers }}",
         epochs="{{ params.epochs }}", batch_size=32, learning_rate=0.005, suite="suites/digits_images.json",
         gate={"metric": "accuracy", "mode": "max"},
-        job_config={"model": {"kind": "custom", "factory": "ringflow.training.models:conv_net",
+        job_config={"model": {"kind": "custom", "factory": "ringflow.training.rank.models:conv_net",
                               "kwargs": {"channels": [16, 32]}}},
     )

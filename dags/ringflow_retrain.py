@@ -18,9 +18,9 @@ import datetime as dt
 from airflow.sdk import DAG, Asset, Param
 
 from ringflow.operators.pipeline import JOB_OVERRIDES_SCHEMA, ringflow_pipeline
-from ringflow.training.config import DEFAULT_ENGINE, ENGINES
-from ringflow.training.registry.model_registry import MODEL_NAME_PATTERN
-from ringflow.training.runs import store_layout
+from ringflow.training.formats.config import DEFAULT_ENGINE, ENGINES
+from ringflow.training.core.registry.model_registry import MODEL_NAME_PATTERN
+from ringflow.training.core.runs import store_layout
 
 STORE = store_layout.default_store_uri()
 SUITE = "suites/digits.json"

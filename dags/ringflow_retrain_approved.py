@@ -14,8 +14,8 @@ import datetime as dt
 from airflow.sdk import DAG, Param
 
 from ringflow.operators.pipeline import ringflow_pipeline
-from ringflow.training.registry.model_registry import MODEL_NAME_PATTERN
-from ringflow.training.runs import store_layout
+from ringflow.training.core.registry.model_registry import MODEL_NAME_PATTERN
+from ringflow.training.core.runs import store_layout
 
 with DAG("ringflow_retrain_approved", schedule=None, start_date=dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc),
          catchup=False, max_active_runs=1, tags=["ringflow", "horovod", "approval"], doc_md=__doc__,

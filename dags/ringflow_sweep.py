@@ -13,8 +13,8 @@ import datetime as dt
 from airflow.sdk import DAG, Param
 
 from ringflow.operators.sweep import SWEEP_CONFIGURATIONS_PARAM, ringflow_sweep
-from ringflow.training.registry.model_registry import MODEL_NAME_PATTERN
-from ringflow.training.runs import store_layout
+from ringflow.training.core.registry.model_registry import MODEL_NAME_PATTERN
+from ringflow.training.core.runs import store_layout
 
 STORE = store_layout.default_store_uri()
 

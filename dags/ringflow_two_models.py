@@ -12,7 +12,7 @@ import datetime as dt
 from airflow.sdk import DAG, Param
 
 from ringflow.operators.pipeline import ringflow_pipeline
-from ringflow.training.runs import store_layout
+from ringflow.training.core.runs import store_layout
 
 STORE = store_layout.default_store_uri()
 

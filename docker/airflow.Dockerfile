@@ -33,5 +33,5 @@ RUN python /opt/ringflow/docker/requirements_without_torch.py /opt/ringflow/pypr
  && pip install --extra-index-url "${TORCH_INDEX_URL}" "apache-airflow==${AIRFLOW_VERSION}" "torch==${TORCH_VERSION}" \
         -r /tmp/ringflow-requirements.txt \
  && pip install --no-deps /opt/ringflow \
- && python -c "import ringflow.training.backends.kubernetes.backend, ringflow.training.backends.job_spec, ringflow.training.evaluate" \
+ && python -c "import ringflow.training.core.backends.kubernetes.backend, ringflow.training.core.backends.job_spec, ringflow.training.core.evaluate" \
  && ! python -c "import horovod" 2>/dev/null

@@ -29,7 +29,7 @@ from airflow.providers.standard.operators.hitl import ApprovalOperator
 
 from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
 from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, Gate, GateArguments, read_evaluated_run
-from ringflow.training.registry.model_registry import ModelRegistry, Pointer, run_key_in
+from ringflow.training.core.registry.model_registry import ModelRegistry, Pointer, run_key_in
 
 DEFAULT_APPROVAL_TIMEOUT = dt.timedelta(hours=24)
 APPROVE, REJECT = ApprovalOperator.APPROVE, ApprovalOperator.REJECT

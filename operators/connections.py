@@ -26,7 +26,7 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
-from ringflow.training.backends.kubernetes.client import ClusterConfig
+from ringflow.training.core.backends.kubernetes.client import ClusterConfig
 from ringflow.training.store import ObjectStore, S3Settings, StoreConfigError, open_store
 
 DEFAULT_CONN_ID = "ringflow_s3"
@@ -152,7 +152,7 @@ def cluster_from_extras(extras: dict[str, Any]) -> ClusterConfig:
 
 
 class AirflowConnections:
-    """The core's connection lookup (training/backends/connections.py), through Airflow's secrets backends."""
+    """The core's connection lookup (training/core/backends/connections.py), through Airflow's secrets backends."""
 
     def s3_settings(self, conn_id: str) -> S3Settings:
         return s3_settings_from_connection(conn_id)

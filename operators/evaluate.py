@@ -1,4 +1,4 @@
-"""Score a training run's final checkpoint on the held-out split (ringflow.training.evaluate).
+"""Score a training run's final checkpoint on the held-out split (ringflow.training.core.evaluate).
 
 The metrics land in `eval.json` in the run folder (evaluate_run writes it), where the promote task reads
 them. Torch is imported only when the task runs: DAG files importing this module stay light.
@@ -17,8 +17,8 @@ from airflow.sdk import BaseOperator
 
 from ringflow.operators.connections import DEFAULT_CONN_ID, s3_settings_from_connection
 from ringflow.operators.tracking import MlflowTracking
-from ringflow.training.runs import store_layout
-from ringflow.training.scoped_environ import scoped_environ
+from ringflow.training.core.runs import store_layout
+from ringflow.training.core.scoped_environ import scoped_environ
 
 
 @contextlib.contextmanager
@@ -36,8 +36,8 @@ def s3_env_for(uri: str, conn_id: str | None) -> Iterator[None]:
 def evaluate(run_uri: str, checkpoint: str | None = None,
              conn_id: str | None = DEFAULT_CONN_ID) -> dict[str, Any]:
     """evaluate_run with the S3 settings of `conn_id`; returns eval.json's document plus where it is."""
-    from ringflow.training.evaluate import evaluate_run  # imports torch
-    from ringflow.training.run_layout import EVAL
+    from ringflow.training.core.evaluate import evaluate_run  # imports torch
+    from ringflow.training.formats.run_layout import EVAL
 
     with s3_env_for(run_uri, conn_id):
         doc = evaluate_run(run_uri, checkpoint)

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperatorLink
 
-from ringflow.training import run_layout
-from ringflow.training.runs import store_layout
+from ringflow.training.formats import run_layout
+from ringflow.training.core.runs import store_layout
 from ringflow.training.store.s3 import PRESIGN_MAX_SECONDS
 
 if TYPE_CHECKING:

@@ -46,11 +46,11 @@ from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, PromoteModelOpe
 from ringflow.operators.shard import ShardDatasetOperator
 from ringflow.operators.train import HorovodTrainOperator
 from ringflow.operators.validate import ValidateDatasetOperator
-from ringflow.training.backends.kubernetes.backend import backend_from_env
-from ringflow.training.config import PRECISIONS
-from ringflow.training.launcher import DEFAULT_CONTROLLER
-from ringflow.training.runs import store_layout
-from ringflow.training.tracking.settings import DEFAULT_ALIAS
+from ringflow.training.core.backends.kubernetes.backend import backend_from_env
+from ringflow.training.formats.config import PRECISIONS
+from ringflow.training.core.launcher import DEFAULT_CONTROLLER
+from ringflow.training.core.runs import store_layout
+from ringflow.training.core.tracking.settings import DEFAULT_ALIAS
 
 DEFAULT_GATE: Mapping[str, Any] = {"metric": "accuracy", "mode": "max", "threshold": None,
                                    "compare_to_production": True}
@@ -64,7 +64,8 @@ JOB_OVERRIDES_SCHEMA: Mapping[str, Any] = {
     "type": "object", "additionalProperties": False,
     "properties": {
         "checkpoint": {"type": "object", "additionalProperties": False,
-                       "properties": {"every_steps": {"type": "integer"}, "keep_last": {"type": "integer"}}},
+                       "properties": {"every_steps": {"type": "integer"}, "keep_last": {"type": "integer"},
+                                      "min_interval_seconds": {"type": "number"}}},
         "model": {"type": "object", "additionalProperties": False,
                   "properties": {"kind": {"const": "mlp"}, "hidden": {"type": "array", "items": {"type": "integer"}},
                                  "dropout": {"type": "number"}}},

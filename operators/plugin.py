@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 from ringflow.operators.links import STORE_ROUTE
-from ringflow.training.runs import store_layout
+from ringflow.training.core.runs import store_layout
 from ringflow.training.store import open_store
 from ringflow.training.store.base import InvalidKey, check_key
 

@@ -2,9 +2,9 @@
 
 The run folder (inside the registry's store) holds what the earlier tasks wrote:
 
-    result.json   the train task's RunResult (ringflow.training.run_result): status, final checkpoint, verdict
+    result.json   the train task's RunResult (ringflow.training.formats.run_result): status, final checkpoint, verdict
     eval.json     {"metrics": {"accuracy": 0.95, "loss": 0.2}, ...}
-    checkpoints/  the checkpoints (ringflow.training.checkpoint layout)
+    checkpoints/  the checkpoints (ringflow.training.formats.checkpoint layout)
 
 A gate that says "no" is a normal outcome, not an error: the task succeeds and returns
 `{"promoted": False, "reason": ...}` (set `fail_on_gate=True` to fail it instead). A run that did not
@@ -27,10 +27,10 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
 from ringflow.operators.tracking import MlflowTracking
-from ringflow.training.tracking.settings import DEFAULT_ALIAS
-from ringflow.training import run_layout
-from ringflow.training.registry.model_registry import ModelRegistry, Pointer, ProductionMoved, run_key_in
-from ringflow.training.run_result import ResultError, RunResult
+from ringflow.training.core.tracking.settings import DEFAULT_ALIAS
+from ringflow.training.formats import run_layout
+from ringflow.training.core.registry.model_registry import ModelRegistry, Pointer, ProductionMoved, run_key_in
+from ringflow.training.formats.run_result import ResultError, RunResult
 from ringflow.training.store.base import ObjectNotFound, ObjectStore, join_key
 
 DEFAULT_ALLOWED_VERDICTS = ("HEALTHY", "DEGRADED")
@@ -133,7 +133,7 @@ def read_json_object(store: ObjectStore, key: str, what: str) -> dict[str, Any]:
 def read_run_result(store: ObjectStore, run_key: str) -> RunResult:
     """The run's published result (run_folder.py: the current attempt's); AirflowException when the train
     task left none (or a broken one)."""
-    from ringflow.training.run_result import read_result
+    from ringflow.training.formats.run_result import read_result
 
     try:
         result = read_result(store.child(run_key))

@@ -1,4 +1,4 @@
-"""Split a validated dataset into per-worker partitions (ringflow.training.sharding) at a deterministic place.
+"""Split a validated dataset into per-worker partitions (ringflow.training.core.sharding) at a deterministic place.
 
 The folder is `<output_uri>/<dataset>/w<N>-b<B>-<hash>/` (store_layout.shard_uri), the hash covering the
 dataset's content fingerprint (datasets.ContentHash, computed while the one streaming read of the data goes by)
@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from airflow.sdk import BaseOperator
 
 from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
-from ringflow.training.runs import store_layout
+from ringflow.training.core.runs import store_layout
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ def shard_dataset(dataset_uri: str, output_uri: str, *, num_workers: int, batch_
                   logger: logging.Logger | None = None) -> dict[str, Any]:
     """Shard `dataset_uri` for `num_workers` workers under `output_uri` (the shards root). Returns the
     summary the operator pushes to XCom; `manifest_uri` is what the train task needs."""
-    from ringflow.training.datasets import open_dataset
-    from ringflow.training.sharding import shard
+    from ringflow.training.formats.datasets import open_dataset
+    from ringflow.training.core.sharding import shard
 
     logger = logger or log
     num_workers, batch_size, seed = int(num_workers), int(batch_size), int(seed)

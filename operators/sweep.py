@@ -35,13 +35,13 @@ from ringflow.operators.shard import ShardDatasetOperator
 from ringflow.operators.tracking import MlflowTracking
 from ringflow.operators.train import HorovodTrainOperator, check_overrides
 from ringflow.operators.validate import ValidateDatasetOperator
-from ringflow.training import run_layout
-from ringflow.training.backends.kubernetes.backend import backend_from_env
-from ringflow.training.registry.model_registry import ModelRegistry, run_key_in
-from ringflow.training.run_result import ResultError, RunResult, read_result
-from ringflow.training.runs import store_layout
+from ringflow.training.formats import run_layout
+from ringflow.training.core.backends.kubernetes.backend import backend_from_env
+from ringflow.training.core.registry.model_registry import ModelRegistry, run_key_in
+from ringflow.training.formats.run_result import ResultError, RunResult, read_result
+from ringflow.training.core.runs import store_layout
 from ringflow.training.store.base import ObjectNotFound, ObjectStore, join_key
-from ringflow.training.tracking.settings import DEFAULT_ALIAS
+from ringflow.training.core.tracking.settings import DEFAULT_ALIAS
 
 CANDIDATE_GROUP = "candidate"
 

@@ -1,6 +1,6 @@
 """MLflow for the operators, optional: an Airflow connection -> TrackingSettings, and the one object the train,
 evaluate, promote and rollback operators call (`MlflowTracking`). The work itself is Airflow-free
-(ringflow.training.tracking); mlflow is imported only when a task with an MLflow connection logs.
+(ringflow.training.core.tracking); mlflow is imported only when a task with an MLflow connection logs.
 
 The connection is an HTTP one, the usual way to name a server in Airflow:
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
-from ringflow.training.tracking.settings import DEFAULT_ALIAS, TrackingConfigError, TrackingSettings, check_alias
+from ringflow.training.core.tracking.settings import DEFAULT_ALIAS, TrackingConfigError, TrackingSettings, check_alias
 
 CONN_TYPE = "http"
 
@@ -80,7 +80,7 @@ class MlflowTracking:
                      result: Any, group_id: str | None, run_folder: Any = None,
                      health_records: Sequence[Mapping[str, Any]] | None = None) -> str:
         """run_folder, health_records: the store at run_uri and its records, when the caller has them."""
-        from ringflow.training.tracking.mlflow_runs import log_training_run
+        from ringflow.training.core.tracking.mlflow_runs import log_training_run
 
         ti = context["ti"]
         tags = {"ringflow.dag_id": ti.dag_id, "ringflow.run_id": ti.run_id, "ringflow.task_id": ti.task_id}
@@ -91,7 +91,7 @@ class MlflowTracking:
                                 health_records=health_records)
 
     def log_evaluation(self, context: Any, *, run_uri: str, eval_doc: Mapping[str, Any]) -> str:
-        from ringflow.training.tracking.mlflow_runs import log_evaluation
+        from ringflow.training.core.tracking.mlflow_runs import log_evaluation
 
         return log_evaluation(self.settings(), experiment=self.experiment_for(context), run_uri=run_uri,
                               run_folder=self._open(run_uri), eval_doc=eval_doc)
@@ -99,13 +99,13 @@ class MlflowTracking:
     def register(self, context: Any, *, run_uri: str, checkpoint: str, model_name: str, store_version: int,
                  metrics: Mapping[str, Any], run_folder: Any) -> int:
         """run_folder: the store at run_uri (the promoter holds the store it lies in: store.child)."""
-        from ringflow.training.tracking.mlflow_registry import register_promotion
+        from ringflow.training.core.tracking.mlflow_registry import register_promotion
 
         return register_promotion(self.settings(), experiment=self.experiment_for(context), run_uri=run_uri,
                                   run_folder=run_folder, checkpoint=checkpoint, model_name=model_name,
                                   store_version=store_version, open_store=self._open, metrics=metrics)
 
     def rolled_back(self, *, model_name: str, store_version: int) -> int | None:
-        from ringflow.training.tracking.mlflow_registry import point_alias
+        from ringflow.training.core.tracking.mlflow_registry import point_alias
 
         return point_alias(self.settings(), model_name=model_name, store_version=store_version)

@@ -16,13 +16,13 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from ringflow.operators.connections import DEFAULT_CONN_ID, AirflowConnections
 from ringflow.operators.tracking import MlflowTracking
 from ringflow.operators.links import HealthPlotLink, RunFolderLink, RunLinks, api_base_path, run_links
-from ringflow.training.backends.base import Backend, backend_from_dict
-from ringflow.training.backends.job_spec import JobSpec
+from ringflow.training.core.backends.base import Backend, backend_from_dict
+from ringflow.training.core.backends.job_spec import JobSpec
 from ringflow.training.health.verdict import DIVERGED, NONFINITE
-from ringflow.training.launcher import DEFAULT_CONTROLLER
-from ringflow.training.run_result import RunResult
-from ringflow.training.runs import store_layout
-from ringflow.training.worker_env import ATTEMPT_ENV
+from ringflow.training.core.launcher import DEFAULT_CONTROLLER
+from ringflow.training.formats.run_result import RunResult
+from ringflow.training.core.runs import store_layout
+from ringflow.training.rank.worker_env import ATTEMPT_ENV
 
 
 # A retry resumes from a checkpoint of the same run and meets the same NaN or divergence.
@@ -48,7 +48,7 @@ def owned_fields_in(overrides: dict[str, Any]) -> list[str]:
 
 def check_overrides(overrides: dict[str, Any]) -> None:
     """Refuse overrides that would change where the run reads or writes, naming the field."""
-    from ringflow.training.config import ConfigError
+    from ringflow.training.formats.config import ConfigError
 
     found = owned_fields_in(overrides) if isinstance(overrides, dict) else []
     if found:
@@ -70,7 +70,7 @@ def job_overrides(value: Any) -> dict[str, Any]:
     """`job_config` as the task got it: a dict, nothing, or the text a template rendered to: JSON, or the
     Python literal that `{{ params.job_overrides }}` gives for a dict when the DAG does not render native
     objects."""
-    from ringflow.training.config import ConfigError
+    from ringflow.training.formats.config import ConfigError
 
     if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
         return {}
@@ -93,7 +93,7 @@ def job_overrides(value: Any) -> dict[str, Any]:
 def rendered_number(name: str, value: Any, kind: type) -> Any:
     """An operator argument that may have come from a template as text ("5", "0.002"), as `kind` (int or
     float); None stays None (the config's default)."""
-    from ringflow.training.config import ConfigError
+    from ringflow.training.formats.config import ConfigError
 
     if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
         return None
@@ -137,7 +137,7 @@ def build_job_config(*, manifest_uri: str, run_uri: str, overrides: Any = None, 
     """The checked job config of one try: where it reads and writes (the operator's), epochs, batch size,
     learning rate and engine, then `overrides` on top. Injected faults (tests only) stay on the first try: a
     retry resumes from the last checkpoint and shows the recovery instead of failing at the same step again."""
-    from ringflow.training.config import JobConfig
+    from ringflow.training.formats.config import JobConfig
 
     overrides = job_overrides(overrides)
     check_overrides(overrides)  # after rendering too: a template may have produced them
@@ -168,11 +168,11 @@ class HorovodTrainOperator(BaseOperator):
     :param engine: the config's `engine`, "horovod" (horovodrun) or "ddp" (PyTorch DDP under torchrun)
         (templated; checked when the task runs); None leaves the config's default, or what job_config says.
     :param job_config: overrides of the training config (model, health, horovod, ...; see
-        ringflow.training.config.JobConfig), applied last (templated: a dict, or JSON / a dict literal).
+        ringflow.training.formats.config.JobConfig), applied last (templated: a dict, or JSON / a dict literal).
         Injected `faults` (tests only) apply on the first try only.
     :param backend: where the job runs; local `horovodrun`/`torchrun` processes by default, or
-        ringflow.training.backends.kubernetes.backend.MPIJobBackend for Kubeflow MPIJobs (Horovod), or
-        ringflow.training.backends.kubernetes.trainjob_backend.TrainJobBackend for Kubeflow Trainer TrainJobs.
+        ringflow.training.core.backends.kubernetes.backend.MPIJobBackend for Kubeflow MPIJobs (Horovod), or
+        ringflow.training.core.backends.kubernetes.trainjob_backend.TrainJobBackend for Kubeflow Trainer TrainJobs.
     :param conn_id: Airflow connection (type aws) for s3:// URIs; None: no connection (connections.py).
     :param job_timeout: stop the job and fail the task when it runs longer.
     :param mlflow_conn_id: Airflow connection (type http) of an MLflow server: each attempt, whatever its
@@ -215,7 +215,7 @@ class HorovodTrainOperator(BaseOperator):
     def _get_backend(self) -> Backend:
         """The backend, with Airflow's connections to resolve its conn_id (a DAG builds it without)."""
         if self.backend is None:
-            from ringflow.training.backends.local import LocalProcessBackend
+            from ringflow.training.core.backends.local import LocalProcessBackend
 
             self.backend = LocalProcessBackend(conn_id=self.conn_id, connections=AirflowConnections())
         elif self.backend.connections is None:
@@ -274,13 +274,13 @@ class HorovodTrainOperator(BaseOperator):
         )
 
     def _preflight(self, config: dict[str, Any], num_workers: int, backend: Backend) -> None:
-        """training/preflight.py's check, here for every backend: the manifest is read with this task's
+        """training/core/preflight.py's check, here for every backend: the manifest is read with this task's
         connection. A custom model factory is checked only where the job runs in this environment (local):
         an MPIJob's code is in its image, and its ranks check the factory when they start."""
         from ringflow.operators.connections import open_store_for
-        from ringflow.training.config import JobConfig
-        from ringflow.training.manifest import ShardManifest
-        from ringflow.training.preflight import check_job
+        from ringflow.training.formats.config import JobConfig
+        from ringflow.training.formats.manifest import ShardManifest
+        from ringflow.training.core.preflight import check_job
         from ringflow.training.store import split_uri
 
         parent, name = split_uri(config["manifest_uri"])
@@ -356,8 +356,8 @@ class HorovodTrainOperator(BaseOperator):
     def _save_health_plot(self, run: Any, records: list[dict[str, Any]] | None) -> str | None:
         import tempfile
 
-        from ringflow.training import run_layout
-        from ringflow.training.runs.health_plot import save_health_plot
+        from ringflow.training.formats import run_layout
+        from ringflow.training.core.runs.health_plot import save_health_plot
 
         if not records:
             return None
@@ -373,7 +373,7 @@ class HorovodTrainOperator(BaseOperator):
         return location
 
     def _set_run_links(self, run: Any, *, plot_saved: bool) -> None:
-        from ringflow.training.runs import store_layout
+        from ringflow.training.core.runs import store_layout
 
         try:
             self.run_links = run_links(self.run_uri, plot_saved=plot_saved, conn_id=self.conn_id,

@@ -7,7 +7,7 @@ Once the job has finished, its own result (run_result.py, this attempt's only) d
 success. While it runs, a fatal health verdict stops the job here, without waiting for the job to notice
 itself; `stopped_by` says whether the job had already stopped on its own verdict (it wrote a failed result)
 or the trigger stopped it (its verdict, a stall seen on the heartbeat, or the timeout). Only the watched
-attempt's records count, and a stall is judged on rank 0's heartbeat (training/runs/health_watch.py), never on the
+attempt's records count, and a stall is judged on rank 0's heartbeat (training/core/runs/health_watch.py), never on the
 gaps between health records. Each poll reads only what is new, so its cost stays flat as the run grows.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, AsyncIterator
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from ringflow.operators.connections import AirflowConnections, open_store_for
-from ringflow.training.backends.base import JobStatus, backend_from_dict, with_result
-from ringflow.training.run_result import RunResult
+from ringflow.training.core.backends.base import JobStatus, backend_from_dict, with_result
+from ringflow.training.formats.run_result import RunResult
 
 
 WAIT, STOP, STOPPED_ITSELF, LET_FINISH = "wait", "stop", "stopped_itself", "let_finish"
@@ -73,7 +73,7 @@ class HorovodJobTrigger(BaseTrigger):
         yield TriggerEvent(event)
 
     async def _watch(self) -> dict[str, Any]:
-        from ringflow.training.runs.health_watch import HealthWatch
+        from ringflow.training.core.runs.health_watch import HealthWatch
 
         backend = self._backend()
         # Rebuilt from the serialized fields alone (a restarted triggerer): its first poll reads the run once.
@@ -124,7 +124,7 @@ class HorovodJobTrigger(BaseTrigger):
         in the run folder may be an earlier attempt's, which is not this job's)."""
         if attempt is None:
             return None
-        from ringflow.training.run_result import read_result
+        from ringflow.training.formats.run_result import read_result
 
         return read_result(run, attempt)
 

@@ -46,7 +46,7 @@ from airflow.sdk.exceptions import AirflowException
 from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
 
 if TYPE_CHECKING:
-    from ringflow.training.input_gate import ColumnProblem
+    from ringflow.training.core.input_gate import ColumnProblem
 
 MAX_EXAMPLES = 5
 # The sample aggregate expectations run on: at most this many rows, and this many bytes of them.
@@ -212,7 +212,7 @@ class ValidationSummary:
     columns: int
     evaluated: int
     failures: list[Failure]
-    # Feature and target columns training cannot use (ringflow.training.input_gate), whatever the suite says.
+    # Feature and target columns training cannot use (ringflow.training.core.input_gate), whatever the suite says.
     untrainable: tuple[ColumnProblem, ...] = ()
     # Expectation types by scope (EVERY_ROW, SCHEMA, ROW_COUNT, SAMPLE), and the sample's size.
     scopes: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
@@ -317,7 +317,7 @@ def summarize(result: Any, suite_name: str, df: pd.DataFrame, target: str | None
     """GX's result on one in-memory DataFrame as a ValidationSummary. With `target`, the feature and target
     columns (as sharding picks them: `features`, else every other column) are also checked to hold finite
     numbers (input_gate)."""
-    from ringflow.training.input_gate import find_problems
+    from ringflow.training.core.input_gate import find_problems
 
     outcomes: dict[str, _Outcome] = {}
     _add_gx_results(outcomes, result)
@@ -369,7 +369,7 @@ def _row_count_passes(expectation_type: str, kwargs: Mapping[str, Any], rows: in
 
 def _tensor_outcome(outcome: _Outcome, batch: Any, offset: int) -> None:
     """ringflow's tensor expectations on one Arrow record batch."""
-    from ringflow.training.datasets import column_shape, tensor_matrix
+    from ringflow.training.formats.datasets import column_shape, tensor_matrix
 
     kwargs, column = outcome.kwargs, outcome.kwargs["column"]
     if column not in batch.schema.names:
@@ -431,9 +431,9 @@ def validate_dataset(dataset: Any, suite: Mapping[str, Any], target: str | None 
     import great_expectations as gx
     import pyarrow as pa
 
-    from ringflow.training.datasets import as_dataset, row_bytes
-    from ringflow.training.input_gate import InputGate, feature_columns
-    from ringflow.training.sharding import shuffled_positions
+    from ringflow.training.formats.datasets import as_dataset, row_bytes
+    from ringflow.training.core.input_gate import InputGate, feature_columns
+    from ringflow.training.core.sharding import shuffled_positions
 
     dataset = as_dataset(dataset)
     exps = suite["expectations"]
@@ -553,7 +553,7 @@ class ValidateDatasetOperator(BaseOperator):
         return os.path.dirname(fileloc) if fileloc else None
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from ringflow.training.datasets import open_dataset
+        from ringflow.training.formats.datasets import open_dataset
 
         suite = load_suite(self.suite, base_dir=self._dag_folder())
         # Through the connection, not the environment: in a task S3 settings come from Airflow.

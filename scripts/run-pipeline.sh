@@ -80,8 +80,8 @@ model=$("$python" -c 'import json,sys; print(json.loads(sys.argv[1]).get("model_
 "$python" - "$RINGFLOW_STORE" "$model" <<'PY'
 import sys
 from ringflow.operators.connections import open_store_for
-from ringflow.training.registry.model_registry import ModelRegistry
-from ringflow.training.runs import store_layout
+from ringflow.training.core.registry.model_registry import ModelRegistry
+from ringflow.training.core.runs import store_layout
 
 store, model = sys.argv[1:]
 pointer = ModelRegistry(open_store_for(store)).production(model)

@@ -51,7 +51,7 @@ fi
 
 echo "[setup] installing ringflow and its dependencies"
 "$py" -m pip install --quiet -e ".[airflow,mlflow,test]"
-# The MLflow tracking server the tests start (tests/training/tracking): the full mlflow (server, UI, SQL store)
+# The MLflow tracking server the tests start (tests/training/core/tracking): the full mlflow (server, UI, SQL store)
 # in a venv of its own inside $venv, so its pins never move the Airflow venv's (the client there is
 # mlflow-skinny, same version); boto3 for s3:// artifact stores (MinIO). Versions come from pyproject.toml.
 mlflow_version=$(sed -n 's/^ *"mlflow-skinny==\([^"]*\)".*/\1/p' pyproject.toml)

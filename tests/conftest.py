@@ -175,8 +175,8 @@ def object_store(request, tmp_path):
 @pytest.fixture(scope="session")
 def digits_manifest(tmp_path_factory) -> str:
     """scikit-learn's digits, sharded for 2 workers in batches of 32: the manifest's path."""
-    from ringflow.training.datasets import load_builtin
-    from ringflow.training.sharding import write_shards
+    from ringflow.training.formats.datasets import load_builtin
+    from ringflow.training.core.sharding import write_shards
     from ringflow.training.store import LocalFolderStore
 
     out = tmp_path_factory.mktemp("digits-shards")

@@ -61,7 +61,7 @@ def _main(spec: dict) -> dict:
         op = PromoteModelOperator(task_id="promote", **spec["operator"])
         run = lambda: op.execute(context={})  # noqa: E731
     else:
-        from ringflow.training.registry.model_registry import ModelRegistry
+        from ringflow.training.core.registry.model_registry import ModelRegistry
         from ringflow.training.store import open_store
 
         registry = ModelRegistry(open_store(spec["store"]))

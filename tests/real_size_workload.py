@@ -51,7 +51,7 @@ def write_wide_shards(store, rows_per_partition: int = ROWS_PER_PARTITION, parti
     import numpy as np
     import pyarrow as pa
 
-    from ringflow.training.sharding import write_shards
+    from ringflow.training.core.sharding import write_shards
 
     rows = rows_per_partition * partitions
     rng = np.random.default_rng(0)
@@ -100,8 +100,8 @@ class RealSizeJob:
 
     def run(self, folder: Path, faults: list[dict] | None = None, poll: float = 2.0, timeout: float = 1200,
             health: dict | None = None) -> Outcome:
-        from ringflow.training.config import HealthConfig
-        from ringflow.training.runs.health_watch import HealthWatch
+        from ringflow.training.formats.config import HealthConfig
+        from ringflow.training.core.runs.health_watch import HealthWatch
         from ringflow.training.store import open_store
 
         cfg = dict(self.config) | ({"faults": faults} if faults else {}) | ({"health": health} if health else {})
@@ -109,7 +109,7 @@ class RealSizeJob:
         path.write_text(json.dumps(cfg))
         env = self.env()
         started = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "ringflow.training.cli", "train", str(path), "--np",
+        proc = subprocess.Popen([sys.executable, "-m", "ringflow.training.core.cli", "train", str(path), "--np",
                                  str(PARTITIONS)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env)
         lines: list[str] = []
@@ -146,7 +146,7 @@ class RealSizeJob:
     @staticmethod
     def _note_heartbeat(run_store, attempt, at: float, watched: Watched) -> None:
         from ringflow.training.health.heartbeat import read_heartbeat
-        from ringflow.training.run_folder import RunFolder
+        from ringflow.training.formats.run_folder import RunFolder
 
         beat = read_heartbeat(RunFolder(run_store).current_store())  # the current attempt's (run_folder.py)
         if beat is None or beat.attempt != attempt:

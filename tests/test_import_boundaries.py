@@ -1,6 +1,14 @@
-"""The package boundaries the layout promises: training/ (the engine and the platform core: runs, registry,
-backends) never imports Airflow or the Airflow adapters (ringflow.operators); the core and operators/ never
-import torch or horovod at import time; everything installs under the `ringflow` namespace only."""
+"""The package boundaries the layout promises (training/__init__.py draws the layers):
+
+- rank code (ringflow.training.rank) never imports the core or Airflow: a rank runs on a pod with neither;
+- the shared formats, store and health packages import neither the rank nor the core, nor torch;
+- nothing under ringflow.training imports Airflow or the Airflow adapters (ringflow.operators);
+- the core's launch/run/registry packages and operators/ never import torch or horovod at import time;
+- everything installs under the `ringflow` namespace only.
+
+The layer rules are read from the source (every import statement, function-level ones included), so a lazy
+import across a boundary is caught too."""
+import ast
 import pkgutil
 import subprocess
 import sys
@@ -11,9 +19,9 @@ import pytest
 
 import ringflow.operators
 import ringflow.training
-import ringflow.training.backends
-import ringflow.training.registry
-import ringflow.training.runs
+import ringflow.training.core.backends
+import ringflow.training.core.registry
+import ringflow.training.core.runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,6 +39,60 @@ def imported_after(names: list[str], forbidden: tuple[str, ...]) -> list[str]:
     return eval(out.stdout.strip().splitlines()[-1])
 
 
+TRAINING = ROOT / "training"
+SHARED = ("formats", "store", "health")
+# layer -> the ringflow.training layers it must never import
+FORBIDDEN_LAYERS = {"rank": ("core",), **{shared: ("rank", "core") for shared in SHARED}}
+
+
+def layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["ringflow", "training"] else None
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            package = ["ringflow", "training", *path.relative_to(TRAINING).parent.parts]
+            base = package[: len(package) - (node.level - 1)]
+            found.append((node.lineno, ".".join(base + ([node.module] if node.module else []))))
+        elif isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+    return found
+
+
+def layer_violations() -> list[str]:
+    bad = []
+    for path in sorted(TRAINING.rglob("*.py")):
+        layer = layer_of("ringflow.training." + ".".join(path.relative_to(TRAINING).with_suffix("").parts))
+        for line, module in imports_of(path):
+            target = layer_of(module)
+            if target in FORBIDDEN_LAYERS.get(layer, ()) or (layer in SHARED and module.split(".")[0] == "torch"):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    return bad
+
+
+def test_each_layer_imports_only_what_it_may():
+    assert layer_violations() == []
+
+
+def test_the_layer_rule_sees_a_violation(tmp_path, monkeypatch):
+    """The rule can fail: a rank module that imports the core (lazily, inside a function) is named."""
+    fake = tmp_path / "training"
+    (fake / "rank").mkdir(parents=True)
+    (fake / "rank" / "bad.py").write_text("def f():\n    from ringflow.training.core.launcher import run_local\n")
+    (fake / "formats").mkdir()
+    (fake / "formats" / "worse.py").write_text("from ..rank import bad\nimport torch\n")
+    monkeypatch.setattr(sys.modules[__name__], "TRAINING", fake)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert layer_violations() == ["training/formats/worse.py:1 imports ringflow.training.rank",
+                                  "training/formats/worse.py:2 imports torch",
+                                  "training/rank/bad.py:2 imports ringflow.training.core.launcher"]
+
+
 def test_training_never_imports_airflow():
     assert imported_after(modules(ringflow.training), ("airflow",)) == []
 
@@ -44,7 +106,7 @@ def test_training_never_imports_the_airflow_adapters():
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-CORE = (ringflow.training.runs, ringflow.training.registry, ringflow.training.backends)
+CORE = (ringflow.training.core.runs, ringflow.training.core.registry, ringflow.training.core.backends)
 
 
 @pytest.mark.parametrize("package", CORE, ids=lambda p: p.__name__)
@@ -65,17 +127,18 @@ def test_wheel_installs_only_under_ringflow(tmp_path):
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert tops == {"ringflow", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
     names = zipfile.ZipFile(wheel).namelist()
-    assert "ringflow/training/worker.py" in names and "ringflow/operators/train.py" in names
-    assert "ringflow/training/backends/kubernetes/backend.py" in names
-    assert {"ringflow/training/runs/store_layout.py", "ringflow/training/registry/model_registry.py"} <= set(names)
+    assert "ringflow/training/rank/worker.py" in names and "ringflow/operators/train.py" in names
+    assert "ringflow/training/core/backends/kubernetes/backend.py" in names
+    assert {"ringflow/training/core/runs/store_layout.py", "ringflow/training/core/registry/model_registry.py",
+            "ringflow/training/formats/config.py"} <= set(names)
 
 
 def test_mlflow_is_imported_only_when_a_pipeline_is_given_an_mlflow_connection():
     """MLflow is optional: the operators, the tracking package and a DAG built with the pipeline factory (no
     mlflow_conn_id) never import it."""
-    import ringflow.training.tracking
+    import ringflow.training.core.tracking
 
-    names = modules(ringflow.operators) + modules(ringflow.training.tracking)
+    names = modules(ringflow.operators) + modules(ringflow.training.core.tracking)
     assert imported_after(names, ("mlflow",)) == []
     code = ("import sys\n"
             "from airflow.sdk import DAG\n"

@@ -23,7 +23,7 @@ def airflow(airflow_db, dags_env, store, tmp_path):
 
 
 def test_an_asset_event_runs_the_pipeline_and_promotes(airflow, store):
-    from ringflow.training.datasets import load_builtin
+    from ringflow.training.formats.datasets import load_builtin
 
     drop = store / "datasets" / "digits.parquet"  # the asset's URI (dags/ringflow_retrain.py DIGITS_DROP)
     drop.parent.mkdir(parents=True)

@@ -111,7 +111,7 @@ def _offered_builtins(dag) -> list[str]:
 
     from airflow.sdk.definitions.param import ParamValidationError
 
-    from ringflow.training.datasets import BUILTIN
+    from ringflow.training.formats.datasets import BUILTIN
 
     offered = []
     for name in BUILTIN:
@@ -152,7 +152,7 @@ def test_each_fixed_dataset_passes_its_own_suite(dagbag):
 
 
 def test_pipeline_composes_twice_in_one_dag(dagbag, store):
-    from ringflow.training.runs import store_layout
+    from ringflow.training.core.runs import store_layout
 
     dag = dagbag.dags["ringflow_two_models"]
     assert sorted(dag.task_ids) == sorted(f"{g}.{s}" for g in ("digits", "diabetes") for s in PIPELINE)
@@ -207,7 +207,7 @@ def _render(task, field: str, *, params: dict, try_number: int = 1, run_id: str,
 def test_the_tasks_turn_the_form_into_a_job_and_a_gate(dagbag, store):
     """What the form's Params render to in the task arguments, and what the tasks make of it when they run:
     the job config, the run folder, the gate."""
-    from ringflow.training.runs import store_layout
+    from ringflow.training.core.runs import store_layout
     from ringflow.operators.promote import build_gate
     from ringflow.operators.train import build_job_config, worker_count
 

@@ -8,8 +8,8 @@ import pathlib
 
 import pytest
 
-from ringflow.training.manifest import FORMAT
-from ringflow.training.run_folder import RunFolder
+from ringflow.training.formats.manifest import FORMAT
+from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.store import LocalFolderStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -42,5 +42,5 @@ def test_images_train_through_the_custom_factory_and_are_promoted(airflow_db, im
     run = pathlib.Path(pointer["run_uri"])
     published = RunFolder(LocalFolderStore(str(run))).checkpoints()
     checkpoint_meta = published.read_manifest(published.names()[0]).meta
-    assert checkpoint_meta["model"]["factory"] == "ringflow.training.models:conv_net"
+    assert checkpoint_meta["model"]["factory"] == "ringflow.training.rank.models:conv_net"
     assert checkpoint_meta["schema"]["input_shape"] == [1, 8, 8]

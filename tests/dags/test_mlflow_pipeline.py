@@ -33,7 +33,7 @@ def test_a_pipeline_with_an_mlflow_connection_tracks_its_run_and_registers_its_p
     from airflow.dag_processing.dagbag import DagBag
     from mlflow import MlflowClient
 
-    from ringflow.training.runs import store_layout
+    from ringflow.training.core.runs import store_layout
 
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}",
                        json.dumps({"conn_type": "http", "host": "127.0.0.1", "port": mlflow_server.port}))

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from ringflow.training.run_result import read_result
+from ringflow.training.formats.run_result import read_result
 from ringflow.training.store import LocalFolderStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -35,7 +35,7 @@ def inject_faults(dag, **overrides) -> None:
 
 
 def run_folder(store: pathlib.Path, dr) -> pathlib.Path:
-    from ringflow.training.runs import store_layout
+    from ringflow.training.core.runs import store_layout
 
     return pathlib.Path(store_layout.run_uri(str(store), DAG_ID, dr.run_id, "digits"))
 
@@ -72,7 +72,7 @@ def test_ddp_engine_from_the_form_trains_under_torchrun_and_promotes(airflow_db,
 
 
 def test_broken_dataset_fails_at_validate_and_writes_nothing(airflow_db, dagbag, store, tmp_path):
-    from ringflow.training.datasets import load_builtin
+    from ringflow.training.formats.datasets import load_builtin
 
     df = load_builtin("digits")
     df.loc[[3, 14, 15], "target"] = 12  # not a digit
@@ -94,7 +94,7 @@ def test_data_the_suite_does_not_check_but_training_cannot_use_fails_at_validate
                                                                                  tmp_path, capfd):
     """NaN cells and a stray "n/a" in feature columns the digits suite does not name: refused at validate,
     with the columns, counts and rows, before any shard or run folder is written."""
-    from ringflow.training.datasets import load_builtin
+    from ringflow.training.formats.datasets import load_builtin
 
     df = load_builtin("digits")
     df.loc[[3, 14], "pixel_1_1"] = float("nan")
@@ -154,7 +154,7 @@ def test_two_models_in_one_dag_each_promote_by_their_own_gate(airflow_db, dagbag
     dr = dagbag.dags["ringflow_two_models"].test(run_conf={"epochs": 1})
     tis = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
     assert dr.state == "success", tis
-    from ringflow.training.runs import store_layout
+    from ringflow.training.core.runs import store_layout
 
     digits = json.loads((store / "models" / "digits-mlp" / "production.json").read_text())
     diabetes = json.loads((store / "models" / "diabetes-mlp" / "production.json").read_text())

@@ -24,8 +24,8 @@ import urllib.request
 
 import pytest
 
-from ringflow.training.run_folder import RunFolder
-from ringflow.training.run_result import read_result
+from ringflow.training.formats.run_folder import RunFolder
+from ringflow.training.formats.run_result import read_result
 from ringflow.training.store import open_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -265,7 +265,7 @@ def run_dag(dag, conf: dict):
 
 
 def test_transient_s3_faults_are_retried_and_lose_nothing(proxied_store, s3_server_with_auth, capfd):
-    from ringflow.training.registry.model_registry import ModelRegistry
+    from ringflow.training.core.registry.model_registry import ModelRegistry
     from ringflow.training.store import open_store
 
     proxy, bucket, secret, bag = proxied_store

@@ -8,8 +8,8 @@ import pathlib
 
 import pytest
 
-from ringflow.training.run_result import read_result
-from ringflow.training.runs import store_layout
+from ringflow.training.formats.run_result import read_result
+from ringflow.training.core.runs import store_layout
 from ringflow.training.store import LocalFolderStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -13,7 +13,7 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-sys.path.insert(0, str(ROOT / "tests" / "training" / "backends" / "kubernetes"))
+sys.path.insert(0, str(ROOT / "tests" / "training" / "core" / "backends" / "kubernetes"))
 import strict_schema  # noqa: E402  (the shared strict CRD validator)
 
 KNOWN = {
@@ -85,7 +85,7 @@ def _containers(doc: dict) -> list[dict]:
 
 
 def test_kubeflow_trainer_is_pinned_to_the_release_of_the_schemas():
-    from ringflow.training.backends.kubernetes.trainjob import TRAINER_RELEASE
+    from ringflow.training.core.backends.kubernetes.trainjob import TRAINER_RELEASE
 
     (kustomization,) = [doc for path, doc in manifests() if path.parent.name == "kubeflow-trainer"]
     assert kustomization["resources"] == [
@@ -108,7 +108,7 @@ def _rules(role: dict) -> set[tuple[str, str, str]]:
 
 
 def test_rbac_grants_exactly_what_the_client_calls():
-    from ringflow.training.backends.kubernetes.client import API_CALLS
+    from ringflow.training.core.backends.kubernetes.client import API_CALLS
 
     (role,) = of_kind("Role")
     assert _rules(role) == set(API_CALLS)
@@ -125,7 +125,7 @@ def test_rbac_grants_exactly_what_the_client_calls():
 
 
 def test_minio_and_the_training_pods_read_the_same_secret_keys():
-    from ringflow.training.backends.kubernetes.mpijob import S3_SECRET_KEYS
+    from ringflow.training.core.backends.kubernetes.mpijob import S3_SECRET_KEYS
 
     (secret,) = [doc for _, doc in manifests() if doc["kind"] == "Secret" and doc["metadata"]["name"] == "ringflow-minio"]
     assert set(secret["stringData"]) == set(S3_SECRET_KEYS)
@@ -145,8 +145,8 @@ def test_secret_templates_hold_no_real_credentials():
 
 
 def _example_backend_manifests():
-    from ringflow.training.backends.job_spec import JobSpec
-    from ringflow.training.backends.kubernetes.mpijob import MPIJobSettings, build_mpijob
+    from ringflow.training.core.backends.job_spec import JobSpec
+    from ringflow.training.core.backends.kubernetes.mpijob import MPIJobSettings, build_mpijob
 
     settings = MPIJobSettings(image="REGISTRY/ringflow-training:0.1.0", namespace="ringflow",
                               s3_secret_name="ringflow-minio", s3_endpoint="http://minio.ringflow.svc:9000")
@@ -171,9 +171,9 @@ def test_example_mpijob_is_generated_and_valid():
 
 
 def _example_trainjobs():
-    from ringflow.training.backends.job_spec import JobSpec
-    from ringflow.training.backends.kubernetes.settings import TrainJobSettings
-    from ringflow.training.backends.kubernetes.trainjob import build_trainjob
+    from ringflow.training.core.backends.job_spec import JobSpec
+    from ringflow.training.core.backends.kubernetes.settings import TrainJobSettings
+    from ringflow.training.core.backends.kubernetes.trainjob import build_trainjob
 
     settings = TrainJobSettings(image="REGISTRY/ringflow-training:0.1.0", namespace="ringflow",
                                 s3_secret_name="ringflow-minio", s3_endpoint="http://minio.ringflow.svc:9000")
@@ -219,8 +219,8 @@ def test_runtimes_pass_the_crd_schema_strictly():
 
 
 def test_runtimes_are_the_ones_the_trainjob_backend_names_and_patches():
-    from ringflow.training.backends.kubernetes.settings import TrainJobSettings
-    from ringflow.training.backends.kubernetes.trainjob import LAUNCHER, NODE, replicated_jobs
+    from ringflow.training.core.backends.kubernetes.settings import TrainJobSettings
+    from ringflow.training.core.backends.kubernetes.trainjob import LAUNCHER, NODE, replicated_jobs
 
     runtimes, settings = _runtimes(), TrainJobSettings(image="REGISTRY/ringflow-training:0.1.0")
     for engine in ("horovod", "ddp"):
@@ -245,8 +245,8 @@ def test_runtimes_are_the_ones_the_trainjob_backend_names_and_patches():
 
 
 def test_the_horovod_runtime_runs_the_images_sshd_like_the_mpijob_path():
-    from ringflow.training.backends.kubernetes.mpijob import MPIJobSettings, build_mpijob
-    from ringflow.training.backends.job_spec import JobSpec
+    from ringflow.training.core.backends.kubernetes.mpijob import MPIJobSettings, build_mpijob
+    from ringflow.training.core.backends.job_spec import JobSpec
 
     runtime = _runtimes()["ringflow-horovod"]
     mpi = runtime["spec"]["mlPolicy"]["mpi"]
@@ -288,7 +288,7 @@ def test_airflow_values_wire_the_deployment():
 
 
 def test_airflow_values_configure_a_valid_mpijob_backend():
-    from ringflow.training.backends.kubernetes.backend import backend_from_env
+    from ringflow.training.core.backends.kubernetes.backend import backend_from_env
 
     values = yaml.safe_load((DEPLOY / "airflow-values.yaml").read_text())
     env = {e["name"]: e["value"] for e in values["env"]}
@@ -301,7 +301,7 @@ def test_airflow_values_configure_a_valid_mpijob_backend():
 
 def test_airflow_values_settings_also_configure_the_trainjob_backend():
     # The values' comment says: rename the variable to RINGFLOW_TRAINJOB_SETTINGS to run TrainJobs instead.
-    from ringflow.training.backends.kubernetes.backend import backend_from_env
+    from ringflow.training.core.backends.kubernetes.backend import backend_from_env
 
     values = yaml.safe_load((DEPLOY / "airflow-values.yaml").read_text())
     env = {e["name"]: e["value"] for e in values["env"]}

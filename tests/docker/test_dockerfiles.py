@@ -144,7 +144,7 @@ def test_training_image_builds_horovod_like_setup_sh():
 
 
 def test_training_image_matches_the_mpijob_manifest():
-    from ringflow.training.backends.kubernetes.mpijob import MPIJobSettings
+    from ringflow.training.core.backends.kubernetes.mpijob import MPIJobSettings
 
     settings = MPIJobSettings(image="r/ringflow-training:0.1.0")
     defaults = arg_defaults("training.Dockerfile")

@@ -11,10 +11,10 @@ from pathlib import Path
 import mpi_operator as op
 from hosts import Cluster, Host, sh
 
-from ringflow.training.backends.job_spec import JobSpec
-from ringflow.training.backends.kubernetes.mpijob import (CONFIG_FILE, CONFIG_MOUNT_PATH, build_configmap,
+from ringflow.training.core.backends.job_spec import JobSpec
+from ringflow.training.core.backends.kubernetes.mpijob import (CONFIG_FILE, CONFIG_MOUNT_PATH, build_configmap,
                                                           build_mpijob)
-from ringflow.training.backends.kubernetes.settings import MPIJobSettings
+from ringflow.training.core.backends.kubernetes.settings import MPIJobSettings
 
 
 def _container(manifest: dict, role: str) -> dict:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ringflow.training.run_folder import RunFolder
-from ringflow.training.run_result import read_result
+from ringflow.training.formats.run_folder import RunFolder
+from ringflow.training.formats.run_result import read_result
 from ringflow.training.store import LocalFolderStore
 
 import mpi_operator as op
@@ -95,8 +95,8 @@ def cluster(image_root, tmp_path_factory):
 @pytest.fixture
 def mpijob(cluster, training_image, tmp_path):
     """Makes the MPIJob objects for a config; every pod is deleted when the test ends, passed or not."""
-    from ringflow.training.backends.job_spec import JobSpec
-    from ringflow.training.backends.kubernetes.settings import MPIJobSettings
+    from ringflow.training.core.backends.job_spec import JobSpec
+    from ringflow.training.core.backends.kubernetes.settings import MPIJobSettings
 
     made: list[MPIJobOnHosts] = []
 
@@ -127,7 +127,7 @@ def single_host_parameters(cluster):
 
 
 def test_the_launcher_runs_what_build_mpijob_generates(mpijob):
-    from ringflow.training.backends.kubernetes.mpijob import mpirun_command
+    from ringflow.training.core.backends.kubernetes.mpijob import mpirun_command
 
     job = mpijob(job_config("argv"))
     assert job.launcher_argv == mpirun_command(job.spec, job.settings)
@@ -175,8 +175,8 @@ def _ranks(host) -> list[str]:
 
 
 def test_a_cut_link_stalls_stops_everything_and_a_retry_resumes(cluster, mpijob, single_host_parameters):
-    from ringflow.training.checkpoint import step_of
-    from ringflow.training.runs.health_watch import read_verdict
+    from ringflow.training.formats.checkpoint import step_of
+    from ringflow.training.core.runs.health_watch import read_verdict
 
     config = job_config("cut")
     run_dir = host_path(cluster, config["run_uri"])
@@ -238,11 +238,11 @@ def test_a_host_cut_off_from_the_launcher_but_not_from_the_store_ends_fenced(clu
     is not even written again."""
     import signal
 
-    from ringflow.training.backends.job_spec import JobSpec
-    from ringflow.training.backends.kubernetes.settings import MPIJobSettings
+    from ringflow.training.core.backends.job_spec import JobSpec
+    from ringflow.training.core.backends.kubernetes.settings import MPIJobSettings
     from ringflow.training.health.heartbeat import read_heartbeat
     from ringflow.training.health.records import read_health
-    from ringflow.training.runs.health_watch import read_verdict
+    from ringflow.training.core.runs.health_watch import read_verdict
 
     config = job_config("dark")
     run_dir = host_path(cluster, config["run_uri"])

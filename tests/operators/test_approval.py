@@ -17,10 +17,10 @@ from ringflow.operators.approval import (
     read_request,
 )
 from ringflow.operators.promote import Gate, PromoteModelOperator
-from ringflow.training.checkpoint import CheckpointStore
+from ringflow.training.formats.checkpoint import CheckpointStore
 from ringflow.training.health.verdict import Verdict
-from ringflow.training.registry.model_registry import Pointer
-from ringflow.training.run_result import RunResult, write_result
+from ringflow.training.core.registry.model_registry import Pointer
+from ringflow.training.formats.run_result import RunResult, write_result
 from ringflow.training.store import LocalFolderStore
 
 DAY = dt.timedelta(hours=24)

@@ -16,14 +16,14 @@ def make_run(run_folder, manifest_uri: str, steps: int) -> str:
     """Train the default MLP for `steps` full-batch steps on partition 0 and save it as the final checkpoint."""
     import torch
 
-    from ringflow.training.checkpoint import CheckpointStore
-    from ringflow.training.config import ModelConfig
-    from ringflow.training.data import to_tensors
-    from ringflow.training.manifest import load_manifest
-    from ringflow.training.models import build_model
-    from ringflow.training.sharding import read_partition
-    from ringflow.training.run_result import RunResult, write_result
-    from ringflow.training.training_state import STATE_FILE, TrainingState
+    from ringflow.training.formats.checkpoint import CheckpointStore
+    from ringflow.training.formats.config import ModelConfig
+    from ringflow.training.rank.data import to_tensors
+    from ringflow.training.formats.manifest import load_manifest
+    from ringflow.training.rank.models import build_model
+    from ringflow.training.core.sharding import read_partition
+    from ringflow.training.formats.run_result import RunResult, write_result
+    from ringflow.training.rank.training_state import STATE_FILE, TrainingState
 
     manifest, shard_store = load_manifest(manifest_uri)
     schema = manifest.schema
@@ -81,7 +81,7 @@ def test_a_run_without_result_fails_clearly(tmp_path):
 
 def test_a_failed_run_has_no_checkpoint_to_score(tmp_path):
     from ringflow.training.health.verdict import Verdict
-    from ringflow.training.run_result import RunResult, write_result
+    from ringflow.training.formats.run_result import RunResult, write_result
     from ringflow.training.store import LocalFolderStore
 
     write_result(LocalFolderStore(tmp_path / "run"), RunResult(

@@ -12,10 +12,10 @@ from promotion_race import race
 import ringflow.operators.promote as promote_module
 from ringflow.operators.connections import S3ConnectionError, open_store_for, s3_settings_from_connection
 from ringflow.operators.promote import PromoteModelOperator, PromotionGateFailed, RollbackModelOperator
-from ringflow.training.checkpoint import CheckpointStore
+from ringflow.training.formats.checkpoint import CheckpointStore
 from ringflow.training.health.verdict import Verdict
-from ringflow.training.registry.model_registry import ModelRegistry, RegistryError
-from ringflow.training.run_result import RunResult, write_result
+from ringflow.training.core.registry.model_registry import ModelRegistry, RegistryError
+from ringflow.training.formats.run_result import RunResult, write_result
 from ringflow.training.store import LocalFolderStore, S3Store, StoreConfigError
 
 

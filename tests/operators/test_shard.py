@@ -1,4 +1,4 @@
-"""ShardDatasetOperator: a deterministic place (training/runs/store_layout.py), nothing rewritten on a rerun,
+"""ShardDatasetOperator: a deterministic place (training/core/runs/store_layout.py), nothing rewritten on a rerun,
 new data or parameters in a new place, S3 through the Airflow connection."""
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_shards_builtin_dataset_into_a_deterministic_folder(tmp_path, caplog):
 
 
 def test_other_parameters_or_data_get_another_folder(tmp_path):
-    from ringflow.training.datasets import load_builtin
+    from ringflow.training.formats.datasets import load_builtin
 
     root = tmp_path / "shards"
     data = tmp_path / "wine.parquet"
@@ -54,7 +54,7 @@ def test_other_parameters_or_data_get_another_folder(tmp_path):
 
 
 def test_csv_and_file_uri(tmp_path):
-    from ringflow.training.datasets import load_builtin
+    from ringflow.training.formats.datasets import load_builtin
 
     data = tmp_path / "diabetes.csv"
     load_builtin("diabetes").to_csv(data, index=False)
@@ -89,7 +89,7 @@ def test_bad_requests_fail_with_what_to_change(tmp_path, kwargs, error):
 
 @pytest.mark.slow
 def test_s3_through_the_airflow_connection(s3_server, s3_connection, tmp_path):
-    from ringflow.training.datasets import load_builtin
+    from ringflow.training.formats.datasets import load_builtin
 
     bucket = s3_server.new_bucket()
     client = s3_server.boto3_client()
@@ -114,8 +114,8 @@ def test_s3_through_the_airflow_connection(s3_server, s3_connection, tmp_path):
                                            ("target", float("inf"))])
 def test_data_training_cannot_use_is_refused_and_nothing_is_written(tmp_path, column, value):
     """Whatever the suite said before: the shard step checks features and target itself (input_gate)."""
-    from ringflow.training.datasets import load_builtin
-    from ringflow.training.input_gate import UntrainableData
+    from ringflow.training.formats.datasets import load_builtin
+    from ringflow.training.core.input_gate import UntrainableData
 
     df = load_builtin("digits")
     df[column] = df[column].astype(object if isinstance(value, str) else "float64")

@@ -5,7 +5,7 @@ import pytest
 
 from ringflow.operators.promote import Gate
 from ringflow.operators.sweep import Candidate, checked_configurations, select_best
-from ringflow.training.config import ConfigError
+from ringflow.training.formats.config import ConfigError
 
 
 def ok(index: int, value: float, verdict: str = "HEALTHY", metric: str = "accuracy") -> Candidate:

@@ -20,9 +20,9 @@ from ringflow.operators.evaluate import EvaluateModelOperator
 from ringflow.operators.promote import PromoteModelOperator, RollbackModelOperator
 from ringflow.operators.tracking import MlflowTracking, tracking_settings_from_connection
 from ringflow.operators.train import HorovodTrainOperator
-from ringflow.training.backends.local import LocalProcessBackend
-from ringflow.training.run_folder import RunFolder
-from ringflow.training.tracking.settings import TrackingConfigError
+from ringflow.training.core.backends.local import LocalProcessBackend
+from ringflow.training.formats.run_folder import RunFolder
+from ringflow.training.core.tracking.settings import TrackingConfigError
 
 CONN_ID = "ringflow_mlflow"
 DAG_ID = "ringflow_tracking_test"
@@ -61,8 +61,8 @@ def train(tmp_path, store, manifest, run_id: str, map_index: int = -1, **kwargs)
 
 def eval_rows(manifest_path: str):
     """The held-out split: the feature columns as a DataFrame (what a caller sends) and the labels."""
-    from ringflow.training.manifest import load_manifest
-    from ringflow.training.sharding import read_partition
+    from ringflow.training.formats.manifest import load_manifest
+    from ringflow.training.core.sharding import read_partition
 
     manifest, store = load_manifest(manifest_path)
     frame = read_partition(store, manifest.eval).to_pandas()
@@ -173,7 +173,7 @@ def test_a_sweeps_winner_is_registered_from_its_own_mlflow_run(tmp_path, digits_
     from mlflow import MlflowClient
 
     from ringflow.operators.sweep import SelectAndPromoteOperator
-    from ringflow.training.runs import store_layout
+    from ringflow.training.core.runs import store_layout
 
     store, name, run_id, group = tmp_path / "store", "digits-swept", "manual__sweep", "sweep"
     configurations = [{"learning_rate": 0.0005}, {"learning_rate": 0.004}]
@@ -277,7 +277,7 @@ def test_an_unreachable_server_fails_a_succeeded_train_task_but_never_hides_a_tr
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
     from ringflow.training.health.verdict import Verdict
-    from ringflow.training.run_result import RunResult
+    from ringflow.training.formats.run_result import RunResult
 
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}",
                        json.dumps({"conn_type": "http", "host": "127.0.0.1", "port": free_port()}))  # nobody there

@@ -9,9 +9,9 @@ from ringflow.operators.train import (
     OWNED_FIELDS, HorovodTrainOperator, build_job_config, job_name, merge, owned_fields_in, worker_count,
 )
 from ringflow.operators.trigger import HorovodJobTrigger
-from ringflow.training.backends.local import LocalProcessBackend
-from ringflow.training.config import ConfigError
-from ringflow.training.runs import store_layout
+from ringflow.training.core.backends.local import LocalProcessBackend
+from ringflow.training.formats.config import ConfigError
+from ringflow.training.core.runs import store_layout
 
 
 def context(try_number=1):
@@ -69,7 +69,7 @@ def test_an_unknown_engine_fails_in_execute_before_launch(tmp_path, digits_manif
 def test_preflight_runs_for_mpijobs_too(tmp_path, digits_manifest):
     """The same check before an MPIJob is submitted: nothing reaches the cluster."""
     from ringflow.operators.connections import AirflowConnections
-    from ringflow.training.backends.kubernetes.backend import MPIJobBackend
+    from ringflow.training.core.backends.kubernetes.backend import MPIJobBackend
 
     backend = MPIJobBackend({"image": "registry/ringflow-training:0.1.0"}, kubeconfig_path="/nonexistent",
                             connections=AirflowConnections())  # kept as is: the operator rebuilds one without
@@ -120,9 +120,9 @@ def test_execute_complete_turns_errors_into_failures(tmp_path, digits_manifest):
 
 
 def test_execute_complete_returns_the_jobs_own_result(tmp_path, digits_manifest):
-    from ringflow.training.backends.base import JobStatus, with_result
+    from ringflow.training.core.backends.base import JobStatus, with_result
     from ringflow.training.health.verdict import Verdict
-    from ringflow.training.run_result import RunResult
+    from ringflow.training.formats.run_result import RunResult
 
     op = operator(tmp_path, digits_manifest)
     trigger = HorovodJobTrigger(backend_kind="local", backend_kwargs={}, job_id="rf-1", run_uri=str(tmp_path / "run"))
@@ -140,7 +140,7 @@ def test_execute_complete_returns_the_jobs_own_result(tmp_path, digits_manifest)
 
 
 def test_a_run_folder_whose_health_records_cannot_be_read_is_still_handed_on(tmp_path, digits_manifest):
-    from ringflow.training.run_layout import HEALTH
+    from ringflow.training.formats.run_layout import HEALTH
 
     op = operator(tmp_path, digits_manifest)
     (tmp_path / "run").mkdir()

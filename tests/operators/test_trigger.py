@@ -1,16 +1,16 @@
 """The training trigger: plain-JSON serialization, one event per run, never raising; what it does about a
-fatal verdict; a retry after a stall (its health watch: tests/training/runs/test_health_watch.py)."""
+fatal verdict; a retry after a stall (its health watch: tests/training/core/runs/test_health_watch.py)."""
 import asyncio
 import json
 
 import pytest
 
 from ringflow.operators.trigger import HorovodJobTrigger
-from ringflow.training import exit_codes
-from ringflow.training.backends.job_spec import JobSpec
-from ringflow.training.backends.local import LocalProcessBackend
-from ringflow.training.run_result import RunResult
-from ringflow.training.worker_env import ATTEMPT_ENV
+from ringflow.training.formats import exit_codes
+from ringflow.training.core.backends.job_spec import JobSpec
+from ringflow.training.core.backends.local import LocalProcessBackend
+from ringflow.training.formats.run_result import RunResult
+from ringflow.training.rank.worker_env import ATTEMPT_ENV
 
 
 def make_trigger(tmp_path, job_id="rf-x", **kwargs):

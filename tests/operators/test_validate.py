@@ -14,7 +14,7 @@ from ringflow.operators.validate import (
     EVERY_ROW, ROW_COUNT, SAMPLE, SCHEMA, DataValidationError, SuiteError, ValidateDatasetOperator,
     expectation_scope, load_suite, run_suite, summarize, validate_dataset,
 )
-from ringflow.training.datasets import as_dataset, builtin_table, load_builtin
+from ringflow.training.formats.datasets import as_dataset, builtin_table, load_builtin
 
 SUITES = pathlib.Path(__file__).parent / "suites"
 
@@ -341,8 +341,8 @@ def test_a_parquet_file_read_in_column_groups_gives_the_same_summary(broken, tmp
     """A wide Parquet table is read one column group per pass (datasets.Dataset.column_groups), each
     expectation given only the columns it names: every count, example row, sampled aggregate and input-gate
     finding is the one of the whole table."""
-    from ringflow.training import datasets
-    from ringflow.training.datasets import open_dataset
+    from ringflow.training.formats import datasets
+    from ringflow.training.formats.datasets import open_dataset
 
     df = broken.copy()
     df.loc[[10, 20], "pixel_7_7"] = np.nan  # training cannot use it; the suite does not look

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringflow.training.run_folder import RunFolder
+from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.health.records import read_health
-from ringflow.training.run_result import RunResult, read_result
+from ringflow.training.formats.run_result import RunResult, read_result
 from ringflow.training.store import LocalFolderStore
-from ringflow.training.training_state import STATE_FILE, TrainingState
+from ringflow.training.rank.training_state import STATE_FILE, TrainingState
 
 
 class JobRunner:
@@ -30,7 +30,7 @@ class JobRunner:
     def run(self, cfg: dict, np: int = 2, controller: str = "gloo", timeout: float = 240):
         path = self.root / f"{Path(cfg['run_uri']).name}-{len(list(self.root.glob('*.json')))}.json"
         path.write_text(json.dumps(cfg))
-        proc = subprocess.run([sys.executable, "-m", "ringflow.training.cli", "train", str(path), "--np", str(np),
+        proc = subprocess.run([sys.executable, "-m", "ringflow.training.core.cli", "train", str(path), "--np", str(np),
                                "--controller", controller], capture_output=True, text=True, timeout=timeout,
                               env=os.environ | {"PYTHONUNBUFFERED": "1"})
         return proc.returncode, proc.stdout + proc.stderr
@@ -81,12 +81,12 @@ class ProcessJanitor:
     def clean(self) -> None:
         import signal
 
-        from ringflow.training.backends.processes import proc
-        from ringflow.training.backends.processes.cgroup import CgroupV1Freezer, CgroupV2
-        from ringflow.training.backends.processes.proc import Process
-        from ringflow.training.backends.processes.stop import stop_processes
-        from ringflow.training.backends.processes.tracker import TrackingUnavailable
-        from ringflow.training.backends.processes.tracking import reopen
+        from ringflow.training.core.backends.processes import proc
+        from ringflow.training.core.backends.processes.cgroup import CgroupV1Freezer, CgroupV2
+        from ringflow.training.core.backends.processes.proc import Process
+        from ringflow.training.core.backends.processes.stop import stop_processes
+        from ringflow.training.core.backends.processes.tracker import TrackingUnavailable
+        from ringflow.training.core.backends.processes.tracking import reopen
 
         for record in self.root.rglob("processes.json"):
             doc = json.loads(record.read_text())
@@ -125,8 +125,8 @@ TRACKING_MODES = ("cgroup-v2", "cgroup-v1", "subreaper")
 @pytest.fixture(params=TRACKING_MODES)
 def tracking_mode(request):
     """Each way of tracking a job's processes (backends/processes/tracking.py) this machine allows."""
-    from ringflow.training.backends.processes.tracker import TrackingUnavailable
-    from ringflow.training.backends.processes.tracking import start_tracking
+    from ringflow.training.core.backends.processes.tracker import TrackingUnavailable
+    from ringflow.training.core.backends.processes.tracking import start_tracking
 
     try:
         with start_tracking("probe", request.param) as tracker:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ringflow.training.cores import decide_cpu_share
-from ringflow.training.cpu_limits import cpu_quota_cores, host_cpu_count, usable_cpus
+from ringflow.training.rank.cores import decide_cpu_share
+from ringflow.training.rank.cpu_limits import cpu_quota_cores, host_cpu_count, usable_cpus
 
 pytestmark = pytest.mark.slow
 
@@ -73,8 +73,8 @@ def test_each_rank_on_its_own_cpus_or_on_all(jobs, tmp_path, monkeypatch, engine
 
 def mpijob_launcher_command(cfg: dict, path: Path) -> list[str]:
     """The MPIJob launcher's mpirun command line (`-bind-to none`), on this host instead of its hostfile."""
-    from ringflow.training.backends.job_spec import JobSpec
-    from ringflow.training.backends.kubernetes.mpijob import MPIJobSettings, mpirun_command
+    from ringflow.training.core.backends.job_spec import JobSpec
+    from ringflow.training.core.backends.kubernetes.mpijob import MPIJobSettings, mpirun_command
 
     command = mpirun_command(JobSpec(name="bind", config=cfg, num_workers=2),
                              MPIJobSettings(image="local/ringflow-training:test", run_as_root=True, python=sys.executable))
@@ -114,8 +114,8 @@ def test_a_rank_no_launcher_placed_takes_its_local_rank_from_horovod(tmp_path):
     """Started without horovodrun or mpirun, no variable names its local rank: the engine decides after
     hvd.init() (a world of one), when Horovod knows it."""
     code = ("import json, os, torch\n"
-            "from ringflow.training.config import JobConfig\n"
-            "from ringflow.training.engines.horovod import HorovodEngine\n"
+            "from ringflow.training.formats.config import JobConfig\n"
+            "from ringflow.training.rank.engines.horovod import HorovodEngine\n"
             "engine = HorovodEngine.start(JobConfig.from_dict({'manifest_uri': '/m/manifest.json', 'run_uri': '/r', "
             "'bind_cores': True}))\n"
             "print(json.dumps({'size': engine.size, 'torch_threads': torch.get_num_threads()}))\n")

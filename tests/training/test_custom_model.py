@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from ringflow.training.config import ConfigError, ModelConfig
-from ringflow.training.models import TabularMLP, build_model
+from ringflow.training.formats.config import ConfigError, ModelConfig
+from ringflow.training.rank.models import TabularMLP, build_model
 
 
 def linear_factory(num_features, num_outputs, task, scale=1.0):

@@ -70,7 +70,7 @@ def test_engine_flag_overrides_the_config(jobs):
     cfg = jobs.config("flag", epochs=1)
     path = jobs.root / "flag.json"
     path.write_text(json.dumps(cfg))
-    proc = subprocess.run([sys.executable, "-m", "ringflow.training.cli", "train", str(path), "--np", "2",
+    proc = subprocess.run([sys.executable, "-m", "ringflow.training.core.cli", "train", str(path), "--np", "2",
                            "--engine", "ddp"], capture_output=True, text=True, timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out

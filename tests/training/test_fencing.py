@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from ringflow.training import exit_codes
+from ringflow.training.formats import exit_codes
 from ringflow.training.health.records import read_health
-from ringflow.training.registry.model_registry import ModelRegistry
-from ringflow.training.run_folder import RunFolder
-from ringflow.training.run_result import read_result
+from ringflow.training.core.registry.model_registry import ModelRegistry
+from ringflow.training.formats.run_folder import RunFolder
+from ringflow.training.formats.run_result import read_result
 from ringflow.training.store import LocalFolderStore, S3Store
 
 pytestmark = pytest.mark.slow
@@ -77,7 +77,7 @@ def test_a_frozen_attempt_thawed_after_its_retry_succeeded_ends_fenced_and_chang
     path = tmp_path / "job.json"
     path.write_text(json.dumps(cfg))
     run_env = os.environ | env | {"PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "ringflow.training.cli", "train", str(path), "--np", "2", "--controller", "gloo"]
+    command = [sys.executable, "-m", "ringflow.training.core.cli", "train", str(path), "--np", "2", "--controller", "gloo"]
     old_log = open(tmp_path / "old.log", "w")
     old = subprocess.Popen(command, stdout=old_log, stderr=subprocess.STDOUT, env=run_env | {
         "RINGFLOW_ATTEMPT_ID": "old-attempt"}, start_new_session=True)

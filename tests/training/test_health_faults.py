@@ -4,9 +4,9 @@ either engine (Horovod under horovodrun, DDP under torchrun)."""
 import pytest
 import torch
 
-from ringflow.training import exit_codes
+from ringflow.training.formats import exit_codes
 from ringflow.training.health.heartbeat import read_heartbeat
-from ringflow.training.run_folder import RunFolder
+from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.store import LocalFolderStore
 
 pytestmark = pytest.mark.slow

@@ -55,8 +55,8 @@ def test_plain_mpirun_ranks_take_the_horovod_knobs_from_the_config(jobs, tmp_pat
     env.setdefault("LD_LIBRARY_PATH", "")  # forwarded with -x, so it must exist (the image sets it)
     # The launcher's own command line, from the MPIJob builder; only the hosts (the MPI Operator's hostfile
     # in a cluster) and the config's path (the ConfigMap's mount there) differ here.
-    from ringflow.training.backends.job_spec import JobSpec
-    from ringflow.training.backends.kubernetes.mpijob import CONFIG_FILE, CONFIG_MOUNT_PATH, MPIJobSettings, mpirun_command
+    from ringflow.training.core.backends.job_spec import JobSpec
+    from ringflow.training.core.backends.kubernetes.mpijob import CONFIG_FILE, CONFIG_MOUNT_PATH, MPIJobSettings, mpirun_command
 
     command = mpirun_command(JobSpec(name="plain-mpirun", config=cfg, num_workers=2),
                              MPIJobSettings(image="local/ringflow-training:test", run_as_root=True,

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from ringflow.training.health.records import read_health
-from ringflow.training.run_result import read_result
+from ringflow.training.formats.run_result import read_result
 from ringflow.training.store import S3Store
 
 from real_size_workload import (LINK_BYTES_PER_SECOND, LINK_LATENCY, PARTITIONS, ROWS_PER_PARTITION, RealSizeJob,
@@ -32,6 +32,7 @@ def steps_of(records, attempt):
     return {r["step"]: r for r in records if r.get("type") == "step" and r.get("attempt") == attempt}
 
 
+@pytest.mark.background  # link-bound: scripts/test.sh runs it beside the rest of the suite
 @pytest.mark.timeout(3600)  # ~10 minutes on 2 idle cores: two attempts through an 8 MB/s link
 def test_a_healthy_job_at_real_size_behind_a_slow_link_is_never_stopped_and_resumes_sample_exact(
         s3_server, wide_shards, tmp_path):
@@ -87,8 +88,8 @@ def test_a_healthy_job_at_real_size_behind_a_slow_link_is_never_stopped_and_resu
 
 
 def digits_on_s3(s3_server):
-    from ringflow.training.datasets import load_builtin
-    from ringflow.training.sharding import write_shards
+    from ringflow.training.formats.datasets import load_builtin
+    from ringflow.training.core.sharding import write_shards
 
     bucket = s3_server.new_bucket("rf-stall")
     write_shards(load_builtin("digits"), S3Store.from_settings(bucket, "shards", s3_server.settings()),

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from ringflow.training.health.progress import Progress
 from ringflow.training.health.store_ops import StoreOpReading
 from ringflow.training.health.verdict import stall_limit
-from ringflow.training.run_layout import HEARTBEAT
+from ringflow.training.formats.run_layout import HEARTBEAT
 from ringflow.training.store.base import ObjectNotFound, ObjectStore
 
 RUNNING, ENDED = "running", "ended"

@@ -23,7 +23,7 @@ import pytest
 from real_airflow import running_airflow
 
 from ringflow.operators.links import local_link
-from ringflow.training.runs import store_layout
+from ringflow.training.core.runs import store_layout
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

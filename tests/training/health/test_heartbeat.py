@@ -90,7 +90,7 @@ def test_writer_writes_when_the_silence_passes_the_limit(tmp_path):
     ({"heartbeat_seconds": 0}, "use a number > 0"),
 ])
 def test_heartbeat_interval_is_well_under_stall_seconds(health, interval):
-    from ringflow.training.config import ConfigError, HealthConfig
+    from ringflow.training.formats.config import ConfigError, HealthConfig
 
     if isinstance(interval, str):
         with pytest.raises(ConfigError, match="health.heartbeat_seconds") as err:

@@ -1,6 +1,6 @@
 """health.jsonl and its sealed segments: bounded rewrites, nothing lost or doubled, resume continues."""
 from ringflow.training.health.records import HealthLog, HealthReader, read_health, record
-from ringflow.training.run_layout import HEALTH
+from ringflow.training.formats.run_layout import HEALTH
 from ringflow.training.store import LocalFolderStore
 
 

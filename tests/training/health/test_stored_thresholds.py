@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from ringflow.training import cli
+from ringflow.training.core import cli
 from ringflow.training.health.records import HealthLog, record
 from ringflow.training.store import LocalFolderStore
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from ringflow.training.config import HealthConfig
+from ringflow.training.formats.config import HealthConfig
 from ringflow.training.health.verdict import STARTUP_SECONDS, HealthJudge, judge, stall_limit, stalled, thresholds
 
 CFG = HealthConfig(window_steps=10, straggler_ratio=1.5, max_sync_share=0.5, stall_seconds=30,

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from ringflow.training.checkpoint import CheckpointStore
+from ringflow.training.formats.checkpoint import CheckpointStore
 from ringflow.training.store import PreconditionFailed, S3Store, StoreUnavailable
 
 pytestmark = pytest.mark.slow

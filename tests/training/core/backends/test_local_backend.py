@@ -1,0 +1,104 @@
+"""The local-process backend with real horovodrun jobs."""
+import json
+from pathlib import Path
+
+import pytest
+
+from polling import wait_for
+from ringflow.training.core.backends.base import JobNotFound, backend_from_dict
+from ringflow.training.core.backends.job_spec import JobSpec, JobSpecError
+from ringflow.training.core.backends.local import LocalProcessBackend, job_environment
+
+pytestmark = pytest.mark.slow
+
+
+def spec(name, manifest, run_dir, **config):
+    cfg = {"manifest_uri": manifest, "run_uri": str(run_dir), "epochs": 1, "log_every_steps": 5} | config
+    return JobSpec(name=name, config=cfg, num_workers=2, labels={"dag": "d", "run": "r1", "task": "train"})
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines (from /proc: ps truncates them) of live processes that mention `text`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in args and state != "Z":
+            found.append(args)
+    return found
+
+
+def test_job_runs_streams_logs_and_succeeds(tmp_path, digits_manifest):
+    backend = LocalProcessBackend(work_dir=str(tmp_path / "jobs"))
+    job_id = backend.launch(spec("rf-ok", digits_manifest, tmp_path / "run"))
+    assert backend.find({"dag": "d", "run": "r1"}) == job_id
+    assert wait_for(lambda: backend.status(job_id).finished)
+    status = backend.status(job_id)
+    assert status.state == "succeeded" and status.exit_code == 0
+    first = backend.logs(job_id)
+    assert any("step=5 epoch=1/1" in line for line in first.lines)
+    assert backend.logs(job_id, first.next_cursor).lines == []
+    assert backend.find({"dag": "d", "run": "r1"}) is None  # finished jobs are not reattached
+    with pytest.raises(FileExistsError):
+        backend.launch(spec("rf-ok", digits_manifest, tmp_path / "run"))
+
+
+def test_failed_job_reports_the_reason(tmp_path, digits_manifest):
+    backend = LocalProcessBackend(work_dir=str(tmp_path / "jobs"))
+    job_id = backend.launch(spec("rf-nan", digits_manifest, tmp_path / "run",
+                                 faults=[{"kind": "nan_gradient", "rank": 0, "step": 3}]))
+    assert wait_for(lambda: backend.status(job_id).finished)
+    status = backend.status(job_id)
+    assert status.state == "failed" and status.exit_code == 3 and "NONFINITE" in status.reason
+    assert "NONFINITE" in status.detail["log_tail"]
+
+
+def test_delete_leaves_no_process(tmp_path, digits_manifest):
+    backend = LocalProcessBackend(work_dir=str(tmp_path / "jobs"), stop_grace_seconds=3)
+    job_id = backend.launch(spec("rf-hang", digits_manifest, tmp_path / "run",
+                                 faults=[{"kind": "hang", "rank": 1, "step": 2}]))
+    job_dir = str(tmp_path / "jobs" / job_id)
+    assert wait_for(lambda: len(processes_mentioning(job_dir)) >= 3, timeout=30), (backend.status(job_id), (tmp_path / "jobs" / job_id / "output.log").read_text()[-1500:])  # sh, cli, horovodrun, ranks
+    backend.delete(job_id)
+    assert wait_for(lambda: not processes_mentioning(job_dir), timeout=20), processes_mentioning(job_dir)
+    assert backend.status(job_id).state == "failed"
+    backend.delete(job_id)  # twice is fine
+    backend.delete("rf-never-launched")
+
+
+def test_unknown_job_and_round_trip(tmp_path):
+    backend = LocalProcessBackend(work_dir=str(tmp_path))
+    with pytest.raises(JobNotFound):
+        backend.status("nope")
+    rebuilt = backend_from_dict("local", json.loads(json.dumps(backend.to_dict())))
+    assert rebuilt.to_dict() == backend.to_dict()
+    with pytest.raises(ValueError, match="unknown backend kind"):
+        backend_from_dict("slurm", {})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"name": "Bad_Name"}, "DNS-1123"),
+    ({"num_workers": 0}, "num_workers"),
+    ({"controller": "nccl"}, "controller"),
+])
+def test_job_spec_checks(kwargs, message):
+    with pytest.raises(JobSpecError, match=message):
+        JobSpec(**({"name": "ok", "config": {}, "num_workers": 2} | kwargs))
+
+
+@pytest.mark.parametrize("worker, spec, s3, expected", [
+    # Airflow's own settings and connections never reach a job; everything else is inherited.
+    ({"PATH": "/bin", "AIRFLOW_HOME": "/a", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://u:pw@db/af",
+      "AIRFLOW_CONN_RINGFLOW_S3": '{"password": "secret"}', "_AIRFLOW_PROCESS_CONTEXT": "x"}, {}, {},
+     {"PATH": "/bin", "PYTHONUNBUFFERED": "1"}),
+    # The connection's S3 settings win over whatever the worker had; the spec's variables over the worker's.
+    ({"AWS_ACCESS_KEY_ID": "worker-key", "OMP_NUM_THREADS": "8"}, {"OMP_NUM_THREADS": "1"},
+     {"AWS_ACCESS_KEY_ID": "conn-key", "AWS_SECRET_ACCESS_KEY": "conn-secret"},
+     {"AWS_ACCESS_KEY_ID": "conn-key", "AWS_SECRET_ACCESS_KEY": "conn-secret", "OMP_NUM_THREADS": "1",
+      "PYTHONUNBUFFERED": "1"}),
+])
+def test_job_environment(worker, spec, s3, expected):
+    assert job_environment(worker, spec, s3) == expected

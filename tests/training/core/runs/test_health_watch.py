@@ -1,0 +1,125 @@
+"""The outside watcher's view of a run (HealthWatch): it judges only the watched attempt, calls a stall on
+the heartbeat and reads each record once."""
+import time
+
+import pytest
+
+from ringflow.training.health.heartbeat import ATTEMPT_LINE, Heartbeat
+from ringflow.training.health.records import HealthLog, record
+from ringflow.training.formats.run_layout import HEARTBEAT
+from ringflow.training.core.runs.health_watch import HealthWatch, read_verdict
+from ringflow.training.store import LocalFolderStore
+
+HEALTH = {"stall_seconds": 30, "window_steps": 5}
+
+
+class Run:
+    """A run folder written the way rank 0 writes it: records of one attempt after another, a heartbeat."""
+
+    def __init__(self, path):
+        self.uri = str(path)
+        self.store = LocalFolderStore(self.uri)
+
+    def attempt(self, attempt, *records, segment_lines=2_000):
+        log = HealthLog(self.store, flush_seconds=0.0, attempt=attempt, segment_lines=segment_lines)
+        for rec in records:
+            log.append(rec)
+        return log
+
+    def beat(self, attempt, seq, silent, step=5, state="running", at=None):
+        at = time.time() if at is None else at
+        self.store.put_bytes(HEARTBEAT, Heartbeat(attempt, seq, at, step, silent, at - silent, state).to_json())
+
+
+def steps(first, last):
+    return [record("step", step=n, step_time=[0.02, 0.02], sync_time=[0.001, 0.001], compute_time=[0.019, 0.019],
+                   nonfinite_ranks=[], grad_norm=1.0, loss=0.5) for n in range(first, last + 1)]
+
+
+def stalled_first_attempt(run):
+    run.attempt("a1", record("start", step=0), *steps(1, 5),
+                record("stall", rank=1, last_step=5, seconds=31.0, limit=30.0))
+    run.beat("a1", 9, silent=31.0, at=time.time() - 600)
+
+
+def test_retry_is_not_judged_on_its_previous_attempts_stall(tmp_path):
+    run = Run(tmp_path)
+    stalled_first_attempt(run)
+    watch, since = HealthWatch(run.store, HEALTH), time.time()
+    # The retry's pods are starting: a1's stall and its stale heartbeat are not this job's.
+    assert watch.poll(since + 1, since) is None
+    assert watch.poll(since + 20, since) is None
+    run.attempt("a2", record("start", step=0), *steps(1, 3))
+    run.beat("a2", 0, silent=0.1)  # a heartbeat that changed while watching: a live attempt, this job's
+    got = watch.poll(since + 21, since)
+    assert got["status"] == "HEALTHY" and got["attempt"] == "a2" and not got["fatal"]
+
+
+def test_attempt_from_the_log_is_judged_at_once(tmp_path):
+    run = Run(tmp_path)
+    stalled_first_attempt(run)
+    run.attempt("a2", record("start", step=0), *steps(1, 3))
+    watch = HealthWatch(run.store, HEALTH)
+    watch.learn_from_log(["[ringflow] resuming", "[1,0]<stdout>:" + ATTEMPT_LINE.format(attempt="a2")])
+    assert watch.poll(None, None)["status"] == "HEALTHY"
+    run.attempt("a2", record("step", step=4, step_time=[0.1], sync_time=[0.0], compute_time=[0.1],
+                             nonfinite_ranks=[1], grad_norm="nan", loss="nan"))
+    got = watch.poll(None, None)
+    assert got["status"] == "NONFINITE" and got["fatal"]
+
+
+def test_no_records_for_longer_than_stall_seconds_is_not_a_stall(tmp_path):
+    """health.enabled false (only start and end) or slow steps between records: the heartbeat decides."""
+    run = Run(tmp_path)
+    run.attempt("a1", record("start", step=0))
+    watch, since = HealthWatch(run.store, HEALTH, attempt="a1"), time.time() - 1000
+    for seq in range(5):
+        run.beat("a1", seq, silent=25.0, step=seq)  # a step each 25 s, no record for 1000 s
+        assert watch.poll(time.time(), since)["status"] == "HEALTHY"
+
+
+@pytest.mark.parametrize("silent, late, stalled", [(29.0, 0, False), (31.0, 0, True), (20.0, 15, True),
+                                                    (20.0, 5, False)])
+def test_stall_is_judged_on_the_heartbeat(tmp_path, silent, late, stalled):
+    run = Run(tmp_path)
+    run.attempt("a1", record("start", step=0), *steps(1, 5))
+    run.beat("a1", 3, silent=silent, at=time.time() - late)  # heartbeat every 7.5 s: late after 15 s
+    got = HealthWatch(run.store, HEALTH, attempt="a1").poll(time.time(), time.time() - 100)
+    assert (got["status"] == "STALLED") == stalled and got["fatal"] == stalled
+    if stalled:
+        assert got["evidence"]["last_step"] == 5 and got["evidence"]["limit"] == 30
+
+
+def test_an_ended_attempt_is_never_stalled(tmp_path):
+    run = Run(tmp_path)
+    run.attempt("a1", record("start", step=0), *steps(1, 5), record("end", status="succeeded"))
+    run.beat("a1", 3, silent=1.0, state="ended", at=time.time() - 999)
+    assert HealthWatch(run.store, HEALTH, attempt="a1").poll(time.time(), 0.0)["status"] == "HEALTHY"
+
+
+def test_a_poll_reads_only_what_is_new(tmp_path, monkeypatch):
+    run = Run(tmp_path)
+    log = run.attempt("a1", record("start", step=0), *steps(1, 500), segment_lines=50)
+    reads = []
+    real = LocalFolderStore.get_bytes
+    monkeypatch.setattr(LocalFolderStore, "get_bytes", lambda self, key: reads.append(key) or real(self, key))
+    watch = HealthWatch(run.store, HEALTH, attempt="a1")
+    assert watch.poll(None, None)["evidence"]["steps_measured"] == 500
+    # run.json (which attempt writes where), health.jsonl, every segment once, a probe, heartbeat.json
+    assert len(reads) == 1 + 1 + 10 + 1 + 1
+    for n in range(501, 521):
+        log.append(steps(n, n)[0])
+        reads.clear()
+        assert watch.poll(None, None)["evidence"]["steps_measured"] == n
+        assert len(reads) <= 5, reads  # run.json, health.jsonl, a new segment at most, a probe, heartbeat.json
+
+
+def test_one_look_judges_the_attempt_that_started_last(tmp_path):
+    run = Run(tmp_path)
+    stalled_first_attempt(run)
+    run.attempt("a2", record("start", step=0), *steps(1, 3))
+    assert read_verdict(run.store, HEALTH)["status"] == "HEALTHY"
+    assert read_verdict(run.store, HEALTH, attempt="a1")["status"] == "STALLED"
+    run.beat("a2", 4, silent=45.0, step=3)
+    got = read_verdict(run.store, HEALTH, now=time.time())
+    assert got["status"] == "STALLED" and got["attempt"] == "a2"

@@ -1,0 +1,71 @@
+"""The one preflight check of a job against its shards: a table of jobs, manifests and worker counts."""
+import json
+
+import pytest
+
+from ringflow.training.formats.config import ConfigError, JobConfig
+from ringflow.training.formats.manifest import PartitionEntry, ShardManifest, ShardSchema
+from ringflow.training.core.preflight import check_job, preflight
+
+
+def manifest(partitions: int = 2, minibatches: int = 10, batch_size: int = 32) -> ShardManifest:
+    rows = minibatches * batch_size
+    return ShardManifest(
+        fingerprint="f", source={"uri": "builtin:digits"},
+        params={"num_partitions": partitions, "batch_size": batch_size, "seed": 0},
+        schema=ShardSchema(features=("a", "b"), target="target", task="classification", num_classes=3),
+        partitions=tuple(PartitionEntry(key=f"part-{i}.parquet", rows=rows, sha256="0" * 64, index=i,
+                                        minibatches=minibatches) for i in range(partitions)),
+        eval=None)
+
+
+def job(**fields) -> JobConfig:
+    return JobConfig.from_dict({"manifest_uri": "/s/manifest.json", "run_uri": "/r"} | fields)
+
+
+CUSTOM = {"kind": "custom", "factory": "ringflow.training.rank.models:conv_net"}
+
+
+@pytest.mark.parametrize("fields, shards, workers, field, says", [
+    ({}, {}, 2, None, None),
+    ({"batch_size": 16}, {}, 2, None, None),                  # divides the 320 rows of each partition
+    ({"batch_size": 320}, {}, 2, None, None),                 # one step per epoch
+    ({}, {"partitions": 1}, 1, None, None),
+    ({"model": CUSTOM}, {}, 2, None, None),
+    ({}, {}, 3, "manifest_uri", "has 2 partitions but the job asks for 3 workers; re-shard for 3 workers or run with 2"),
+    ({}, {"partitions": 4}, 2, "manifest_uri", "re-shard for 2 workers or run with 4 workers"),
+    ({"batch_size": 321}, {}, 2, "batch_size", "321 exceeds the 320 rows of each partition; use at most 320"),
+    ({"batch_size": 48}, {}, 2, "batch_size", "48 does not divide the 320 rows.*use 32, the shards' batch size"),
+    ({"model": {"kind": "custom", "factory": "no_such_module_xyz:build"}}, {}, 2, "model.factory",
+     "cannot be imported.*install the package on every worker"),
+    ({"model": {"kind": "custom", "factory": "json:no_such_function"}}, {}, 2, "model.factory",
+     "has no callable 'no_such_function'"),
+])
+def test_check_job(fields, shards, workers, field, says):
+    cfg, shard_manifest = job(**fields), manifest(**shards)
+    if field is None:
+        check_job(cfg, shard_manifest, workers)
+        return
+    with pytest.raises(ConfigError, match=says) as err:
+        check_job(cfg, shard_manifest, workers)
+    assert err.value.field == field
+
+
+def test_factory_check_can_be_left_to_the_job():
+    """An MPIJob's code lives in its image: the Airflow worker cannot import it, the rank checks it."""
+    cfg = job(model={"kind": "custom", "factory": "only_in_the_training_image:build"})
+    check_job(cfg, manifest(), 2, check_factory=False)
+    with pytest.raises(ConfigError):
+        check_job(cfg, manifest(), 2)
+
+
+def test_preflight_reads_the_config_and_the_manifest(tmp_path):
+    (tmp_path / "manifest.json").write_text(manifest().to_json())
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({"manifest_uri": str(tmp_path / "manifest.json"), "run_uri": "/r"}))
+    assert preflight(str(path), 2).batch_size == 32
+    with pytest.raises(ConfigError, match="re-shard for 3 workers"):
+        preflight(str(path), 3)
+    path.write_text(json.dumps({"manifest_uri": str(tmp_path / "missing.json"), "run_uri": "/r"}))
+    with pytest.raises(ConfigError, match="does not exist; run the shard step first"):
+        preflight(str(path), 2)

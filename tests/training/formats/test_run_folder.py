@@ -1,0 +1,104 @@
+"""The run folder's fence (run_folder.py), on a local folder and on S3: each claim is a newer attempt, an
+older one can publish nothing once fenced, and readers see only what the current attempt published and
+what earlier attempts showed when they were fenced; a folder of today's layout is read as it was."""
+import concurrent.futures
+
+import pytest
+
+from ringflow.training.formats.checkpoint import CheckpointStore
+from ringflow.training.health.records import HealthLog, read_health, record
+from ringflow.training.formats.run_folder import POINTER, Fenced, RunFolder
+from ringflow.training.formats.run_result import RunResult, read_result, write_result
+
+
+def result(attempt, step, checkpoint="ckpt-000000010"):
+    return RunResult(status="succeeded", attempt=attempt, step=step, epoch=1, world_size=2, checkpoint=checkpoint)
+
+
+def write_checkpoint(attempt, step):
+    return CheckpointStore(attempt.store, keep_last=None).save(step, {"state.pt": f"state {step}".encode()},
+                                                              {"step": step})
+
+
+def records(attempt, *steps):
+    log = HealthLog(attempt.store, flush_seconds=0.0, attempt=attempt.ref.id, first_seq=attempt.ref.first_seq)
+    for step in steps:
+        log.append(record("step", step=step), force_flush=True)
+    return log
+
+
+def test_claims_are_numbered_and_a_newer_one_fences_the_older(object_store):
+    folder = RunFolder(object_store)
+    first = folder.claim("t1")
+    assert first.number == 1 and first.ref.prefix == "attempts/000001"
+    first.publish_checkpoint(write_checkpoint(first, 10), keep_last=3)
+    second = folder.claim("t2")
+    assert second.number == 2 and folder.checkpoints().names() == ["ckpt-000000010"]  # inherited
+    with pytest.raises(Fenced, match="attempt 1 is fenced: attempt 2 \\(t2\\) claimed the run folder"):
+        first.check()
+    with pytest.raises(Fenced):
+        first.publish_checkpoint(write_checkpoint(first, 20), keep_last=3)
+    with pytest.raises(Fenced):
+        first.publish_result(result("t1", 20).to_json())
+    assert folder.checkpoints().names() == ["ckpt-000000010"] and read_result(object_store) is None
+    second.publish_checkpoint(write_checkpoint(second, 20), keep_last=3)
+    second.publish_result(result("t2", 20, "ckpt-000000020").to_json())
+    assert folder.checkpoints().latest_valid().step == 20
+    assert read_result(object_store).attempt == "t2" and read_result(object_store, "t1") is None
+
+
+def test_a_stale_attempts_checkpoint_of_the_same_step_is_never_the_one_read(object_store):
+    folder = RunFolder(object_store)
+    stale = folder.claim("t1")
+    current = folder.claim("t2")
+    current.publish_checkpoint(write_checkpoint(current, 30), keep_last=3)
+    write_checkpoint(stale, 30)  # the same name, written later by the fenced attempt: never published
+    loaded = folder.checkpoints().load("ckpt-000000030")
+    assert loaded.files["state.pt"] == b"state 30" and loaded.manifest.prefix == "attempts/000002/checkpoints"
+
+
+def test_keep_last_drops_the_oldest_published(object_store):
+    attempt = RunFolder(object_store).claim("t1")
+    dropped = [attempt.publish_checkpoint(write_checkpoint(attempt, step), keep_last=2) for step in (10, 20, 30)]
+    assert dropped == [[], [], ["attempts/000001/checkpoints/ckpt-000000010"]]
+    assert RunFolder(object_store).checkpoints().names() == ["ckpt-000000030", "ckpt-000000020"]
+
+
+def test_a_fenced_attempts_later_records_are_never_read(object_store):
+    folder = RunFolder(object_store)
+    first = folder.claim("t1")
+    late = records(first, 1, 2, 3)
+    second = folder.claim("t2")
+    late.append(record("stall", rank=0, last_step=3, seconds=999.0, limit=10.0), force_flush=True)  # thawed
+    records(second, 4, 5)
+    seen = read_health(object_store)
+    assert [(r["type"], r.get("step")) for r in seen] == [("step", 1), ("step", 2), ("step", 3), ("step", 4),
+                                                          ("step", 5)]
+    assert [r["seq"] for r in seen] == [0, 1, 2, 3, 4]  # seq counts on across attempts
+    assert RunFolder(object_store).records_after(2) == seen[3:]
+
+
+def test_concurrent_claims_each_get_their_own_number(object_store):
+    folder = RunFolder(object_store)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        numbers = sorted(pool.map(lambda i: folder.claim(f"t{i}").number, range(4)))
+    assert numbers == [1, 2, 3, 4]
+
+
+def test_a_folder_of_todays_layout_is_read_as_it_was_and_taken_over_as_attempt_0(object_store):
+    old = CheckpointStore(object_store)
+    old.save(10, {"state.pt": b"old"}, {"step": 10})
+    log = HealthLog(object_store, flush_seconds=0.0, attempt="old")
+    for step in (1, 2):
+        log.append(record("step", step=step), force_flush=True)
+    write_result(object_store, result("old", 10))
+    folder = RunFolder(object_store)
+    assert folder.checkpoints().names() == ["ckpt-000000010"] and read_result(object_store).attempt == "old"
+    assert [r["step"] for r in read_health(object_store)] == [1, 2]
+    attempt = folder.claim("t1")
+    assert attempt.number == 1 and attempt.ref.first_seq == 2
+    assert folder.checkpoints().latest_valid().files["state.pt"] == b"old"
+    assert read_result(object_store) is None  # the new attempt has published none yet
+    records(attempt, 3)
+    assert [r["step"] for r in read_health(object_store)] == [1, 2, 3]
+    assert object_store.exists(POINTER)

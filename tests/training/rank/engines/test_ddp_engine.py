@@ -1,0 +1,73 @@
+"""The DDP engine in one process (a Gloo world of one on 127.0.0.1): the communication hook's timing, no_sync
+for accumulated passes, the unwrapped module, gathers. Two ranks under torchrun: test_ddp_training.py."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from ringflow.training.formats.config import DdpConfig, JobConfig
+from ringflow.training.rank.engines.ddp import DdpEngine, SyncClock
+from ringflow.training.core.launcher import free_port
+
+
+@pytest.fixture
+def world_of_one():
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("spans, exposed", [
+    ([], 0.0),
+    ([(1.0, 1.5)], 0.5),                          # one bucket: launch to done
+    ([(1.0, 3.0), (2.0, 2.5)], 1.0),              # an early bucket still in flight after the last launch
+    ([(1.0, 1.2), (2.0, 2.1)], 0.1),              # the early one was hidden behind backward
+])
+def test_exposed_allreduce_time(spans, exposed):
+    clock = SyncClock()
+    clock._spans = list(spans)
+    assert clock.take() == pytest.approx(exposed)
+    assert clock.take() == 0.0  # taken once
+
+
+def test_only_every_kth_pass_all_reduces_and_checkpoints_see_the_users_module(world_of_one):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    engine = DdpEngine(DdpConfig(bucket_cap_mb=1.0, backward_passes_per_step=3), rank=0, size=1)
+    optimizer = engine.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    ddp = engine.training_model(model)
+    assert engine.unwrap(ddp) is model and ddp.state_dict().keys() != model.state_dict().keys()
+    ddp.register_comm_hook(None, engine.clock.hook)  # what distribute() does when there are peers
+    hooked = []
+    for i in range(6):
+        ddp.train()
+        ddp(torch.randn(2, 3)).sum().backward()
+        hooked.append(bool(engine.clock._spans))
+        engine.clock._spans.clear()
+    assert hooked == [False, False, True, False, False, True]
+
+    engine.broadcast_state(model, optimizer)  # a world of one: nothing changes, nothing hangs
+    engine.sync_gradients(optimizer)
+    assert engine.step_sync_seconds(0.25) == 0.25  # no all-reduce since the last step's
+    gathered = engine.allgather(torch.tensor([[1.0, 2.0]], dtype=torch.float64), "x")
+    assert gathered.tolist() == [[1.0, 2.0]]
+
+
+def test_the_hook_times_each_step(world_of_one):
+    model = torch.nn.Linear(3, 1)
+    engine = DdpEngine(JobConfig.from_dict({"manifest_uri": "/m/manifest.json", "run_uri": "/r"}).ddp, 0, 1)
+    optimizer = engine.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    ddp = engine.training_model(model)
+    ddp.register_comm_hook(None, engine.clock.hook)  # what distribute() does when there are peers
+    ddp(torch.randn(2, 3)).sum().backward()
+    engine.sync_gradients(optimizer)
+    assert 0 < engine.step_sync_seconds(0.0) < 5
+
+
+def test_a_single_rank_registers_no_timing_hook(world_of_one):
+    """With no peer to wait for, DDP keeps its C++ all-reduce (no Python per bucket) and the sync time is 0."""
+    model = torch.nn.Linear(3, 1)
+    engine = DdpEngine(JobConfig.from_dict({"manifest_uri": "/m/manifest.json", "run_uri": "/r"}).ddp, 0, 1)
+    optimizer = engine.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    engine.training_model(model)(torch.randn(2, 3)).sum().backward()
+    engine.sync_gradients(optimizer)
+    assert engine.step_sync_seconds(0.0) == 0.0 and not engine.clock._spans

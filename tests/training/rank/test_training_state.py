@@ -1,0 +1,158 @@
+"""state.pt loads with weights_only: tensors and plain data only, so a planted pickle runs nothing."""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+
+import pytest
+import torch
+
+from ringflow.training.formats.checkpoint import CheckpointStore
+from ringflow.training.store import LocalFolderStore
+from ringflow.training.rank.training_state import STATE_FILE, TrainingState, UnsafeCheckpoint
+
+
+class _RunsAShellCommand:
+    """What an attacker with write access to the bucket would plant: unpickling it runs `touch <marker>`."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def _planted_state(marker) -> bytes:
+    buf = io.BytesIO()
+    torch.save({"model": {}, "optimizer": {}, "cursor": [0, 0], "step": 0, "torch_rng": torch.get_rng_state(),
+                "payload": _RunsAShellCommand(str(marker))}, buf)
+    return buf.getvalue()
+
+
+def _real_state() -> TrainingState:
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.randn(8, 4)).sum().backward()
+    optimizer.step()
+    return TrainingState(model=model.state_dict(), optimizer=optimizer.state_dict(), cursor=(2, 5), step=17,
+                         torch_rng=torch.get_rng_state())
+
+
+def test_the_state_ringflow_writes_loads_back_with_weights_only():
+    state = _real_state()
+    loaded = TrainingState.from_bytes(state.to_bytes(), "test")
+    assert (loaded.cursor, loaded.step) == ((2, 5), 17)
+    torch.testing.assert_close(loaded.model, state.model)
+    assert loaded.optimizer["param_groups"] == state.optimizer["param_groups"]
+    torch.testing.assert_close(loaded.optimizer["state"], state.optimizer["state"])
+    assert torch.equal(loaded.torch_rng, state.torch_rng)
+    assert loaded.grad_scaler is None  # no loss scaling outside fp16
+
+
+def test_fp16_loss_scale_is_kept_with_weights_only_and_restores_a_scaler():
+    """A resumed fp16 run goes on with the loss scale it had reached (GradScaler's state is numbers only)."""
+    import dataclasses
+
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1)
+    for _ in range(3):  # each step without overflow doubles the scale (growth_interval 1)
+        scaler.scale(model(torch.randn(8, 4)).sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+    assert scaler.get_scale() == 2.0**19
+    state = dataclasses.replace(_real_state(), grad_scaler=scaler.state_dict())
+    loaded = TrainingState.from_bytes(state.to_bytes(), "test")
+    assert loaded.grad_scaler == scaler.state_dict()
+    resumed = torch.amp.GradScaler("cpu")
+    resumed.load_state_dict(loaded.grad_scaler)
+    assert resumed.get_scale() == 2.0**19
+
+
+def test_a_planted_pickle_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    planted = _planted_state(marker)
+    with pytest.raises(UnsafeCheckpoint, match=r"refused to load .*nothing in it was run"):
+        TrainingState.from_bytes(planted, "s3://b/run/checkpoints/ckpt-000000010/state.pt")
+    assert not marker.exists()
+    # The control: the same bytes loaded the old way run the command, so the test above can fail.
+    torch.load(io.BytesIO(planted), weights_only=False)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("doc, problem", [
+    ([1, 2, 3], "holds a list"),
+    ({"model": {}}, "not a ringflow training state"),
+])
+def test_plain_data_that_is_not_a_training_state_is_refused(doc, problem):
+    buf = io.BytesIO()
+    torch.save(doc, buf)
+    with pytest.raises(UnsafeCheckpoint, match=problem):
+        TrainingState.from_bytes(buf.getvalue(), "here")
+
+
+def test_a_plain_pickle_that_is_no_torch_file_is_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    with pytest.raises((UnsafeCheckpoint, pickle.UnpicklingError, RuntimeError)):
+        TrainingState.from_bytes(pickle.dumps(_RunsAShellCommand(str(marker))), "here")
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_planted_checkpoint_whose_manifest_was_fixed_up(jobs, tmp_path):
+    """The attack from the issue: a state.pt that runs a shell command, MANIFEST sha256 made to match."""
+    cfg = jobs.config("planted", epochs=1)
+    assert jobs.run(cfg)[0] == 0
+    published = jobs.checkpoints(cfg)
+    newest = published.latest_valid()
+    # Planted in place of the newest published checkpoint (run.json names it, so the resume loads it).
+    name = published.names()[0]
+    checkpoints = CheckpointStore(LocalFolderStore(cfg["run_uri"]), prefix=published.prefix_of(name), keep_last=None)
+    marker = tmp_path / "pwned"
+    assert checkpoints.save(newest.step, {STATE_FILE: _planted_state(marker)}, dict(newest.manifest.meta)) == name
+    cfg["epochs"] = 2
+    code, out = jobs.run(cfg)
+    assert code != 0, out
+    assert "refused to load" in out and "ckpt-" in out
+    assert not marker.exists()
+
+
+def test_a_host_copy_into_an_earlier_one_writes_over_its_memory_and_holds_the_new_values():
+    state = _real_state()
+    first = state.host_copy()
+    weight = state.model["weight"]
+    with torch.no_grad():
+        weight.add_(1.0)  # training goes on in place
+    second = state.host_copy(into=first)
+    assert second.model["weight"].data_ptr() == first.model["weight"].data_ptr()  # the same pages, written over
+    assert second.model["weight"].data_ptr() != weight.data_ptr()  # still nothing shared with the live state
+    torch.testing.assert_close(second.model["weight"], weight)
+    exp_avg = state.optimizer["state"][0]["exp_avg"]
+    assert second.optimizer["state"][0]["exp_avg"].data_ptr() == first.optimizer["state"][0]["exp_avg"].data_ptr()
+    torch.testing.assert_close(second.optimizer["state"][0]["exp_avg"], exp_avg)
+
+
+def test_a_host_copy_takes_new_memory_where_the_earlier_one_does_not_fit():
+    state = _real_state()
+    earlier = TrainingState(model={"weight": torch.zeros(2, 2)}, optimizer={}, cursor=(0, 0), step=0,
+                            torch_rng=torch.get_rng_state())
+    copy = state.host_copy(into=earlier)
+    assert copy.model["weight"].shape == (3, 4) and copy.model["weight"].data_ptr() != earlier.model["weight"].data_ptr()
+    torch.testing.assert_close(copy.model["weight"], state.model["weight"])
+    torch.testing.assert_close(copy.optimizer["state"], state.optimizer["state"])  # nothing to write over: new
+
+
+@pytest.mark.parametrize("values, finite", [
+    ([1.0, -2.0, 3.0], True),
+    ([1.0, float("nan"), 3.0], False),
+    ([1.0, float("inf"), 3.0], False),
+    ([float("inf"), float("-inf")], False),     # their sum is NaN: still non-finite
+    ([3e38, 3e38, 3e38], True),                 # finite values whose sum overflows: checked element by element
+    ([3e38, 3e38, float("nan")], False),
+])
+def test_all_finite_is_exact_however_the_sum_turns_out(values, finite):
+    from ringflow.training.rank.training_state import all_finite
+
+    assert all_finite(torch.tensor(values, dtype=torch.float32)) is finite

@@ -1,0 +1,135 @@
+"""One interface for running a training job, on this machine or on a cluster (after Kubeflow SDK's Backend).
+
+The operator calls the sync methods; the trigger calls the async ones from the triggerer's event loop.
+A backend must be rebuilt from `to_dict()` alone: the trigger carries it as plain JSON.
+"""
+from __future__ import annotations
+
+import abc
+import asyncio
+import dataclasses
+from typing import Any, ClassVar
+
+from ringflow.training.formats import exit_codes
+from ringflow.training.core.backends.connections import Connections
+from ringflow.training.core.backends.job_spec import JobSpec
+from ringflow.training.formats.run_result import RunResult
+
+PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED = "pending", "running", "restarting", "succeeded", "failed"
+STATES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED)
+TERMINAL = (SUCCEEDED, FAILED)
+
+
+class JobNotFound(LookupError):
+    """The backend has no job with this id (never launched, or already deleted)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStatus:
+    """What the backend sees of a job, and (`result`) how the job itself says it ended, once it wrote one.
+
+    A backend sees processes or pods: their state and an exit status, which the process layers in between
+    may have collapsed (mpirun and horovodrun turn any rank's failure into 1). The job's own outcome is
+    its RunResult; `with_result` puts it here, so whoever decides (the trigger, the operator) decides on it.
+    """
+
+    state: str
+    reason: str = ""
+    exit_code: int | None = None
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+    result: RunResult | None = None
+
+    def __post_init__(self) -> None:
+        if self.state not in STATES:
+            raise ValueError(f"job state {self.state!r} is not one of {STATES}")
+        if self.result is not None and not isinstance(self.result, RunResult):
+            raise ValueError(f"job result is a {type(self.result).__name__}; use a RunResult (RunResult.from_json)")
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL
+
+
+def exit_reason(code: int | None) -> str:
+    """A backend's words for a job's exit status (the one table: ringflow.training.formats.exit_codes)."""
+    return exit_codes.meaning(code)
+
+
+def with_result(status: JobStatus, result: RunResult | None) -> JobStatus:
+    """`status` with the job's own result: once the job has finished, the result's exit code and verdict
+    replace whatever the layers in between made of them. A result of another attempt must not be passed
+    (run_result.read_result(store, attempt) returns None for it). Pure."""
+    if result is None or not status.finished:
+        return status
+    if result.succeeded and status.state == SUCCEEDED:
+        return dataclasses.replace(status, exit_code=result.exit_code, result=result)
+    if result.succeeded:  # the job finished its work, then something around it failed: still a failure
+        return dataclasses.replace(status, result=result)
+    verdict = result.verdict
+    reason = f"health verdict {verdict.status}: {verdict.reason}" if verdict else status.reason
+    return dataclasses.replace(status, state=FAILED, reason=reason, exit_code=result.exit_code, result=result)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogChunk:
+    """New log lines since `cursor`; pass `next_cursor` back to get the lines after these."""
+
+    lines: list[str]
+    next_cursor: Any
+
+
+class Backend(abc.ABC):
+    kind: ClassVar[str]
+    connections: Connections | None = None  # resolves the backend's conn_id (backends/connections.py)
+
+    @abc.abstractmethod
+    def launch(self, spec: JobSpec) -> str:
+        """Start the job; return its id. Must not block until the job ends."""
+
+    @abc.abstractmethod
+    def find(self, labels: dict[str, str]) -> str | None:
+        """The id of a live (unfinished) job carrying all these labels, for reattaching on retry."""
+
+    @abc.abstractmethod
+    def status(self, job_id: str) -> JobStatus:
+        """Raises JobNotFound."""
+
+    @abc.abstractmethod
+    def logs(self, job_id: str, cursor: Any = None) -> LogChunk: ...
+
+    @abc.abstractmethod
+    def delete(self, job_id: str) -> None:
+        """Stop the job and remove what it made. A job already gone is not an error."""
+
+    @abc.abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON constructor arguments: `type(self)(**to_dict())` rebuilds this backend."""
+
+    async def astatus(self, job_id: str) -> JobStatus:
+        return await asyncio.to_thread(self.status, job_id)
+
+    async def alogs(self, job_id: str, cursor: Any = None) -> LogChunk:
+        return await asyncio.to_thread(self.logs, job_id, cursor)
+
+    async def adelete(self, job_id: str) -> None:
+        await asyncio.to_thread(self.delete, job_id)
+
+
+_REGISTRY: dict[str, str] = {
+    "local": "ringflow.training.core.backends.local:LocalProcessBackend",
+    "kubernetes": "ringflow.training.core.backends.kubernetes.backend:MPIJobBackend",
+    "trainjob": "ringflow.training.core.backends.kubernetes.trainjob_backend:TrainJobBackend",
+}
+
+
+def backend_from_dict(kind: str, kwargs: dict[str, Any], connections: Connections | None = None) -> Backend:
+    """Rebuild a backend from its kind and `to_dict()` (what a trigger serializes), with the `connections`
+    that resolve its connection id (not serialized: a lookup, not data)."""
+    import importlib
+
+    try:
+        module_name, class_name = _REGISTRY[kind].split(":")
+    except KeyError:
+        raise ValueError(f"unknown backend kind {kind!r}; use one of {sorted(_REGISTRY)}") from None
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(**kwargs, connections=connections)

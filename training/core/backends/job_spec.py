@@ -1,0 +1,54 @@
+"""What the train operator asks a backend to run: one Horovod job, described in plain JSON-able data."""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from ringflow.training.core.launcher import CONTROLLERS, DEFAULT_CONTROLLER
+
+_DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class JobSpecError(ValueError):
+    """The job spec cannot be launched; the message says which field to fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    """A data-parallel training job.
+
+    name: DNS-1123 label (lowercase, digits, '-', at most 63 chars): the MPIJob name, or the local run folder.
+    config: the training job config (ringflow.training.formats.config.JobConfig as a dict): what every rank runs.
+    num_workers: Horovod world size (one rank per worker slot).
+    controller: "gloo" or "mpi" for local runs (default: the faster here, see bench/); MPIJobs always launch through mpirun.
+    labels: identify the job for reattach: dag, run, task, try.
+    env: extra environment for every rank. Never secrets: backends bring those from their own config.
+    """
+
+    name: str
+    config: dict[str, Any]
+    num_workers: int
+    slots_per_worker: int = 1
+    controller: str = DEFAULT_CONTROLLER
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.name, str) and len(self.name) <= 63 and _DNS_1123.match(self.name)):
+            raise JobSpecError(
+                f"job name {self.name!r} must be a DNS-1123 label: lowercase letters, digits and '-', "
+                "starting and ending with a letter or digit, at most 63 characters"
+            )
+        if not isinstance(self.num_workers, int) or self.num_workers < 1:
+            raise JobSpecError(f"num_workers is {self.num_workers!r}; set it to a whole number >= 1")
+        if not isinstance(self.slots_per_worker, int) or self.slots_per_worker < 1:
+            raise JobSpecError(f"slots_per_worker is {self.slots_per_worker!r}; set it to a whole number >= 1")
+        if self.controller not in CONTROLLERS:
+            raise JobSpecError(f"controller is {self.controller!r}; use one of {CONTROLLERS}")
+        if not isinstance(self.config, dict):
+            raise JobSpecError("config must be the training job config as a dict")
+
+    @property
+    def world_size(self) -> int:
+        return self.num_workers * self.slots_per_worker

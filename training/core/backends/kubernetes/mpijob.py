@@ -1,0 +1,146 @@
+"""Pure functions from a JobSpec and MPIJobSettings to the Kubernetes objects of one training run.
+
+Two objects: a ConfigMap with the job config (mounted at /etc/ringflow in every pod) and a
+`kubeflow.org/v2beta1` MPIJob (kubeflow/mpi-operator v0.8.2). The operator adds the hostfile, the SSH
+keys and its own labels; everything else is here, so the snapshot tests show exactly what is submitted.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ringflow.training.core.backends.job_spec import JobSpec, JobSpecError
+from ringflow.training.core.backends.kubernetes import job_parts as P
+from ringflow.training.core.backends.kubernetes import labels as L
+from ringflow.training.core.backends.kubernetes.job_parts import (CONFIG_FILE, CONFIG_MOUNT_PATH, FORWARDED_ENV,
+                                                             S3_ENDPOINT_ENV, S3_SECRET_KEYS, build_configmap,
+                                                             configmap_name)
+from ringflow.training.core.backends.kubernetes.settings import MPIJobSettings, Resources, RunPolicy, SettingsError
+
+__all__ = [
+    "API_VERSION", "KIND", "CONFIG_MOUNT_PATH", "CONFIG_FILE", "S3_SECRET_KEYS", "S3_ENDPOINT_ENV", "FORWARDED_ENV",
+    "MPIJobSettings", "Resources", "RunPolicy", "SettingsError",
+    "build_mpijob", "build_configmap", "configmap_name", "mpirun_command",
+]
+
+# The MPIJob CRD (kubeflow/mpi-operator v0.8.2), for the manifests here and the API calls in client.py.
+GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "MPIJob"
+
+
+def _check_engine(spec: JobSpec) -> None:
+    # An MPIJob runs mpirun over the workers' sshd: that launches Horovod ranks, never torchrun's.
+    engine = spec.config.get("engine", "horovod") if isinstance(spec.config, dict) else "horovod"
+    if engine != "horovod":
+        raise JobSpecError(
+            f"engine {engine!r} cannot run as an MPIJob: an MPIJob launches Horovod ranks with mpirun. Run the "
+            f"DDP engine as a Kubeflow TrainJob (set $RINGFLOW_TRAINJOB_SETTINGS instead of "
+            f"$RINGFLOW_MPIJOB_SETTINGS, or pass backend=TrainJobBackend(...)), or locally "
+            f"(backend=LocalProcessBackend()), or set engine to \"horovod\""
+        )
+
+
+def _check_name(spec: JobSpec) -> None:
+    # The MPI Operator's own validation (v0.8.2 validation.go): every worker's hostname
+    # "<name>-worker-<i>" must be a DNS-1035 label, else it rejects the job after we submitted it.
+    P.check_hostname(spec, f"{spec.name}-worker-{spec.num_workers - 1}", "an MPIJob")
+
+
+def mpirun_command(spec: JobSpec, settings: MPIJobSettings) -> list[str]:
+    """The launcher's command line. The MPI Operator provides the hostfile (OMPI_MCA_orte_default_hostfile)."""
+    names = list(FORWARDED_ENV) + P.store_env_names(settings) + sorted(spec.env)
+    return P.mpirun_command(spec.world_size, names, settings.python, settings.run_as_root)
+
+
+def _launcher_env(spec: JobSpec, settings: MPIJobSettings) -> list[dict[str, Any]]:
+    # PYTHONPATH and LD_LIBRARY_PATH must exist for `-x` (the image sets them); only the launcher gets the
+    # credentials, and mpirun hands them to the ranks, so worker pods (sshd only) never hold them.
+    return P.store_env(settings) + P.plain_env(spec.env)
+
+
+def _security_context(settings: MPIJobSettings) -> dict[str, Any]:
+    if settings.run_as_root:
+        return {"runAsUser": 0}
+    return {"runAsUser": settings.run_as_user, "runAsGroup": settings.run_as_user, "runAsNonRoot": True}
+
+
+def _pod_spec(spec: JobSpec, settings: MPIJobSettings, container: dict[str, Any]) -> dict[str, Any]:
+    return {"containers": [container], "volumes": [P.config_volume(spec.name)], **P.pod_settings(settings)}
+
+
+def _worker_affinity(spec: JobSpec, settings: MPIJobSettings) -> dict[str, Any]:
+    return P.placement_affinity(settings.placement, {L.JOB_NAME_LABEL: spec.name, L.JOB_ROLE_LABEL: "worker"})
+
+
+def _template(labels: dict[str, str], pod_spec: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"labels": dict(labels)}, "spec": pod_spec}
+
+
+def build_mpijob(spec: JobSpec, settings: MPIJobSettings) -> dict[str, Any]:
+    """The MPIJob for this spec: one launcher running mpirun, spec.num_workers workers running sshd."""
+    if not isinstance(settings, MPIJobSettings):
+        raise SettingsError("settings must be an MPIJobSettings (use MPIJobSettings.from_dict for JSON)")
+    _check_engine(spec)
+    _check_name(spec)
+    P.check_env(spec)
+    labels = L.job_labels(spec.labels)
+    command = mpirun_command(spec, settings)
+    launcher = {
+        "name": "launcher",
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": command[:1],
+        "args": command[1:],
+        "env": _launcher_env(spec, settings),
+        "resources": settings.launcher.to_k8s(),
+        "securityContext": _security_context(settings),
+        # mpirun's last lines become the termination message: outcome.py reads ssh/ORTE errors from it.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [P.config_mount()],
+    }
+    sshd = ["/usr/sbin/sshd", "-De"]
+    if not settings.run_as_root:
+        sshd += ["-f", "/home/mpiuser/.sshd_config"]
+    worker = {
+        "name": "worker",
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": sshd[:1],
+        "args": sshd[1:],
+        "resources": settings.worker.to_k8s(),
+        "securityContext": _security_context(settings),
+        "ports": [{"name": "ssh", "containerPort": settings.ssh_port, "protocol": "TCP"}],
+        # Ready means sshd answers, so WaitForWorkersReady really waits until mpirun can connect.
+        "readinessProbe": {"tcpSocket": {"port": settings.ssh_port}, "periodSeconds": 2, "failureThreshold": 3},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [P.config_mount()],
+    }
+    worker_pod = _pod_spec(spec, settings, worker)
+    worker_pod["affinity"] = _worker_affinity(spec, settings)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": P.metadata(spec.name, spec, settings),
+        "spec": {
+            "slotsPerWorker": spec.slots_per_worker,
+            "runPolicy": settings.run_policy.to_k8s(),
+            "sshAuthMountPath": settings.ssh_path,
+            "mpiImplementation": "OpenMPI",
+            "launcherCreationPolicy": "WaitForWorkersReady",
+            "mpiReplicaSpecs": {
+                "Launcher": {
+                    "replicas": 1,
+                    # OnFailure: the launcher Job retries mpirun in place, up to runPolicy.backoffLimit.
+                    "restartPolicy": "OnFailure",
+                    "template": _template(labels, _pod_spec(spec, settings, launcher)),
+                },
+                "Worker": {
+                    "replicas": spec.num_workers,
+                    # The operator never recreates a failed worker pod; restarting it in place lets a
+                    # launcher retry find every worker again.
+                    "restartPolicy": "OnFailure",
+                    "template": _template(labels, worker_pod),
+                },
+            },
+        },
+    }

@@ -1,0 +1,131 @@
+"""Pure functions from a JobSpec and TrainJobSettings to the Kubernetes objects of one training run on
+Kubeflow Trainer v2 (`trainer.kubeflow.org/v1alpha1`, release v2.3.0).
+
+Two objects: the same ConfigMap as the MPIJob path (job_parts.build_configmap) and a TrainJob that names
+ringflow's ClusterTrainingRuntime for the engine (deploy/trainer/):
+
+- horovod -> `ringflow-horovod` (MPI policy, OpenMPI, runLauncherAsNode): the launcher pod runs mpirun and
+  hosts ranks itself, the `node` pods run the image's sshd; the launcher starts once the nodes are Ready.
+- ddp -> `ringflow-torch` (torch policy): every `node` pod runs torchrun; Trainer sets PET_NNODES,
+  PET_NODE_RANK, PET_MASTER_ADDR/PORT, which torchrun reads as its defaults.
+
+What a TrainJob can set goes in `spec.trainer` (image, command, env, numNodes, numProcPerNode,
+resourcesPerNode); what it cannot (the config volume and its mount, service account, pull secrets,
+placement) goes in one `runtimePatches` entry, within what the v2.3.0 CRD allows a patch to touch.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ringflow.training.core.backends.job_spec import JobSpec, JobSpecError
+from ringflow.training.core.backends.kubernetes import job_parts as P
+from ringflow.training.core.backends.kubernetes import labels as L
+from ringflow.training.core.backends.kubernetes.settings import SettingsError, TrainJobSettings
+from ringflow.training.formats.config import ENGINES
+from ringflow.training.rank.engines import ENGINE_ENV
+
+__all__ = ["API_VERSION", "KIND", "TRAINER_RELEASE", "build_trainjob", "engine_of", "torchrun_command"]
+
+# The TrainJob CRD (kubeflow/trainer v2.3.0), for the manifests here and the API calls in client.py.
+TRAINER_RELEASE = "v2.3.0"
+GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "TrainJob"
+RUNTIME_KIND = "ClusterTrainingRuntime"
+# Kubeflow Trainer's names (pkg/constants): the replicated jobs and the container it puts the trainer in.
+LAUNCHER, NODE = "launcher", "node"
+# Where torchrun's rendezvous listens on node 0 (Trainer's ContainerTrainerPort).
+TORCH_MASTER_PORT = 29500
+# Who owns our runtimePatches entry (the webhook wants a domain-prefixed path).
+PATCH_MANAGER = "ringflow/trainjob-backend"
+# Environment Trainer sets itself and refuses in a TrainJob (MPIReservedEnvNames, TorchRunReservedEnvNames).
+RESERVED_ENV = {
+    "horovod": ("OMPI_MCA_orte_default_hostfile", "OMPI_MCA_plm_rsh_args", "OMPI_MCA_orte_keep_fqdn_hostnames",
+                "OMPI_MCA_orte_set_default_slots"),
+    "ddp": ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"),
+}
+
+
+def engine_of(spec: JobSpec) -> str:
+    engine = spec.config.get("engine", "horovod")
+    if engine not in ENGINES:
+        raise JobSpecError(f"config field 'engine' is {engine!r}; use one of {ENGINES}")
+    return engine
+
+
+def replicated_jobs(engine: str) -> tuple[str, ...]:
+    """The replicated jobs of the engine's runtime, each a set of pods that host ranks."""
+    return (LAUNCHER, NODE) if engine == "horovod" else (NODE,)
+
+
+def _check_name(spec: JobSpec, engine: str) -> None:
+    # JobSet pods are "<jobset>-<replicated job>-<job index>-<pod index>", and their hostnames must be
+    # DNS-1035 labels; the TrainJob name is also the JobSet's and its headless Service's.
+    if engine == "horovod":
+        nodes = max(spec.num_workers - 1, 1)  # runLauncherAsNode: the launcher is one of the nodes
+        names = [f"{spec.name}-{LAUNCHER}-0-0", f"{spec.name}-{NODE}-0-{nodes - 1}"]
+    else:
+        names = [f"{spec.name}-{NODE}-0-{spec.num_workers - 1}"]
+    P.check_hostname(spec, max(names, key=len), "TrainJob")
+
+
+def torchrun_command(python: str) -> list[str]:
+    """torchrun on one node. Its node count, rank, processes per node and master come from the PET_* variables
+    Trainer sets (torchrun's defaults); no restarts in place: a failed run is retried whole, from its
+    checkpoint."""
+    return [python, "-m", "torch.distributed.run", "--max-restarts", "0", "-m", "ringflow.training", P.config_path()]
+
+
+def _command(spec: JobSpec, settings: TrainJobSettings, engine: str) -> list[str]:
+    if engine == "ddp":
+        return torchrun_command(settings.python)
+    # Ranks on the other nodes start through ssh with a bare environment: mpirun forwards what they need.
+    names = list(P.FORWARDED_ENV) + P.store_env_names(settings) + sorted(spec.env) + [ENGINE_ENV]
+    return P.mpirun_command(spec.world_size, names, settings.python)
+
+
+def _pod_patch(spec: JobSpec, settings: TrainJobSettings) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "containers": [{"name": NODE, "volumeMounts": [P.config_mount()]}],
+        "volumes": [P.config_volume(spec.name)],
+        **P.pod_settings(settings),
+        # Launcher and nodes all host ranks: pack or spread all of them.
+        "affinity": P.placement_affinity(settings.placement, {L.JOBSET_NAME_LABEL: spec.name}),
+    }
+    return {"metadata": {"labels": L.job_labels(spec.labels)}, "spec": pod}
+
+
+def build_trainjob(spec: JobSpec, settings: TrainJobSettings) -> dict[str, Any]:
+    """The TrainJob for this spec: spec.num_workers nodes of spec.slots_per_worker ranks each."""
+    if not isinstance(settings, TrainJobSettings):
+        raise SettingsError("settings must be a TrainJobSettings (use TrainJobSettings.from_dict for JSON)")
+    engine = engine_of(spec)
+    _check_name(spec, engine)
+    P.check_env(spec, RESERVED_ENV[engine] + (ENGINE_ENV,))
+    command = _command(spec, settings, engine)
+    trainer = {
+        "image": settings.image,
+        "command": command[:1],
+        "args": command[1:],
+        # Every rank starts the engine its launcher was chosen for, whatever the config says.
+        "env": P.store_env(settings) + P.plain_env(spec.env | {ENGINE_ENV: engine}),
+        "numNodes": spec.num_workers,
+        "numProcPerNode": spec.slots_per_worker,
+        "resourcesPerNode": settings.worker.to_k8s(),
+    }
+    meta = P.metadata(spec.name, spec, settings)
+    meta["annotations"][L.ENGINE_ANNOTATION] = engine
+    job_spec: dict[str, Any] = {
+        "runtimeRef": {"apiGroup": GROUP, "kind": RUNTIME_KIND, "name": settings.runtime(engine)},
+        "trainer": trainer,
+        "runtimePatches": [{
+            "manager": PATCH_MANAGER,
+            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+                {"name": job, "template": {"spec": {"template": _pod_patch(spec, settings)}}}
+                for job in replicated_jobs(engine)
+            ]}}},
+        }],
+    }
+    if settings.active_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = settings.active_deadline_seconds
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": job_spec}

@@ -1,0 +1,158 @@
+"""Start a training job on this machine and report its exit status: horovodrun (Gloo or MPI controller) for
+the Horovod engine, torchrun (c10d rendezvous on 127.0.0.1) for the DDP engine."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from typing import Callable
+
+from ringflow.training.core.backends.processes.stop import (
+    KILL_WAIT_SECONDS, ProcessesRemain, grace_from_env, stop_leftovers, stop_processes,
+)
+from ringflow.training.core.backends.processes.tracker import RELEASE_WAIT_SECONDS, ProcessTracker
+from ringflow.training.core.backends.processes.tracking import mode_from_env, start_tracking
+from ringflow.training.formats.config import JobConfig
+from ringflow.training.rank.engines import ENGINE_ENV, engine_name
+from ringflow.training.core.preflight import preflight
+from ringflow.training.rank.worker_env import ATTEMPT_ENV
+
+CONTROLLERS = ("gloo", "mpi")
+# Chosen by bench/throughput.py (bench/results/throughput.md).
+DEFAULT_CONTROLLER = "mpi"
+
+
+def horovodrun_command(config_path: str, num_workers: int, controller: str = DEFAULT_CONTROLLER,
+                       python: str = sys.executable) -> list[str]:
+    if controller not in CONTROLLERS:
+        raise ValueError(f"controller {controller!r}: use one of {CONTROLLERS}")
+    horovodrun = shutil.which("horovodrun", path=os.path.dirname(python) + os.pathsep + os.environ.get("PATH", ""))
+    if horovodrun is None:
+        raise FileNotFoundError("horovodrun not found: run scripts/setup.sh to build Horovod")
+    return [horovodrun, "-np", str(num_workers), "-H", f"localhost:{num_workers}", f"--{controller}",
+            python, "-m", "ringflow.training", config_path]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now, for torchrun's rendezvous (the OS picks it; a clash is unlikely)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_command(config_path: str, num_workers: int, python: str = sys.executable,
+                     port: int | None = None) -> list[str]:
+    """torchrun for one host: a c10d rendezvous on 127.0.0.1 at a free port, N ranks, no restarts (a failed
+    job is retried by whoever launched it, and resumes from its checkpoint)."""
+    endpoint = f"127.0.0.1:{port or free_port()}"
+    return [python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(num_workers),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--local-addr", "127.0.0.1",
+            "--max-restarts", "0", "-m", "ringflow.training", config_path]
+
+
+def launch_command(engine: str, config_path: str, num_workers: int, controller: str = DEFAULT_CONTROLLER,
+                   python: str = sys.executable) -> list[str]:
+    """The one place that picks the launcher: horovodrun for "horovod" (with `controller`), torchrun for
+    "ddp" (which has no controller to choose)."""
+    if engine == "ddp":
+        return torchrun_command(config_path, num_workers, python)
+    return horovodrun_command(config_path, num_workers, controller, python)
+
+
+def rank_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    # The Horovod/Open MPI knobs are not here: each rank sets them from the config (engines/horovod.py).
+    env = dict(os.environ if base is None else base)
+    # OpenMPI refuses root unless told; containers and CI run as root.
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # Gloo (DDP's CPU backend) otherwise binds to the address the host name resolves to; a local job's ranks
+    # talk over loopback.
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return env
+
+
+def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONTROLLER,
+              on_line: Callable[[str], None] = lambda line: print(line, flush=True),
+              extra_env: dict[str, str] | None = None, engine: str | None = None) -> int:
+    """Preflight, start the engine's launcher with every process it makes tracked as one set, stream its
+    output, return the job's exit code. engine: overrides the config's `engine` (`ringflow train --engine`);
+    None keeps it. SIGINT/SIGTERM stop every process of the set; after the launcher ends, any of them still
+    running is stopped and named."""
+    cfg = preflight(config_path, num_workers)
+    engine = engine_name(cfg, engine)
+    # A caller that watches the job (the Airflow operator: its job id) names the attempt; else one is made.
+    attempt = (extra_env or {}).get(ATTEMPT_ENV) or os.environ.get(ATTEMPT_ENV) or uuid.uuid4().hex
+    # Every rank starts the engine its launcher was chosen for, whatever the config says.
+    env = rank_environment() | (extra_env or {}) | {ATTEMPT_ENV: attempt, ENGINE_ENV: engine}
+    # The launcher's own signal forwarding cannot be trusted with this: horovodrun starts mpirun in a session
+    # of its own and Open MPI puts each rank in a process group of its own, so a frozen or wedged mpirun
+    # passes nothing on. The tracked set reaches every rank directly (backends/processes).
+    grace = grace_from_env()
+    with start_tracking(f"train-{os.getpid()}", mode_from_env()) as tracker, _StopOnSignal(tracker, grace):
+        try:
+            proc = tracker.spawn(launch_command(engine, config_path, num_workers, controller), env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 start_new_session=True)
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                on_line(line.rstrip("\n"))
+            code = job_exit_code(proc.wait(), _result_of(cfg, attempt))
+        finally:
+            stop_leftovers(tracker, grace, _say)
+            tracker.release(RELEASE_WAIT_SECONDS)
+    return code
+
+
+class _StopOnSignal:
+    """While the job runs, SIGINT (Ctrl-C) or SIGTERM stop every process of the set: SIGTERM, a grace
+    period, SIGKILL. The same signal again while that runs kills them at once."""
+
+    def __init__(self, tracker: ProcessTracker, grace_seconds: float):
+        self.tracker, self.grace_seconds, self.stopping = tracker, grace_seconds, False
+
+    def __enter__(self) -> "_StopOnSignal":
+        self.previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        if self.stopping:
+            self.tracker.kill_all()
+            return
+        self.stopping = True
+        _say(f"{signal.Signals(signum).name}: stopping every process of the job")
+        # The output loop resumes once every writer of its pipe is gone, and ends.
+        outcome = stop_processes(self.tracker, self.grace_seconds)
+        if not outcome.clean:
+            _say(f"error: {ProcessesRemain('stopping the job', outcome, KILL_WAIT_SECONDS)}")
+
+
+def _say(message: str) -> None:
+    print(f"[ringflow] {message}", file=sys.stderr, flush=True)
+
+
+def _result_of(cfg: JobConfig, attempt: str):
+    from ringflow.training.formats.run_result import ResultError, read_result
+    from ringflow.training.store import open_store
+
+    try:
+        return read_result(open_store(cfg.run_uri), attempt)
+    except ResultError as exc:
+        print(f"[ringflow] {exc}", file=sys.stderr, flush=True)
+        return None
+
+
+def job_exit_code(launcher_code: int, result) -> int:
+    """The job's exit status. horovodrun and torchrun report any rank's failure as 1: this attempt's RunResult says which
+    failure it was. No result of this attempt (killed before rank 0 wrote one): the launcher's own code."""
+    if result is None or launcher_code == 0:
+        return launcher_code
+    return result.exit_code or launcher_code  # a result says succeeded, the launcher failed: still a failure

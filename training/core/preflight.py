@@ -1,0 +1,55 @@
+"""The one check of a job against its shards, made before anything is launched, on every backend.
+
+`check_job` is pure: a job config, the manifest of its shards and the worker count in, a ConfigError that
+says what to fix out. `ringflow train` (launcher.py) runs it through `preflight`, which also reads the config
+and the manifest; the Airflow train operator runs it itself, with the manifest read through its connection,
+before it hands the job to the local or the MPIJob backend. Torch-free, so Airflow code can import it.
+"""
+from __future__ import annotations
+
+from ringflow.training.formats.config import ConfigError, JobConfig, load_job_config
+from ringflow.training.formats.manifest import ShardManifest
+from ringflow.training.formats.model_factory import find_factory
+
+
+def check_job(cfg: JobConfig, manifest: ShardManifest, num_workers: int, *, check_factory: bool = True) -> None:
+    """Raise ConfigError unless `cfg` can train on `manifest` with `num_workers` workers.
+
+    - one partition per worker: Horovod's world size is the manifest's partition count;
+    - the per-worker batch size fits a partition, and divides it: every partition holds whole minibatches of
+      the shards' batch size, and another batch size that does not divide them would skip rows every epoch;
+    - a custom model factory can be imported (`check_factory`; off where the job's code lives elsewhere, as in
+      an MPIJob's image, which the rank checks when it starts).
+    """
+    partitions = manifest.num_partitions
+    if num_workers != partitions:
+        raise ConfigError("manifest_uri", f"has {partitions} partitions but the job asks for {num_workers} workers",
+                          f"re-shard for {num_workers} workers or run with {partitions} workers")
+    rows = manifest.partitions[0].rows
+    if cfg.batch_size > rows:
+        raise ConfigError("batch_size", f"{cfg.batch_size} exceeds the {rows} rows of each partition",
+                          f"use at most {rows} (the shards were made with batch size {manifest.batch_size})")
+    if rows % cfg.batch_size:
+        raise ConfigError("batch_size", f"{cfg.batch_size} does not divide the {rows} rows of each partition "
+                                        f"(whole minibatches of {manifest.batch_size}), so rows would be skipped",
+                          f"use {manifest.batch_size}, the shards' batch size, or re-shard with batch size "
+                          f"{cfg.batch_size}")
+    if check_factory and cfg.model.kind == "custom":
+        find_factory(cfg.model.factory)
+
+
+def preflight(config_uri: str, num_workers: int) -> JobConfig:
+    """Read the job config and its manifest, and `check_job` them (what `ringflow train` runs first)."""
+    from ringflow.training.formats.manifest import ManifestError, load_manifest
+    from ringflow.training.store import ObjectNotFound
+
+    cfg = load_job_config(config_uri)
+    try:
+        manifest, _ = load_manifest(cfg.manifest_uri)
+    except ObjectNotFound as exc:
+        raise ConfigError("manifest_uri", f"{cfg.manifest_uri} does not exist",
+                          "run the shard step first or fix the path") from exc
+    except ManifestError as exc:
+        raise ConfigError("manifest_uri", str(exc), "re-run the shard step") from exc
+    check_job(cfg, manifest, num_workers)
+    return cfg

@@ -1,0 +1,127 @@
+"""Watching a run's health from outside the job: the trigger's running verdict on one job.
+
+Torch-free and Airflow-free: the triggerer imports it, and so can a script, given the run folder's store.
+`HealthWatch` keeps what a poll learned: which attempt it watches, how far it has read (each sealed segment
+once) and the verdict's running state (verdict.HealthJudge), so the cost of a poll does not grow with the run.
+Its state is rebuilt by reading once, e.g. after a triggerer restart; bench/watcher_cost.py measures it
+against reading and judging everything each poll.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import time
+
+from ringflow.training.formats.config import HealthConfig
+from ringflow.training.health.heartbeat import attempt_in_log, read_heartbeat
+from ringflow.training.health.liveness import LATE_AFTER_INTERVALS, judged_outside
+from ringflow.training.health.records import HealthReader
+from ringflow.training.health.verdict import HealthJudge
+from ringflow.training.formats.run_folder import RunFolder
+from ringflow.training.core.runs.store_probe import StoreProbe
+from ringflow.training.store.base import ObjectStore
+
+
+class HealthWatch:
+    """The watcher's view of one job, whose records share a run folder with earlier attempts of the task.
+
+    It judges only the attempt it watches. It knows which one from `attempt` when the launcher said, else
+    from rank 0's ATTEMPT_LINE in the job's log (`learn_from_log`), else from a heartbeat that changes
+    while it watches (only a live process writes one, and a live job in this run folder is this one).
+    Until then no earlier attempt's record counts, and silence counts from when the job was seen running
+    (verdict.stall_limit: STARTUP_SECONDS at least, for its processes to start). A late heartbeat is
+    judged with the store's own speed (store_probe.py): a slow store is not a silent job.
+    """
+
+    def __init__(self, run: ObjectStore, health: dict[str, Any], attempt: str | None = None,
+                 follow_latest: bool = False):
+        """run: the run folder's store. follow_latest: watch whichever attempt started last (one look from
+        a script, not a retry's watcher, which must not take an earlier attempt's records for its own)."""
+        self._store = run
+        self.cfg = HealthConfig(**health)
+        self.attempt = attempt
+        self._from_log = attempt is not None
+        self._follow_latest = follow_latest
+        self._reader = HealthReader()
+        self._judge = HealthJudge(self.cfg)
+        self._first_beat: tuple[str, int] | None = None
+        self._polled = False
+        self._probe = StoreProbe(run)
+        self._folder = RunFolder(run)
+        self._watched: tuple[str, ObjectStore] | None = None  # (attempt, where it writes) once it claimed
+        self._first_current: int | None = None  # the pointer's attempt number at the first poll
+
+    def learn_from_log(self, lines: list[str]) -> None:
+        for line in lines:
+            found = attempt_in_log(line)
+            if found:
+                self.attempt, self._from_log = found, True
+
+    def poll(self, now: float | None, watching_since: float | None) -> dict | None:
+        """The verdict on the watched attempt so far, with `fatal`; None while there is nothing to say.
+        `now` (unix seconds, while the job runs) adds the outside stall check on the heartbeat."""
+        reading_since = time.monotonic()
+        store = self._attempt_store()
+        records = self._reader.poll(store) if store is not None else []
+        if self.attempt is not None and not self._follow_latest:
+            records = [r for r in records if r.get("attempt") == self.attempt]  # not even a late write of another
+        self._judge.feed(records)
+        heartbeat = read_heartbeat(store) if store is not None else None
+        self._probe.read_took(time.monotonic() - reading_since)
+        self._adopt(heartbeat)
+        if self._follow_latest and self._judge.started:
+            self.attempt = self._judge.attempt
+        own = self.attempt is not None and self._judge.started and self._judge.attempt == self.attempt
+        verdict = self._judge.verdict() if own else None
+        if verdict is not None and verdict.is_fatal(self.cfg.stop_on_degraded):
+            return self._dict(verdict)
+        beat = heartbeat if heartbeat is not None and heartbeat.attempt == self.attempt else None
+        if now is not None and (beat is not None or watching_since is not None) and not (own and self._judge.ended):
+            interval = self.cfg.heartbeat_interval()
+            since = watching_since if watching_since is not None else now
+            if now - (beat.time if beat is not None else since) > LATE_AFTER_INTERVALS * interval:
+                self._probe.probe()  # late: is it the store? (its answer counts from the next poll on)
+            stall = judged_outside(beat, now, interval, self.cfg.stall_seconds, self.cfg.store_timeout_seconds,
+                                   since, self._probe.slow_seconds(), self._store.uri,
+                                   records_step=self._judge.last_step if own else None)
+            if stall:
+                return self._dict(stall)
+        return self._dict(verdict) if verdict is not None else None
+
+    def _attempt_store(self) -> ObjectStore | None:
+        """Where the watched attempt writes: the folder itself in today's layout; in a fenced one
+        (run_folder.py) its own prefix once it has claimed the folder, None before."""
+        pointer, _ = self._folder.pointer()
+        if pointer is None:
+            return self._store
+        current = pointer.attempt
+        if self._first_current is None:
+            self._first_current = current.number
+        if self.attempt is None and (self._follow_latest or current.number != self._first_current):
+            self.attempt = current.id  # claimed while we watch: a live job in this run folder is this one
+        if self.attempt is None:
+            return None
+        if self._watched is None or self._watched[0] != self.attempt:
+            store = self._folder.attempt_store(self.attempt)
+            if store is None:
+                return None
+            self._watched, self._reader = (self.attempt, store), HealthReader()
+        return self._watched[1]
+
+    def _adopt(self, heartbeat) -> None:
+        beat = (heartbeat.attempt, heartbeat.seq) if heartbeat is not None else None
+        if not self._polled:
+            self._polled, self._first_beat = True, beat
+            return
+        if beat is not None and beat != self._first_beat and not self._from_log:
+            self.attempt = heartbeat.attempt
+
+    def _dict(self, verdict) -> dict:
+        return verdict.to_dict() | {"fatal": verdict.is_fatal(self.cfg.stop_on_degraded), "attempt": self.attempt}
+
+
+def read_verdict(run: ObjectStore, health: dict[str, Any], now: float | None = None,
+                 watching_since: float | None = None, attempt: str | None = None) -> dict | None:
+    """One look at a run (a script, a test): the verdict on `attempt`, else on the attempt that started
+    last, with the heartbeat's stall check when `now` is given. A watcher that polls keeps a HealthWatch."""
+    return HealthWatch(run, health, attempt, follow_latest=attempt is None).poll(now, watching_since)

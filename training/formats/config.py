@@ -1,0 +1,374 @@
+"""The training job config: one JSON document, every field checked before any process starts.
+
+Config classes are frozen dataclasses checked in __post_init__ (after Ray Train v2): a bad value fails with
+a ConfigError that names the field and says what to put there instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any, Mapping
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class ConfigError(ValueError):
+    """A job config value is missing or wrong. `field` is the dotted path of the culprit."""
+
+    def __init__(self, field: str, problem: str, fix: str):
+        self.field = field
+        super().__init__(f"config field '{field}': {problem}; {fix}")
+
+
+def _require(cond: bool, field: str, problem: str, fix: str) -> None:
+    if not cond:
+        raise ConfigError(field, problem, fix)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _positive_int(obj: Any, name: str, field: str, minimum: int = 1) -> None:
+    value = getattr(obj, name)
+    _require(_is_int(value) and value >= minimum, field, f"is {value!r}", f"use a whole number >= {minimum}")
+
+
+def _positive_number(obj: Any, name: str, field: str, allow_zero: bool = False) -> None:
+    value = getattr(obj, name)
+    ok = _is_number(value) and (value >= 0 if allow_zero else value > 0)
+    _require(ok, field, f"is {value!r}", f"use a number {'>=' if allow_zero else '>'} 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Either the built-in MLP (`kind: "mlp"`) or a user factory `package.module:function`.
+
+    A factory is called as factory(num_features, num_outputs, task, **kwargs) and returns
+    (torch.nn.Module, loss_fn) where loss_fn(outputs, targets) -> scalar tensor.
+    """
+
+    kind: str = "mlp"
+    hidden: tuple[int, ...] = (64, 64)
+    dropout: float = 0.0
+    factory: str | None = None
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _require(self.kind in ("mlp", "custom"), "model.kind", f"is {self.kind!r}", 'use "mlp" or "custom"')
+        if self.kind == "custom":
+            _require(isinstance(self.factory, str) and bool(_IMPORT_PATH.match(self.factory)), "model.factory",
+                     f"is {self.factory!r}", 'give an import path like "my_pkg.models:build"')
+        _require(isinstance(self.hidden, (list, tuple)) and all(_is_int(h) and h > 0 for h in self.hidden),
+                 "model.hidden", f"is {self.hidden!r}", "use a list of positive layer widths, e.g. [64, 64]")
+        object.__setattr__(self, "hidden", tuple(self.hidden))
+        _require(_is_number(self.dropout) and 0 <= self.dropout < 1, "model.dropout", f"is {self.dropout!r}",
+                 "use a number in [0, 1)")
+
+
+# The default cadence: a checkpoint every 50 steps, but at most one per 30 s. Steps alone would checkpoint a
+# small model (2 ms steps) ten times a second, each costing the writer ~10-16 ms of CPU beside the ranks
+# (bench/results/checkpoint_profile.md); time alone would let a slow step run far between checkpoints. 30 s is
+# the most a kill loses by default, against a retry that starts in tens of seconds anyway.
+DEFAULT_CHECKPOINT_EVERY_STEPS = 50
+DEFAULT_CHECKPOINT_MIN_INTERVAL_SECONDS = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """How often rank 0 writes a checkpoint (under the run folder's checkpoints/) and how many it keeps.
+
+    every_steps: a checkpoint is due every this many steps (default 50).
+    min_interval_seconds: of the due steps, one is taken only when this long has passed since the last
+      checkpoint (or the start), by rank 0's clock. Default: 30 s when every_steps is left unset, 0 (exactly
+      every every_steps steps) when you set every_steps. The final checkpoint is always taken.
+    """
+
+    every_steps: int | None = None
+    keep_last: int = 3
+    min_interval_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.every_steps is not None:
+            _positive_int(self, "every_steps", "checkpoint.every_steps")
+        if self.min_interval_seconds is not None:
+            _positive_number(self, "min_interval_seconds", "checkpoint.min_interval_seconds", allow_zero=True)
+        _positive_int(self, "keep_last", "checkpoint.keep_last")
+
+    @property
+    def cadence_steps(self) -> int:
+        """Every how many steps a checkpoint is due."""
+        return DEFAULT_CHECKPOINT_EVERY_STEPS if self.every_steps is None else self.every_steps
+
+    @property
+    def floor_seconds(self) -> float:
+        """The least time between two checkpoints (0: every due step is taken)."""
+        if self.min_interval_seconds is not None:
+            return float(self.min_interval_seconds)
+        return DEFAULT_CHECKPOINT_MIN_INTERVAL_SECONDS if self.every_steps is None else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthConfig:
+    """Gradient-sync health: what is measured how often, and where the verdict's lines are drawn."""
+
+    # Every 10th step keeps the monitor under 3% of step time (bench/health_overhead.py).
+    every_steps: int = 10
+    checksum_every_steps: int = 50
+    window_steps: int = 20
+    straggler_ratio: float = 1.5
+    # Below this lag (slowest rank's compute minus the others' median) a ratio is timer noise, not a straggler.
+    straggler_min_lag_seconds: float = 0.005
+    max_sync_share: float = 0.85
+    stall_seconds: float = 120.0
+    # A store operation the training thread waits for (the first window of data, a checkpoint due while the
+    # previous one still uploads) that moves no byte for this long ends the job with STORE_UNAVAILABLE (not
+    # STALLED); a slow store that still moves bytes is waited for (health/liveness.py).
+    store_timeout_seconds: float = 300.0
+    divergence_tolerance: float = 1e-5
+    stop_on_degraded: bool = False
+    flush_seconds: float = 1.0
+    # The gradient norm is also taken before every checkpoint and at the last step, so a NaN/Inf that
+    # slipped in between measurements stops the job before any checkpoint holds it. True checks every
+    # step instead, so a NaN/Inf gradient is never applied, for more step time
+    # (bench/results/health_overhead-every-step.md).
+    nonfinite_every_step: bool = False
+    # False turns off the per-step measurements (gradient norm, NaN/Inf, allgathers, checksums); the
+    # stall watchdog and the heartbeat stay, since they cost nothing while steps complete.
+    enabled: bool = True
+    # How often rank 0 rewrites heartbeat.json (its last completed step and when), whatever the two
+    # settings above say: the watcher outside the job judges a stall on it. None: heartbeat_interval().
+    heartbeat_seconds: float | None = None
+
+    # Below a quarter of stall_seconds a late heartbeat write cannot make a live job look stalled; above
+    # 10 s it only costs writes (one small object per interval).
+    MAX_DEFAULT_HEARTBEAT_SECONDS = 10.0
+
+    def heartbeat_interval(self) -> float:
+        if self.heartbeat_seconds is not None:
+            return float(self.heartbeat_seconds)
+        return min(self.stall_seconds / 4, self.MAX_DEFAULT_HEARTBEAT_SECONDS)
+
+    def __post_init__(self) -> None:
+        for name in ("every_steps", "checksum_every_steps", "window_steps"):
+            _positive_int(self, name, f"health.{name}")
+        _require(_is_number(self.straggler_ratio) and self.straggler_ratio > 1, "health.straggler_ratio",
+                 f"is {self.straggler_ratio!r}", "use a ratio > 1 (slowest rank's compute time / median)")
+        _require(_is_number(self.max_sync_share) and 0 < self.max_sync_share <= 1, "health.max_sync_share",
+                 f"is {self.max_sync_share!r}", "use a fraction in (0, 1]")
+        _positive_number(self, "straggler_min_lag_seconds", "health.straggler_min_lag_seconds", allow_zero=True)
+        _positive_number(self, "stall_seconds", "health.stall_seconds")
+        _positive_number(self, "store_timeout_seconds", "health.store_timeout_seconds")
+        _positive_number(self, "divergence_tolerance", "health.divergence_tolerance")
+        _positive_number(self, "flush_seconds", "health.flush_seconds")
+        _require(isinstance(self.stop_on_degraded, bool), "health.stop_on_degraded",
+                 f"is {self.stop_on_degraded!r}", "use true or false")
+        _require(isinstance(self.nonfinite_every_step, bool), "health.nonfinite_every_step",
+                 f"is {self.nonfinite_every_step!r}", "use true or false")
+        _require(isinstance(self.enabled, bool), "health.enabled", f"is {self.enabled!r}", "use true or false")
+        if self.heartbeat_seconds is not None:
+            _positive_number(self, "heartbeat_seconds", "health.heartbeat_seconds")
+            _require(self.heartbeat_seconds <= self.stall_seconds / 2, "health.heartbeat_seconds",
+                     f"is {self.heartbeat_seconds!r}, not well under stall_seconds ({self.stall_seconds!r})",
+                     f"use at most {self.stall_seconds / 2:g} (half of stall_seconds), or leave it out for "
+                     f"{min(self.stall_seconds / 4, self.MAX_DEFAULT_HEARTBEAT_SECONDS):g}")
+
+
+@dataclasses.dataclass(frozen=True)
+class HorovodConfig:
+    """Horovod knobs. Defaults chosen by bench/throughput.py on a 2-core CPU machine."""
+
+    fusion_threshold_mb: float = 64.0
+    cycle_time_ms: float = 1.0
+    fp16_compression: bool = False
+    backward_passes_per_step: int = 1
+    # "sleep": wait for all-reduce by polling with short sleeps (sync_wait.py); "spin": Horovod's own wait.
+    wait: str = "spin"
+    # Open MPI busy-polls while a rank waits in a collective. Each rank also runs Horovod's background
+    # thread beside its training thread, so on a host whose cores the ranks fill, that polling takes CPU
+    # from the other rank's backward pass; yielding gives it back (bench/results/throughput.md).
+    # False leaves Open MPI's own choice (it yields only when it sees more ranks than slots).
+    mpi_yield_when_idle: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.wait in ("sleep", "spin"), "horovod.wait", f"is {self.wait!r}", 'use "sleep" or "spin"')
+        _positive_number(self, "fusion_threshold_mb", "horovod.fusion_threshold_mb", allow_zero=True)
+        _positive_number(self, "cycle_time_ms", "horovod.cycle_time_ms")
+        _require(isinstance(self.fp16_compression, bool), "horovod.fp16_compression",
+                 f"is {self.fp16_compression!r}", "use true or false")
+        _positive_int(self, "backward_passes_per_step", "horovod.backward_passes_per_step")
+        _require(isinstance(self.mpi_yield_when_idle, bool), "horovod.mpi_yield_when_idle",
+                 f"is {self.mpi_yield_when_idle!r}", "use true or false")
+
+    def environment(self) -> dict[str, str]:
+        """The env vars Horovod and Open MPI read at init (hvd.init); each rank sets them before it."""
+        env = {
+            "HOROVOD_FUSION_THRESHOLD": str(int(self.fusion_threshold_mb * 1024 * 1024)),
+            "HOROVOD_CYCLE_TIME": str(self.cycle_time_ms),
+        }
+        if self.mpi_yield_when_idle:
+            env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+        return env
+
+
+@dataclasses.dataclass(frozen=True)
+class DdpConfig:
+    """PyTorch DistributedDataParallel knobs (engine "ddp")."""
+
+    # DDP all-reduces gradients in buckets of this size as backward fills them: the bandwidth knob, like
+    # Horovod's fusion threshold. 25 MB is torch's own default.
+    bucket_cap_mb: float = 25.0
+    # Backward passes whose gradients add up (under DDP's no_sync) before one all-reduce and optimizer step.
+    backward_passes_per_step: int = 1
+
+    def __post_init__(self) -> None:
+        _positive_number(self, "bucket_cap_mb", "ddp.bucket_cap_mb")
+        _positive_int(self, "backward_passes_per_step", "ddp.backward_passes_per_step")
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultConfig:
+    """Fault injection for tests only: each fault fires on `rank` once `step` is reached."""
+
+    kind: str
+    rank: int = 0
+    step: int = 1
+    seconds: float = 0.0
+
+    KINDS = ("nan_gradient", "slow_rank", "perturb_replica", "hang", "crash")
+
+    def __post_init__(self) -> None:
+        _require(self.kind in self.KINDS, "faults[].kind", f"is {self.kind!r}", f"use one of {self.KINDS}")
+        _positive_int(self, "rank", "faults[].rank", minimum=0)
+        _positive_int(self, "step", "faults[].step")
+        _positive_number(self, "seconds", "faults[].seconds", allow_zero=True)
+
+
+OPTIMIZERS = ("sgd", "adam")
+# The data-parallel engines (training/rank/engines/): Horovod under horovodrun/mpirun, PyTorch DDP under torchrun.
+ENGINES = ("horovod", "ddp")
+DEFAULT_ENGINE = "horovod"
+# The numeric precision of forward and backward (training/rank/devices.py): fp32 everywhere, or autocast to
+# bfloat16 (CPU or GPU) or float16 (GPU only: its loss scaling, torch.amp.GradScaler, is CUDA's).
+PRECISIONS = ("fp32", "bf16", "fp16")
+# Whether each rank binds itself (all its threads) to its own share of the CPUs it may use (training/rank/cores.py):
+# "auto" where the job was given CPUs of its own (not on a whole host other work shares, where bound ranks
+# ran slower), true wherever each rank can have a CPU, false never.
+BIND_CORES_AUTO = "auto"
+BIND_CORES = (BIND_CORES_AUTO, True, False)
+DEFAULT_BIND_CORES = BIND_CORES_AUTO
+
+
+def is_bind_cores(value: Any) -> bool:
+    # By type too: 1 == True, and a JSON 1 or "true" is a typo to report, not a choice.
+    return value == BIND_CORES_AUTO or isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    manifest_uri: str
+    run_uri: str  # the run folder: checkpoints/, health.jsonl, result.json (run_layout.py)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    epochs: int = 5
+    batch_size: int = 32
+    learning_rate: float = 0.01
+    optimizer: str = "adam"
+    seed: int = 0
+    log_every_steps: int = 10
+    # Python's cyclic garbage collector runs every this many steps, the same step on every rank, and not on
+    # its own (training/rank/callbacks/garbage_collection.py); 0: Python's automatic collector.
+    gc_every_steps: int = 100
+    health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
+    engine: str = DEFAULT_ENGINE
+    horovod: HorovodConfig = dataclasses.field(default_factory=HorovodConfig)
+    ddp: DdpConfig = dataclasses.field(default_factory=DdpConfig)
+    precision: str = "fp32"
+    bind_cores: str | bool = DEFAULT_BIND_CORES
+    faults: tuple[FaultConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.manifest_uri, str) and self.manifest_uri.endswith(".json"), "manifest_uri",
+                 f"is {self.manifest_uri!r}", "point it at the shard step's manifest.json (path or URI)")
+        _require(isinstance(self.run_uri, str) and bool(self.run_uri), "run_uri", f"is {self.run_uri!r}",
+                 "give a folder path, file:// or s3://bucket/prefix URI for the run")
+        _positive_int(self, "epochs", "epochs")
+        _positive_int(self, "batch_size", "batch_size")
+        _positive_number(self, "learning_rate", "learning_rate")
+        _require(self.optimizer in OPTIMIZERS, "optimizer", f"is {self.optimizer!r}", f"use one of {OPTIMIZERS}")
+        _positive_int(self, "seed", "seed", minimum=0)
+        _positive_int(self, "log_every_steps", "log_every_steps")
+        _positive_int(self, "gc_every_steps", "gc_every_steps", minimum=0)
+        _require(self.engine in ENGINES, "engine", f"is {self.engine!r}",
+                 'use "horovod" (horovodrun/mpirun) or "ddp" (PyTorch DistributedDataParallel under torchrun)')
+        _require(self.precision in PRECISIONS, "precision", f"is {self.precision!r}",
+                 'use "fp32" (default), "bf16" (autocast to bfloat16, on CPU or a GPU) or "fp16" (autocast to '
+                 'float16 with loss scaling, GPU only)')
+        _require(is_bind_cores(self.bind_cores), "bind_cores",
+                 f"is {self.bind_cores!r}", 'use "auto" (default: bind where the job was given CPUs of its own), '
+                 'true (bind wherever every rank can have a CPU) or false (never bind)')
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> "JobConfig":
+        _require(isinstance(doc, Mapping), "<root>", f"is a {type(doc).__name__}", "give a JSON object")
+        return _build(cls, doc, "")
+
+
+_NESTED = {"checkpoint": CheckpointConfig, "model": ModelConfig, "health": HealthConfig, "horovod": HorovodConfig,
+           "ddp": DdpConfig}
+
+
+def _build(cls: type, doc: Mapping[str, Any], path: str) -> Any:
+    if cls is CheckpointConfig and "uri" in doc:  # the run folder was checkpoint.uri before it was run_uri
+        raise ConfigError("checkpoint.uri", "moved to run_uri", 'write the run folder as the top-level "run_uri"')
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(doc) - set(fields))
+    if unknown:
+        raise ConfigError(f"{path}{unknown[0]}", "is not a known field",
+                          f"remove it or use one of {sorted(fields)}")
+    missing = [n for n, f in fields.items() if n not in doc
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{path}{missing[0]}", "is missing", "add it (see README: job config)")
+    kwargs: dict[str, Any] = {}
+    for name, value in doc.items():
+        if cls is JobConfig and name in _NESTED:
+            _require(isinstance(value, Mapping), name, f"is a {type(value).__name__}", "give a JSON object")
+            value = _build(_NESTED[name], value, f"{name}.")
+        elif cls is JobConfig and name == "faults":
+            _require(isinstance(value, list), name, "is not a list", "give a list of fault objects")
+            value = tuple(_build(FaultConfig, f, "faults[].") for f in value)
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a value of a type the checks could not even compare
+        raise ConfigError(path.rstrip(".") or "<root>", str(exc), "check the value types") from exc
+
+
+def load_job_config(source: str) -> JobConfig:
+    """Read a config from a JSON file path or a file:// / s3:// URI."""
+    if source.startswith("s3://"):
+        from ringflow.training.store import open_store, split_uri
+
+        parent, name = split_uri(source)
+        text = open_store(parent).get_bytes(name).decode()
+    else:
+        path = source[len("file://"):] if source.startswith("file://") else source
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise ConfigError("<file>", f"cannot read {source!r} ({exc.strerror})", "give an existing JSON file") from exc
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("<file>", f"{source!r} is not valid JSON ({exc})", "fix the JSON syntax") from exc
+    return JobConfig.from_dict(doc)

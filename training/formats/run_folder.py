@@ -1,0 +1,328 @@
+"""A run folder with a fence: each attempt writes under a prefix of its own, and only what the current attempt
+published is visible. A stopped attempt whose processes live on (frozen, cut off from the launcher but not
+from the store) can write nothing anyone reads.
+
+    run.json                          the pointer: the current attempt and what it published, moved by
+                                      compare-and-swap (store.put_bytes_if_match / _if_absent)
+    attempts/<number>/                one attempt's own writes: checkpoints/ckpt-<step>/..., health.jsonl,
+                                      health/<n>.jsonl, heartbeat.json, result.json
+    eval.json, health.png             written by the Airflow tasks after the attempt (run_layout.py)
+
+    {"format": "ringflow.run/v1",
+     "attempt": {"number": 3, "id": "rf-…-t3", "prefix": "attempts/000003", "first_seq": 180},
+     "checkpoints": ["attempts/000003/checkpoints/ckpt-000000100", "attempts/000002/checkpoints/…"],
+     "result": "attempts/000003/result.json" | null,
+     "history": [{"number": 2, "id": "…", "prefix": "attempts/000002", "first_seq": 90, "last_seq": 179}, …]}
+
+The rules (after a lease: the pointer is the lease, its number the fencing token):
+- An attempt starts by `claim`: a compare-and-swap of run.json that makes it the current attempt with a
+  number one higher than the pointer's, keeping the published checkpoints, and freezing what the previous
+  attempt's health records show at that moment (`last_seq`): records it writes later are never read.
+- It writes everything under its own prefix, and publishes a checkpoint or its result by another
+  compare-and-swap that succeeds only while the pointer still names it. One that finds another number
+  there is fenced (`Fenced`): it stops at once and writes nothing more (verdict FENCED, exit 8).
+- Readers (resume, evaluate, promote, `ringflow health`, the trigger) follow the pointer only.
+- A run folder without run.json is today's layout (checkpoints/, health.jsonl, result.json at the top),
+  read as it is; the first attempt that claims it takes its checkpoints and records over as number 0.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from typing import Any
+
+from ringflow.training.formats.checkpoint import CheckpointManifest, CheckpointStore, LoadedCheckpoint, first_loadable
+from ringflow.training.health.records import HealthReader, last_seq_in, read_health_in
+from ringflow.training.formats.run_layout import CHECKPOINTS, RESULT
+from ringflow.training.store.base import ObjectNotFound, ObjectStore, PreconditionFailed, Progress, join_key
+
+POINTER = "run.json"
+ATTEMPTS = "attempts"
+FORMAT = "ringflow.run/v1"
+# The attempt number a today's-layout run folder's own files get when an attempt first claims it.
+LEGACY_NUMBER = 0
+
+log = logging.getLogger(__name__)
+
+
+class Fenced(RuntimeError):
+    """This attempt is no longer the current one: a newer attempt claimed the run folder."""
+
+    def __init__(self, mine: int, current: int, current_id: str | None):
+        self.mine, self.current, self.current_id = mine, current, current_id
+        super().__init__(f"attempt {mine} is fenced: attempt {current} ({current_id}) claimed the run folder "
+                         f"since; this attempt stops and writes nothing more")
+
+
+class RunFolderError(ValueError):
+    """run.json is not a pointer this ringflow can read."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptRef:
+    number: int
+    id: str | None
+    prefix: str
+    first_seq: int = 0
+    last_seq: int | None = None  # the last health record visible; None: the current attempt's, all of them
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPointer:
+    attempt: AttemptRef
+    checkpoints: tuple[str, ...] = ()  # checkpoint folders (keys), newest first
+    result: str | None = None
+    history: tuple[AttemptRef, ...] = ()
+
+    @property
+    def attempts(self) -> tuple[AttemptRef, ...]:
+        """Every attempt, oldest first: the history, then the current one."""
+        return (*self.history, self.attempt)
+
+    def to_json(self) -> bytes:
+        doc = {"format": FORMAT, "attempt": dataclasses.asdict(self.attempt), "checkpoints": list(self.checkpoints),
+               "result": self.result, "history": [dataclasses.asdict(a) for a in self.history],
+               "updated_at": time.time()}
+        return json.dumps(doc, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str) -> "RunPointer":
+        try:
+            doc = json.loads(raw)
+            if doc.get("format") != FORMAT:
+                raise RunFolderError(f"{where} is format {doc.get('format')!r}, not {FORMAT!r}: read it with the "
+                                     f"ringflow that wrote it")
+            return cls(AttemptRef(**doc["attempt"]), tuple(doc.get("checkpoints") or ()), doc.get("result"),
+                       tuple(AttemptRef(**a) for a in doc.get("history") or ()))
+        except RunFolderError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise RunFolderError(f"{where} is not a ringflow run pointer ({exc!r}); restore it or start a new "
+                                 f"run folder") from None
+
+
+def attempt_prefix(number: int) -> str:
+    return f"{ATTEMPTS}/{number:06d}"
+
+
+class RunFolder:
+    """The run folder at `store`: what the current attempt published, and the claim that makes a new one."""
+
+    def __init__(self, store: ObjectStore):
+        self.store = store
+
+    @property
+    def uri(self) -> str:
+        return self.store.uri
+
+    def pointer(self) -> tuple[RunPointer | None, str | None]:
+        """(run.json, its etag), or (None, None) for a run folder of today's layout or a new one."""
+        try:
+            raw, etag = self.store.get_bytes_tagged(POINTER)
+        except ObjectNotFound:
+            return None, None
+        return RunPointer.from_json(raw, f"{self.uri.rstrip('/')}/{POINTER}"), etag
+
+    # -- attempts ---------------------------------------------------------------------------------------
+
+    def claim(self, attempt_id: str) -> "Attempt":
+        """Make `attempt_id` the current attempt, with a number higher than any before; the previous one is
+        fenced from here on, and what its health records show now is all of them that stays visible."""
+        while True:
+            pointer, etag = self.pointer()
+            if pointer is None:
+                previous, checkpoints = self._legacy(), self._legacy_checkpoints()
+                history = () if previous is None else (previous,)
+            else:
+                previous, checkpoints, history = pointer.attempt, pointer.checkpoints, pointer.history
+            if previous is not None:
+                last = last_seq_in(self.store.child(previous.prefix) if previous.prefix else self.store)
+                frozen = dataclasses.replace(previous, last_seq=last if last is not None else previous.first_seq - 1)
+                history = (*history[:-1], frozen) if pointer is None else (*history, frozen)
+                number = previous.number + 1
+                first_seq = frozen.last_seq + 1
+            else:
+                number, first_seq = 1, 0
+            mine = AttemptRef(number, attempt_id, attempt_prefix(number), first_seq)
+            claimed = RunPointer(mine, tuple(checkpoints), None, tuple(history))
+            try:
+                if etag is None:
+                    new_etag = self.store.put_bytes_if_absent(POINTER, claimed.to_json())
+                else:
+                    new_etag = self.store.put_bytes_if_match(POINTER, claimed.to_json(), etag)
+            except PreconditionFailed:
+                continue  # another attempt claimed it first: claim after it
+            return Attempt(self, mine, new_etag)
+
+    def _legacy(self) -> AttemptRef | None:
+        """Today's layout's own files, as attempt 0 at the top of the folder, if there are any."""
+        if not any(True for _ in self.store.list("health.jsonl")) and not self._legacy_checkpoints():
+            return None
+        return AttemptRef(LEGACY_NUMBER, None, "", 0)
+
+    def _legacy_checkpoints(self) -> tuple[str, ...]:
+        return tuple(join_key(CHECKPOINTS, name) for name in CheckpointStore(self.store).names())
+
+    def attempt_store(self, attempt_id: str) -> ObjectStore | None:
+        """Where attempt `attempt_id` writes (its latest claim), or None while it has not claimed yet.
+        Today's layout: the folder itself."""
+        pointer, _ = self.pointer()
+        if pointer is None:
+            return self.store
+        for ref in reversed(pointer.attempts):
+            if ref.id == attempt_id:
+                return self.store.child(ref.prefix) if ref.prefix else self.store
+        return None
+
+    # -- what was published -----------------------------------------------------------------------------
+
+    def checkpoints(self) -> "PublishedCheckpoints":
+        return PublishedCheckpoints(self.store, self.pointer()[0])
+
+    def visible_attempts(self) -> list[tuple[AttemptRef, ObjectStore]]:
+        """Each attempt whose health records are read, oldest first, with its store (today's layout: one)."""
+        pointer, _ = self.pointer()
+        if pointer is None:
+            return [(AttemptRef(LEGACY_NUMBER, None, ""), self.store)]
+        return [(ref, self.store.child(ref.prefix) if ref.prefix else self.store) for ref in pointer.attempts]
+
+    def current_store(self) -> ObjectStore:
+        """Where the current attempt writes (today's layout, or no attempt yet: the folder itself)."""
+        pointer, _ = self.pointer()
+        return self.store.child(pointer.attempt.prefix) if pointer is not None else self.store
+
+    def records_after(self, seq: int) -> list[dict[str, Any]]:
+        """The visible health records after `seq`, oldest first: of each attempt, only what lies past `seq`
+        is read (each sealed segment at most once), and of a fenced attempt only up to what was visible
+        when it was fenced."""
+        if seq < 0 and self.pointer()[0] is None:
+            return read_health_in(self.store)  # today's layout, whole: records from before `seq` existed too
+        out: list[dict[str, Any]] = []
+        for ref, store in self.visible_attempts():
+            if ref.last_seq is not None and ref.last_seq <= seq:
+                continue
+            reader = HealthReader()
+            reader.last_seq = seq
+            records = reader.poll(store)
+            if ref.last_seq is not None:
+                records = [r for r in records if r["seq"] <= ref.last_seq]
+            out += records
+            if records:
+                seq = records[-1]["seq"]
+        return out
+
+    def result_key(self) -> str | None:
+        """The key of the result the current attempt published (today's layout: result.json)."""
+        pointer, _ = self.pointer()
+        return RESULT if pointer is None else pointer.result
+
+
+class Attempt:
+    """The current attempt's handle on the run folder (rank 0 writes through it): its own store, and the
+    compare-and-swaps that publish a checkpoint or its result while it is still current."""
+
+    def __init__(self, folder: RunFolder, ref: AttemptRef, etag: str):
+        self.folder, self.ref = folder, ref
+        self.store = folder.store.child(ref.prefix)
+        self._etag = etag
+        self._checked = time.monotonic()
+
+    @property
+    def number(self) -> int:
+        return self.ref.number
+
+    def check(self, max_age: float = 0.0) -> None:
+        """Raise Fenced if another attempt claimed the folder (read again when the last read is older)."""
+        if time.monotonic() - self._checked < max_age:
+            return
+        pointer, etag = self.folder.pointer()
+        self._checked = time.monotonic()
+        if pointer is None or pointer.attempt.number != self.ref.number:
+            raise Fenced(self.ref.number, pointer.attempt.number if pointer else -1,
+                         pointer.attempt.id if pointer else None)
+
+    def _publish(self, change) -> RunPointer:
+        """Apply `change(pointer) -> pointer` by compare-and-swap while this attempt is current."""
+        while True:
+            pointer, etag = self.folder.pointer()
+            if pointer is None or pointer.attempt.number != self.ref.number:
+                raise Fenced(self.ref.number, pointer.attempt.number if pointer else -1,
+                             pointer.attempt.id if pointer else None)
+            updated = change(pointer)
+            try:
+                self._etag = self.folder.store.put_bytes_if_match(POINTER, updated.to_json(), etag)
+            except PreconditionFailed:
+                continue  # changed under us: read again (a newer claim fences us on the next read)
+            self._checked = time.monotonic()
+            return updated
+
+    def publish_checkpoint(self, name: str, keep_last: int | None) -> list[str]:
+        """Make checkpoint `name` (written under this attempt's checkpoints/) the newest published one;
+        returns the checkpoint folders no longer kept, for the caller to delete."""
+        key = join_key(self.ref.prefix, CHECKPOINTS, name)
+        dropped: list[str] = []
+
+        def change(pointer: RunPointer) -> RunPointer:
+            listed = [key] + [k for k in pointer.checkpoints if k != key]
+            kept = listed[:keep_last] if keep_last is not None else listed
+            dropped[:] = listed[len(kept):]
+            return dataclasses.replace(pointer, checkpoints=tuple(kept))
+
+        self._publish(change)
+        return dropped
+
+    def publish_result(self, raw: bytes) -> None:
+        """Write the result under this attempt, then point run.json at it."""
+        self.check()
+        key = join_key(self.ref.prefix, RESULT)
+        self.folder.store.put_bytes(key, raw)
+        self._publish(lambda pointer: dataclasses.replace(pointer, result=key))
+
+
+class PublishedCheckpoints:
+    """The checkpoints run.json lists, newest first, read like one CheckpointStore (today's layout: the
+    folder's checkpoints/). A name may exist under several attempts; the published one is meant."""
+
+    def __init__(self, store: ObjectStore, pointer: RunPointer | None):
+        self.store = store
+        if pointer is None:
+            self._legacy = CheckpointStore(store, keep_last=None)
+            self._keys: tuple[str, ...] = ()
+        else:
+            self._legacy = None
+            self._keys = pointer.checkpoints
+
+    def _locate(self, name: str) -> CheckpointStore:
+        if self._legacy is not None:
+            return self._legacy
+        for key in self._keys:
+            prefix, _, found = key.rpartition("/")
+            if found == name:
+                return CheckpointStore(self.store, prefix=prefix, keep_last=None)
+        raise ObjectNotFound(f"checkpoint {name} is not published in {self.store.uri.rstrip('/')}/{POINTER} "
+                             f"(published: {[k.rpartition('/')[2] for k in self._keys]})")
+
+    def prefix_of(self, name: str) -> str:
+        """The checkpoint's folder prefix in the run folder (e.g. attempts/000003/checkpoints)."""
+        return self._locate(name).prefix
+
+    def names(self) -> list[str]:
+        if self._legacy is not None:
+            return self._legacy.names()
+        return [k.rpartition("/")[2] for k in self._keys]
+
+    def read_manifest(self, name: str) -> CheckpointManifest:
+        return self._locate(name).read_manifest(name)
+
+    def load(self, name: str, progress: Progress | None = None) -> LoadedCheckpoint:
+        return self._locate(name).load(name, progress)
+
+    def verify(self, name: str) -> CheckpointManifest:
+        return self._locate(name).verify(name)
+
+    def latest_valid(self, progress: Progress | None = None) -> LoadedCheckpoint | None:
+        if self._legacy is not None:
+            return self._legacy.latest_valid(progress)
+        return first_loadable(self.names(), lambda name: self.load(name, progress), self.store.uri)

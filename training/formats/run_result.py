@@ -1,0 +1,161 @@
+"""result.json: how one attempt of a training job ended. Rank 0 writes it; every reader goes through here.
+
+    {"format": "ringflow.result/v1", "status": "succeeded" | "failed", "attempt": "…",
+     "step": 340, "epoch": 5, "loss": 0.12, "checkpoint": "ckpt-000000340" | null,
+     "verdict": {"status": "HEALTHY", "reason": "…", "evidence": {…}} | null,
+     "resumed_from": "ckpt-…" | null, "world_size": 2,
+     "samples_per_sec_after_warmup": 5100.0 | null, "health_monitor_share_after_warmup": 0.013 | null,
+     "checkpoint_blocked_seconds": 0.4 | null}
+
+`checkpoint_blocked_seconds`: rank 0's training thread's time in checkpoints (snapshots, and waits for a
+previous upload still running; checkpoint_writer.py); the uploads themselves run in the background.
+
+It is the job's outcome as the job itself decided it: the launcher turns it into the process's exit status
+(`exit_code`), the Airflow trigger hands it to the operator in its event, and evaluate and promote read the
+final checkpoint and verdict from it. A retried task reuses the run folder, so a reader that knows which
+attempt it watches (worker_env.ATTEMPT_ENV) takes only that attempt's result (`read_result(…, attempt)`).
+Torch-free and Airflow-free: both sides import it. NaN/Inf are written as strings, as in health.jsonl.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, Mapping
+
+from ringflow.training.formats import exit_codes
+from ringflow.training.health.verdict import Verdict
+from ringflow.training.formats.run_layout import RESULT
+from ringflow.training.store.base import ObjectNotFound, ObjectStore
+
+FORMAT = "ringflow.result/v1"
+SUCCEEDED, FAILED = "succeeded", "failed"
+STATUSES = (SUCCEEDED, FAILED)
+
+
+class ResultError(ValueError):
+    """result.json is not a result this ringflow can read."""
+
+
+def _strict(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return {str(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)  # "nan"/"inf" as written by _strict
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    status: str
+    attempt: str | None  # None only in a result written before attempts were recorded
+    step: int
+    epoch: int
+    world_size: int
+    checkpoint: str | None = None
+    verdict: Verdict | None = None
+    loss: float = math.nan
+    resumed_from: str | None = None
+    samples_per_sec_after_warmup: float | None = None
+    health_monitor_share_after_warmup: float | None = None
+    checkpoint_blocked_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ResultError(f"result status {self.status!r}: use one of {STATUSES}")
+        if self.status == SUCCEEDED and not self.checkpoint:
+            raise ResultError("a succeeded result names its final checkpoint; got none")
+        if self.status == FAILED and self.checkpoint is not None:
+            raise ResultError(f"a failed result has no final checkpoint; got {self.checkpoint!r}")
+        if self.attempt is not None and (not isinstance(self.attempt, str) or not self.attempt):
+            raise ResultError(f"result attempt {self.attempt!r}: use the launch's attempt id (a non-empty string)")
+        for name in ("step", "epoch", "world_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "world_size" else 0):
+                raise ResultError(f"result {name} is {value!r}; use a whole number >= "
+                                  f"{1 if name == 'world_size' else 0}")
+        if self.verdict is not None and not isinstance(self.verdict, Verdict):
+            raise ResultError(f"result verdict is a {type(self.verdict).__name__}; use a health Verdict")
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == SUCCEEDED
+
+    @property
+    def exit_code(self) -> int:
+        """The job's exit status for this result: 0, the verdict's code (exit_codes.BY_VERDICT), or 1."""
+        if self.succeeded:
+            return exit_codes.OK
+        return exit_codes.for_verdict(self.verdict.status if self.verdict else None)
+
+    def is_of(self, attempt: str | None) -> bool:
+        """Whether this is the result of `attempt` (None: whichever attempt wrote last)."""
+        return attempt is None or self.attempt == attempt
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = {"format": FORMAT} | {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        doc["verdict"] = self.verdict.to_dict() if self.verdict else None
+        return json.loads(json.dumps(_strict(doc), default=str))  # plain JSON: evidence may hold tuples
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), indent=1, allow_nan=False).encode()
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], where: str = RESULT) -> "RunResult":
+        if not isinstance(doc, Mapping):
+            raise ResultError(f"{where} holds a {type(doc).__name__}, not a ringflow result")
+        fmt = doc.get("format")
+        # No format: written by ringflow before results were versioned; the same fields.
+        if fmt not in (FORMAT, None):
+            raise ResultError(f"{where} is format {fmt!r}, not {FORMAT!r}: read it with the ringflow that wrote it")
+        try:
+            v = doc.get("verdict")
+            verdict = Verdict(v["status"], v.get("reason", ""), v.get("evidence") or {}) if v else None
+            return cls(status=doc["status"], attempt=doc.get("attempt"), step=int(doc["step"]),
+                       epoch=int(doc["epoch"]), world_size=int(doc["world_size"]), checkpoint=doc.get("checkpoint"),
+                       verdict=verdict, loss=_float(doc.get("loss", math.nan)),
+                       resumed_from=doc.get("resumed_from"),
+                       samples_per_sec_after_warmup=_float(doc.get("samples_per_sec_after_warmup")),
+                       health_monitor_share_after_warmup=_float(doc.get("health_monitor_share_after_warmup")),
+                       checkpoint_blocked_seconds=_float(doc.get("checkpoint_blocked_seconds")))
+        except ResultError as exc:
+            raise ResultError(f"{where}: {exc}") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ResultError(f"{where} is not a ringflow result ({exc!r}); rerun the train task") from None
+
+    @classmethod
+    def from_json(cls, raw: bytes | str, where: str = RESULT) -> "RunResult":
+        try:
+            doc = json.loads(raw)
+        except ValueError as exc:
+            raise ResultError(f"{where} is not JSON ({exc}); rerun the train task") from None
+        return cls.from_dict(doc, where)
+
+
+def write_result(store: ObjectStore, result: RunResult) -> None:
+    """result.json at the top of `store` (a run folder of today's layout, a test's folder); an attempt of a
+    fenced run folder publishes its own through run_folder.Attempt.publish_result."""
+    store.put_bytes(RESULT, result.to_json())
+
+
+def read_result(store: ObjectStore, attempt: str | None = None) -> RunResult | None:
+    """The run folder's published result (run_folder.py: the current attempt's, once it published one; in a
+    folder of today's layout, result.json), if `attempt` wrote it (any attempt when None); None when there
+    is none. A result that cannot be read raises ResultError (a problem to fix, not a missing result)."""
+    from ringflow.training.formats.run_folder import RunFolder
+
+    key = RunFolder(store).result_key()
+    if key is None:
+        return None
+    try:
+        raw = store.get_bytes(key)
+    except ObjectNotFound:
+        return None
+    result = RunResult.from_json(raw, f"{store.uri.rstrip('/')}/{key}")
+    return result if result.is_of(attempt) else None

@@ -1,0 +1,50 @@
+"""Fault injection, driven by the job config's `faults` list: tests use it to prove the health checks fire."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import torch
+
+from ringflow.training.rank.callbacks.base import Callback
+from ringflow.training.formats.config import JobConfig
+
+
+class FaultInjection(Callback):
+    def __init__(self, cfg: JobConfig, rank: int):
+        self._faults = [f for f in cfg.faults if f.rank == rank]
+        self._fired: set[str] = set()
+
+    @property
+    def active(self) -> bool:
+        """Whether this rank has any fault to inject."""
+        return bool(self._faults)
+
+    def _due(self, kind: str, step: int, once: bool = True):
+        for f in self._faults:
+            if f.kind == kind and step >= f.step and not (once and kind in self._fired):
+                self._fired.add(kind)
+                return f
+        return None
+
+    def before_backward(self, loop, loss: torch.Tensor) -> torch.Tensor:
+        step = loop.step + 1
+        slow = self._due("slow_rank", step, once=False)
+        if slow is not None:
+            time.sleep(slow.seconds)
+        if self._due("hang", step) is not None:
+            print(f"[ringflow] fault: hanging at step {step}", file=sys.stderr, flush=True)
+            time.sleep(10**6)
+        if self._due("crash", step) is not None:
+            print(f"[ringflow] fault: SIGKILL at step {step}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self._due("nan_gradient", step) is not None:
+            return loss * float("nan")
+        return loss
+
+    def after_optimizer_step(self, loop, timing) -> None:
+        if self._due("perturb_replica", loop.step) is not None:
+            with torch.no_grad():
+                next(loop.model.parameters()).add_(1e-2)

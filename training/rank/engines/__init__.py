@@ -1,0 +1,38 @@
+"""The data-parallel engines behind engine.Engine, one file each, and the one choice between them.
+
+Torch-free, so the launcher (and through it the Airflow side) can import the choice.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Mapping
+
+from ringflow.training.formats.config import ENGINES, ConfigError, JobConfig
+
+if TYPE_CHECKING:
+    from ringflow.training.rank.engine import Engine
+
+# Set by `ringflow train --engine` for every rank: it overrides the config's `engine` for that launch, so
+# the rank starts the engine its launcher (horovodrun or torchrun) was chosen for.
+ENGINE_ENV = "RINGFLOW_ENGINE"
+
+
+def engine_name(cfg: JobConfig, override: str | None = None) -> str:
+    """The engine a launch uses: the override (`--engine`, or ENGINE_ENV in a rank) else the config's."""
+    name = override or cfg.engine
+    if name not in ENGINES:
+        raise ConfigError("engine", f"is {name!r} (from --engine or ${ENGINE_ENV})",
+                          f"use one of {ENGINES}")
+    return name
+
+
+def start_engine(cfg: JobConfig, environ: Mapping[str, str] = os.environ) -> "Engine":
+    """Start this rank's engine: the one its launcher was chosen for."""
+    name = engine_name(cfg, environ.get(ENGINE_ENV))
+    if name == "ddp":
+        from ringflow.training.rank.engines.ddp import DdpEngine
+
+        return DdpEngine.start(cfg)
+    from ringflow.training.rank.engines.horovod import HorovodEngine
+
+    return HorovodEngine.start(cfg)
