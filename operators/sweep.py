@@ -30,17 +30,16 @@ from airflow.sdk import BaseOperator, TaskGroup, task, task_group
 from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
 from ringflow.operators.evaluate import EvaluateModelOperator
 from ringflow.operators.pipeline import DEFAULT_GATE, JOB_OVERRIDES_SCHEMA, default_suite_for
-from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, Gate, GateArguments
+from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, Gate, GateArguments, run_folder_in
 from ringflow.operators.shard import ShardDatasetOperator
 from ringflow.operators.tracking import MlflowTracking
-from ringflow.operators.train import HorovodTrainOperator, check_overrides
+from ringflow.operators.train import HorovodTrainOperator, train_run_uri, check_overrides
 from ringflow.operators.validate import ValidateDatasetOperator
-from ringflow.training import run_layout
 from ringflow.training.backends.kubernetes.backend import backend_from_env
-from ringflow.training.registry.model_registry import ModelRegistry, run_key_in
-from ringflow.training.run_result import ResultError, RunResult, read_result
+from ringflow.training.registry.model_registry import ModelRegistry
+from ringflow.training.run_folder import EvalUnreadable, RunFolder
+from ringflow.training.run_result import ResultError
 from ringflow.training.runs import store_layout
-from ringflow.training.store.base import ObjectNotFound, ObjectStore, join_key
 from ringflow.training.tracking.settings import DEFAULT_ALIAS
 
 CANDIDATE_GROUP = "candidate"
@@ -149,37 +148,33 @@ def select_best(candidates: Sequence[Candidate], gate: Gate) -> Selection:
     return Selection(winner=best.index, reasons=reasons)
 
 
-def read_candidate(store: ObjectStore, store_uri: str, index: int, run_uri: str) -> Candidate:
-    """One candidate from its run folder: result.json (train) and eval.json (evaluate)."""
-    run_key = run_key_in(store_uri, run_uri)
+def read_candidate(run: RunFolder, index: int) -> Candidate:
+    """One candidate from its run folder: its published result (train) and eval.json (evaluate)."""
     try:
-        result = read_result(store.child(run_key))  # the published one (run_folder.py)
+        result = run.read_result()  # the published one (run_folder.py)
     except ResultError as exc:
-        return Candidate(index, run_uri, problem=f"unreadable result.json: {exc}")
+        return Candidate(index, run.uri, problem=f"unreadable result.json: {exc}")
     if result is None:
-        return Candidate(index, run_uri, problem="no result.json: its train task failed before the job finished "
+        return Candidate(index, run.uri, problem="no result.json: its train task failed before the job finished "
                                                  "(see that task's log)")
     verdict = result.verdict.status if result.verdict else None
-    base = dict(index=index, run_uri=run_uri, status=result.status, checkpoint=result.checkpoint, verdict=verdict)
+    base = dict(index=index, run_uri=run.uri, status=result.status, checkpoint=result.checkpoint, verdict=verdict)
     if not result.succeeded:
         return Candidate(**base)
     try:
-        doc = json.loads(store.get_bytes(join_key(run_key, run_layout.EVAL)))
-    except ObjectNotFound:
+        evaluation = run.read_eval()
+    except EvalUnreadable as exc:
+        return Candidate(**base, problem=f"unreadable eval.json: {exc}")
+    if evaluation is None:
         return Candidate(**base, problem="no eval.json: its evaluate task did not finish (see that task's log)")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return Candidate(**base, problem=f"unreadable eval.json ({exc})")
-    metrics = doc.get("metrics") if isinstance(doc, dict) else None
-    if not isinstance(metrics, dict):
-        return Candidate(**base, problem="eval.json has no metrics object")
-    return Candidate(**base, metrics=metrics)
+    return Candidate(**base, metrics=evaluation["metrics"])
 
 
 class SelectAndPromoteOperator(GateArguments, BaseOperator):
     """Pick the best healthy candidate of a sweep and promote it (see the module docstring).
 
     configurations: the list the candidates were mapped over (its length is the number of candidates).
-    group_id: the mapped TaskGroup whose train tasks derived the run folders (store_layout.run_uri).
+    group_id: the mapped TaskGroup whose train tasks derived the run folders (train.train_run_uri).
     mlflow_conn_id, mlflow_alias: as PromoteModelOperator's: the winner is also registered in MLflow.
     Returns (XCom) `{"promoted", "winner", "reason", "version", "previous", "metric", "value", "candidates":
     [{"index", "run_uri", "verdict", "value", "reason"}]}`.
@@ -205,9 +200,9 @@ class SelectAndPromoteOperator(GateArguments, BaseOperator):
         gate = self.gate
         count = len(checked_configurations(self.configurations))
         store = open_store_for(self.store_uri, self.conn_id)
-        candidates = [read_candidate(store, self.store_uri, i,
-                                     store_layout.run_uri(self.store_uri, ti.dag_id, ti.run_id, self.group_id, map_index=i))
-                      for i in range(count)]
+        runs = [run_folder_in(store, self.store_uri, train_run_uri(self.store_uri, ti, self.group_id, i))
+                for i in range(count)]
+        candidates = [read_candidate(run, i) for i, run in enumerate(runs)]
         selection = select_best(candidates, gate)
         table = [{"index": c.index, "run_uri": c.run_uri, "verdict": c.verdict,
                   "value": (c.metrics or {}).get(gate.metric), "reason": selection.reasons.get(c.index, "best")}
@@ -237,7 +232,7 @@ class SelectAndPromoteOperator(GateArguments, BaseOperator):
             outcome["mlflow_version"] = tracking.register(context, run_uri=best.run_uri, checkpoint=best.checkpoint,
                                                           model_name=self.name, store_version=promotion.version,
                                                           metrics=metrics,
-                                                          run_folder=store.child(run_key_in(self.store_uri, best.run_uri)))
+                                                          run_folder=runs[best.index])
         return {**outcome, "promoted": True, "reason": f"candidate {best.index} is the best and passed the gate"}
 
 

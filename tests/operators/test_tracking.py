@@ -153,7 +153,7 @@ def test_runs_are_tracked_and_promotions_registered_and_rolled_back(tmp_path, di
     # a retried promote task finds its MLflow version instead of registering another
     again = MlflowTracking(CONN_ID, conn_id=None).register(
         context("manual__b", "promote"), run_uri=out_b["run_uri"], checkpoint=out_b["checkpoint"],
-        model_name=name, store_version=2, metrics=ev_b["metrics"], run_folder=open_store(out_b["run_uri"]))
+        model_name=name, store_version=2, metrics=ev_b["metrics"], run_folder=RunFolder.open(out_b["run_uri"]))
     assert again == 2 and len(client.search_model_versions(f"name='{name}'")) == 2
 
     # -- rollback: production back to version 1, and @champion with it
