@@ -13,6 +13,7 @@ import datetime as dt
 from airflow.sdk import DAG, Param
 
 from ringflow.operators.pipeline import ringflow_pipeline
+from ringflow.operators.pipeline_specs import DataSpec, GateSpec, TrainingSpec
 from ringflow.training.core.runs import store_layout
 
 with DAG(
@@ -29,10 +30,11 @@ with DAG(
     },
 ):
     ringflow_pipeline(
-        "digits_images", dataset_uri="builtin:digits_images", model_name="digits-cnn",
-        store_uri=store_layout.default_store_uri(), num_workers="{{ params.num_workers }}",
-        epochs="{{ params.epochs }}", batch_size=32, learning_rate=0.005, suite="suites/digits_images.json",
-        gate={"metric": "accuracy", "mode": "max"},
-        job_config={"model": {"kind": "custom", "factory": "ringflow.training.rank.models:conv_net",
-                              "kwargs": {"channels": [16, 32]}}},
+        "digits_images", model_name="digits-cnn", store_uri=store_layout.default_store_uri(),
+        data=DataSpec("builtin:digits_images", suite="suites/digits_images.json"),
+        training=TrainingSpec(num_workers="{{ params.num_workers }}", epochs="{{ params.epochs }}", batch_size=32,
+                              learning_rate=0.005,
+                              job_config={"model": {"kind": "custom", "factory": "ringflow.training.rank.models:conv_net",
+                                                    "kwargs": {"channels": [16, 32]}}}),
+        gate=GateSpec(metric="accuracy", mode="max"),
     )

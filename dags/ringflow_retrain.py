@@ -18,6 +18,7 @@ import datetime as dt
 from airflow.sdk import DAG, Asset, Param
 
 from ringflow.operators.pipeline import JOB_OVERRIDES_SCHEMA, ringflow_pipeline
+from ringflow.operators.pipeline_specs import DataSpec, GateSpec, TrainingSpec
 from ringflow.training.formats.config import DEFAULT_ENGINE, ENGINES
 from ringflow.training.core.registry.model_registry import MODEL_NAME_PATTERN
 from ringflow.training.core.runs import store_layout
@@ -71,18 +72,14 @@ def params(dataset_default: str) -> dict[str, Param]:
 def pipeline() -> None:
     ringflow_pipeline(
         "digits",
-        dataset_uri="{{ params.dataset_uri }}",
         model_name="{{ params.model_name }}",
         store_uri=STORE,
-        num_workers="{{ params.num_workers }}",
-        epochs="{{ params.epochs }}",
-        batch_size="{{ params.batch_size }}",
-        learning_rate="{{ params.learning_rate }}",
-        suite=SUITE,
-        gate={"metric": "{{ params.gate_metric }}", "mode": "{{ params.gate_mode }}",
-              "threshold": "{{ params.gate_threshold }}"},
-        job_config="{{ params.job_overrides }}",
-        engine="{{ params.engine }}",
+        data=DataSpec("{{ params.dataset_uri }}", suite=SUITE),
+        training=TrainingSpec(num_workers="{{ params.num_workers }}", epochs="{{ params.epochs }}",
+                              batch_size="{{ params.batch_size }}", learning_rate="{{ params.learning_rate }}",
+                              job_config="{{ params.job_overrides }}", engine="{{ params.engine }}"),
+        gate=GateSpec(metric="{{ params.gate_metric }}", mode="{{ params.gate_mode }}",
+                      threshold="{{ params.gate_threshold }}"),
     )
 
 

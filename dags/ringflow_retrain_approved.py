@@ -14,6 +14,7 @@ import datetime as dt
 from airflow.sdk import DAG, Param
 
 from ringflow.operators.pipeline import ringflow_pipeline
+from ringflow.operators.pipeline_specs import DataSpec, GateSpec, TrainingSpec
 from ringflow.training.core.registry.model_registry import MODEL_NAME_PATTERN
 from ringflow.training.core.runs import store_layout
 
@@ -26,14 +27,11 @@ with DAG("ringflow_retrain_approved", schedule=None, start_date=dt.datetime(2025
                  "epochs": Param(5, type="integer", minimum=1, maximum=1000, title="Epochs")}):
     ringflow_pipeline(
         "digits",
-        dataset_uri="builtin:digits",
         model_name="{{ params.model_name }}",
         store_uri=store_layout.default_store_uri(),
-        epochs="{{ params.epochs }}",
-        batch_size=32,
-        learning_rate=0.002,
-        suite="suites/digits.json",
-        require_approval=True,
-        approval_timeout=dt.timedelta(hours=24),
-        # approvers=["alice", "bob"],  # only these users may answer (the auth manager's user ids)
+        data=DataSpec("builtin:digits", suite="suites/digits.json"),
+        training=TrainingSpec(epochs="{{ params.epochs }}", batch_size=32, learning_rate=0.002),
+        gate=GateSpec(require_approval=True, approval_timeout=dt.timedelta(hours=24),
+                      # approvers=["alice", "bob"],  # only these users may answer (the auth manager's user ids)
+                      ),
     )

@@ -13,6 +13,7 @@ import datetime as dt
 from airflow.sdk import DAG, Param
 
 from ringflow.operators.sweep import SWEEP_CONFIGURATIONS_PARAM, ringflow_sweep
+from ringflow.operators.pipeline_specs import DataSpec, GateSpec, TrainingSpec
 from ringflow.training.core.registry.model_registry import MODEL_NAME_PATTERN
 from ringflow.training.core.runs import store_layout
 
@@ -37,8 +38,10 @@ with DAG(
     },
 ):
     ringflow_sweep(
-        "digits", dataset_uri="builtin:digits", model_name="{{ params.model_name }}", store_uri=STORE,
-        configurations="{{ params.configurations }}", num_workers="{{ params.num_workers }}",
-        epochs="{{ params.epochs }}", batch_size=32, learning_rate=0.002, suite="suites/digits.json",
-        gate={"metric": "accuracy", "mode": "max"},
+        "digits", model_name="{{ params.model_name }}", store_uri=STORE,
+        configurations="{{ params.configurations }}",
+        data=DataSpec("builtin:digits", suite="suites/digits.json"),
+        training=TrainingSpec(num_workers="{{ params.num_workers }}", epochs="{{ params.epochs }}", batch_size=32,
+                              learning_rate=0.002),
+        gate=GateSpec(metric="accuracy", mode="max"),
     )

@@ -12,6 +12,7 @@ import datetime as dt
 from airflow.sdk import DAG, Param
 
 from ringflow.operators.pipeline import ringflow_pipeline
+from ringflow.operators.pipeline_specs import DataSpec, GateSpec, TrainingSpec
 from ringflow.training.core.runs import store_layout
 
 STORE = store_layout.default_store_uri()
@@ -30,12 +31,16 @@ with DAG(
     },
 ):
     ringflow_pipeline(
-        "digits", dataset_uri="builtin:digits", model_name="digits-mlp", store_uri=STORE,
-        num_workers="{{ params.num_workers }}", epochs="{{ params.epochs }}", batch_size=32, learning_rate=0.002,
-        suite="suites/digits.json", gate={"metric": "accuracy", "mode": "max"},
+        "digits", model_name="digits-mlp", store_uri=STORE,
+        data=DataSpec("builtin:digits", suite="suites/digits.json"),
+        training=TrainingSpec(num_workers="{{ params.num_workers }}", epochs="{{ params.epochs }}", batch_size=32,
+                              learning_rate=0.002),
+        gate=GateSpec(metric="accuracy", mode="max"),
     )
     ringflow_pipeline(
-        "diabetes", dataset_uri="builtin:diabetes", model_name="diabetes-mlp", store_uri=STORE,
-        num_workers="{{ params.num_workers }}", epochs="{{ params.epochs }}", batch_size=16, learning_rate=0.01,
-        suite="suites/diabetes.json", gate={"metric": "mse", "mode": "min"},
+        "diabetes", model_name="diabetes-mlp", store_uri=STORE,
+        data=DataSpec("builtin:diabetes", suite="suites/diabetes.json"),
+        training=TrainingSpec(num_workers="{{ params.num_workers }}", epochs="{{ params.epochs }}", batch_size=16,
+                              learning_rate=0.01),
+        gate=GateSpec(metric="mse", mode="min"),
     )

@@ -27,6 +27,7 @@ import urllib.parse
 from typing import Any
 
 from ringflow.training.core.backends.kubernetes.client import ClusterConfig
+from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.store import ObjectStore, S3Settings, StoreConfigError, open_store
 
 DEFAULT_CONN_ID = "ringflow_s3"
@@ -117,12 +118,24 @@ def _tuning(conn_id: str, config_kwargs: Any) -> dict[str, Any]:
     return tuning
 
 
-def open_store_for(uri: str, conn_id: str | None = DEFAULT_CONN_ID) -> ObjectStore:
-    """Open the store at `uri`: a local path or file:// URI as is, an s3:// URI with the credentials
-    of connection `conn_id`, or of the environment when conn_id is None (no connection)."""
+def s3_settings_for(uri: str, conn_id: str | None = DEFAULT_CONN_ID) -> S3Settings | None:
+    """The S3 settings a task opens `uri` with: connection `conn_id`'s for an s3:// URI; None (the
+    environment's, or none needed) for a local path or file:// URI, or when conn_id is None. The one
+    credential route of the Airflow tasks: every store and run folder they open gets its settings here."""
     if conn_id and isinstance(uri, str) and urllib.parse.urlsplit(uri).scheme == "s3":
-        return open_store(uri, s3=s3_settings_from_connection(conn_id))
-    return open_store(uri)
+        return s3_settings_from_connection(conn_id)
+    return None
+
+
+def open_store_for(uri: str, conn_id: str | None = DEFAULT_CONN_ID) -> ObjectStore:
+    """Open the store at `uri` with the settings s3_settings_for gives."""
+    return open_store(uri, s3=s3_settings_for(uri, conn_id))
+
+
+def open_run_folder(uri: str, conn_id: str | None = DEFAULT_CONN_ID) -> RunFolder:
+    """Open the run folder at `uri` with the settings s3_settings_for gives: what every task reads a run
+    through (its result, eval, health records, checkpoints; the shards it names, with the same settings)."""
+    return RunFolder.open(uri, s3_settings_for(uri, conn_id))
 
 
 def _truthy(value: Any) -> bool:

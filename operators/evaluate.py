@@ -1,47 +1,28 @@
 """Score a training run's final checkpoint on the held-out split (ringflow.training.core.evaluate).
 
-The metrics land in `eval.json` in the run folder (evaluate_run writes it), where the promote task reads
-them. Torch is imported only when the task runs: DAG files importing this module stay light.
-
-For an s3:// run the training code reads its S3 settings from the environment (RINGFLOW_S3_ENDPOINT,
-AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); the operator takes them from the Airflow connection and sets
-them only for the duration of the call.
+The metrics land in `eval.json` in the run folder (evaluate_run writes it through the RunFolder), where the
+promote task reads them. Torch is imported only when the task runs: DAG files importing this module stay
+light. An s3:// run folder, and the shards its checkpoint names, are read with the S3 settings of the task's
+connection (connections.open_run_folder): nothing is put in the process environment.
 """
 from __future__ import annotations
 
-import contextlib
-import urllib.parse
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
 
-from ringflow.operators.connections import DEFAULT_CONN_ID, s3_settings_from_connection
+from ringflow.operators.connections import DEFAULT_CONN_ID, open_run_folder
 from ringflow.operators.tracking import MlflowTracking
-from ringflow.training.core.runs import store_layout
-from ringflow.training.core.scoped_environ import scoped_environ
-
-
-@contextlib.contextmanager
-def s3_env_for(uri: str, conn_id: str | None) -> Iterator[None]:
-    """Within the block, the process environment carries the S3 settings of `conn_id` if `uri` is on S3;
-    the previous values come back afterwards, so no credential outlives the call. conn_id None: no
-    connection, the environment's own S3 settings stay (connections.py)."""
-    if urllib.parse.urlsplit(uri).scheme != "s3" or conn_id is None:
-        yield
-        return
-    with scoped_environ(s3_settings_from_connection(conn_id).to_env()):
-        yield
 
 
 def evaluate(run_uri: str, checkpoint: str | None = None,
              conn_id: str | None = DEFAULT_CONN_ID) -> dict[str, Any]:
-    """evaluate_run with the S3 settings of `conn_id`; returns eval.json's document plus where it is."""
+    """evaluate_run on the run folder opened with `conn_id`; returns eval.json's document plus where it is."""
     from ringflow.training.core.evaluate import evaluate_run  # imports torch
-    from ringflow.training.formats.run_layout import EVAL
 
-    with s3_env_for(run_uri, conn_id):
-        doc = evaluate_run(run_uri, checkpoint)
-    return {**doc, "run_uri": run_uri, "eval_uri": store_layout.join(run_uri, EVAL)}
+    run = open_run_folder(run_uri, conn_id)
+    doc = evaluate_run(run, checkpoint)
+    return {**doc, "run_uri": run_uri, "eval_uri": run.eval_uri}
 
 
 class EvaluateModelOperator(BaseOperator):

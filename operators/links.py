@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperatorLink
 
-from ringflow.training.formats import run_layout
 from ringflow.training.core.runs import store_layout
 from ringflow.training.store.s3 import PRESIGN_MAX_SECONDS
 
@@ -84,17 +83,19 @@ def _local_folder(uri: str) -> str | None:
 def run_links(run_uri: str, *, plot_saved: bool, store_root: str, base_path: str = "",
               conn_id: str | None = None, presign_seconds: int = PRESIGN_SECONDS, run_folder: Any = None) -> RunLinks:
     """The links of the run folder `run_uri` (and its health plot, once `plot_saved`). An s3:// run folder is
-    presigned with the connection `conn_id` (or `run_folder`, the store at run_uri when the caller has it
+    presigned with the connection `conn_id` (or `run_folder`, the RunFolder at run_uri when the caller has it
     open); a local one is served by the API server when it lies in `store_root`, the API server's store."""
-    if urllib.parse.urlsplit(run_uri).scheme == "s3":
-        from ringflow.operators.connections import open_store_for
+    from ringflow.training.formats.run_folder import RunFolder
 
-        run = run_folder if run_folder is not None else open_store_for(run_uri, conn_id)
-        return RunLinks(run_folder=run.presigned_listing("", presign_seconds),
-                        health_plot=run.presigned_get(run_layout.HEALTH_PLOT, presign_seconds) if plot_saved else None)
+    if urllib.parse.urlsplit(run_uri).scheme == "s3":
+        from ringflow.operators.connections import open_run_folder
+
+        run = run_folder if run_folder is not None else open_run_folder(run_uri, conn_id)
+        return RunLinks(run_folder=run.store.presigned_listing("", presign_seconds),
+                        health_plot=run.presigned_health_plot(presign_seconds) if plot_saved else None)
+    run = run_folder if run_folder is not None else RunFolder.open(run_uri)  # a local folder: no settings
     folder = local_link(run_uri, store_root, base_path, folder=True)
-    plot = (local_link(f"{run_uri.rstrip('/')}/{run_layout.HEALTH_PLOT}", store_root, base_path)
-            if plot_saved and folder else None)
+    plot = local_link(run.health_plot_uri, store_root, base_path) if plot_saved and folder else None
     return RunLinks(run_folder=folder, health_plot=plot)
 
 

@@ -18,7 +18,6 @@ compared with a pointer that has since changed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from typing import Any, Sequence
 
@@ -28,10 +27,10 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
 from ringflow.operators.tracking import MlflowTracking
 from ringflow.training.core.tracking.settings import DEFAULT_ALIAS
-from ringflow.training.formats import run_layout
 from ringflow.training.core.registry.model_registry import ModelRegistry, Pointer, ProductionMoved, run_key_in
+from ringflow.training.formats.run_folder import EvalUnreadable, RunFolder
 from ringflow.training.formats.run_result import ResultError, RunResult
-from ringflow.training.store.base import ObjectNotFound, ObjectStore, join_key
+from ringflow.training.store.base import ObjectStore
 
 DEFAULT_ALLOWED_VERDICTS = ("HEALTHY", "DEGRADED")
 MODES = ("max", "min")
@@ -117,48 +116,43 @@ def is_template(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
-def read_json_object(store: ObjectStore, key: str, what: str) -> dict[str, Any]:
-    """The JSON object at `key`; AirflowException saying `what` went missing, or what is wrong with it."""
+def run_folder_in(store: ObjectStore, store_uri: str, run_uri: str) -> RunFolder:
+    """The run folder `run_uri` inside the registry's store (opened once, with its connection): the
+    registry copies a checkpoint server-side, so the run must be inside it (run_key_in refuses one that
+    is not)."""
+    return RunFolder(store.child(run_key_in(store_uri, run_uri)), uri=run_uri)
+
+
+def read_run_result(run: RunFolder) -> RunResult:
+    """The run's published result (RunFolder.read_result: the current attempt's); AirflowException when the
+    train task left none (or a broken one)."""
     try:
-        doc = json.loads(store.get_bytes(key))
-    except ObjectNotFound as exc:
-        raise AirflowException(f"{store.uri}/{key} does not exist: {what}") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise AirflowException(f"{store.uri}/{key} is not valid JSON ({exc})") from exc
-    if not isinstance(doc, dict):
-        raise AirflowException(f"{store.uri}/{key} is not a JSON object")
-    return doc
-
-
-def read_run_result(store: ObjectStore, run_key: str) -> RunResult:
-    """The run's published result (run_folder.py: the current attempt's); AirflowException when the train
-    task left none (or a broken one)."""
-    from ringflow.training.formats.run_result import read_result
-
-    try:
-        result = read_result(store.child(run_key))
+        result = run.read_result()
     except ResultError as exc:
         raise AirflowException(str(exc)) from exc
     if result is None:
-        raise AirflowException(f"{store.uri}/{run_key}/result.json does not exist (no attempt published one): the "
+        raise AirflowException(f"{run.uri_of('result.json')} does not exist (no attempt published one): the "
                                f"train task did not finish this run")
     return result
 
 
-def read_evaluated_run(store: ObjectStore, run_key: str, run_uri: str) -> tuple[RunResult, dict[str, Any]]:
+def read_evaluated_run(run: RunFolder) -> tuple[RunResult, dict[str, Any]]:
     """The result and eval metrics of a run that may be promoted (what promote and its approval read), or
     AirflowException saying why it may not: training did not succeed, or the evaluate task did not run."""
-    result = read_run_result(store, run_key)
+    result = read_run_result(run)
     if not result.succeeded:
         raise AirflowException(
-            f"run {run_uri} has status {result.status!r} (attempt {result.attempt}, verdict "
+            f"run {run.uri} has status {result.status!r} (attempt {result.attempt}, verdict "
             f"{result.verdict.status if result.verdict else None}): only a succeeded run with a checkpoint "
             "can be promoted"
         )
-    metrics = read_json_object(store, join_key(run_key, run_layout.EVAL), "the evaluate task did not run").get("metrics")
-    if not isinstance(metrics, dict):
-        raise AirflowException(f"{run_uri}/{run_layout.EVAL} has no 'metrics' object; rerun the evaluate task")
-    return result, metrics
+    try:
+        evaluation = run.read_eval()
+    except EvalUnreadable as exc:
+        raise AirflowException(str(exc)) from exc
+    if evaluation is None:
+        raise AirflowException(f"{run.eval_uri} does not exist: the evaluate task did not run")
+    return result, evaluation["metrics"]
 
 
 class GateArguments:
@@ -215,11 +209,11 @@ class PromoteModelOperator(GateArguments, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         gate = self.gate
         store = open_store_for(self.store_uri, self.conn_id)
-        run_key = run_key_in(self.store_uri, self.run_uri)
-        result, metrics = read_evaluated_run(store, run_key, self.run_uri)
+        run = run_folder_in(store, self.store_uri, self.run_uri)
+        result, metrics = read_evaluated_run(run)
         if gate.metric not in metrics:
             raise AirflowException(
-                f"{self.run_uri}/{run_layout.EVAL} has no metric {gate.metric!r} (metrics: {sorted(metrics)}); "
+                f"{run.eval_uri} has no metric {gate.metric!r} (metrics: {sorted(metrics)}); "
                 "set metric= to one it has"
             )
         registry = ModelRegistry(store)
@@ -247,7 +241,7 @@ class PromoteModelOperator(GateArguments, BaseOperator):
         if tracking is not None:  # after the store's pointer moved: MLflow follows ringflow's registry
             outcome["mlflow_version"] = tracking.register(context, run_uri=self.run_uri, checkpoint=result.checkpoint,
                                                           model_name=self.name, store_version=promotion.version,
-                                                          metrics=metrics, run_folder=store.child(run_key))
+                                                          metrics=metrics, run_folder=run)
         return {**outcome, "promoted": True, "reason": "passed the gate"}
 
     def _refused(self, result: RunResult, reason: str, outcome: dict[str, Any]) -> dict[str, Any]:

@@ -3,8 +3,9 @@
     from ringflow.operators.sweep import ringflow_sweep
 
     with DAG("my_sweep", params={"configurations": Param([...], **SWEEP_CONFIGURATIONS_PARAM)}):
-        ringflow_sweep("digits", dataset_uri="builtin:digits", model_name="digits-mlp", epochs=5,
-                       batch_size=32, learning_rate=0.002, configurations="{{ params.configurations }}")
+        ringflow_sweep("digits", model_name="digits-mlp", data=DataSpec("builtin:digits"),
+                       training=TrainingSpec(epochs=5, batch_size=32, learning_rate=0.002),
+                       configurations="{{ params.configurations }}")
 
 validate >> shard run once; then `configurations` (one `plan` task that checks the list) is expanded over a
 mapped TaskGroup `candidate` (Airflow dynamic task mapping) holding train >> evaluate, one copy per
@@ -29,18 +30,17 @@ from airflow.sdk import BaseOperator, TaskGroup, task, task_group
 
 from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
 from ringflow.operators.evaluate import EvaluateModelOperator
-from ringflow.operators.pipeline import DEFAULT_GATE, JOB_OVERRIDES_SCHEMA, default_suite_for
-from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, Gate, GateArguments
+from ringflow.operators.pipeline import JOB_OVERRIDES_SCHEMA, default_suite_for, gate_arguments, train_operator
+from ringflow.operators.pipeline_specs import DataSpec, GateSpec, TrackingSpec, TrainingSpec
+from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, Gate, GateArguments, run_folder_in
 from ringflow.operators.shard import ShardDatasetOperator
 from ringflow.operators.tracking import MlflowTracking
-from ringflow.operators.train import HorovodTrainOperator, check_overrides
+from ringflow.operators.train import check_overrides, train_run_uri
 from ringflow.operators.validate import ValidateDatasetOperator
-from ringflow.training.formats import run_layout
-from ringflow.training.core.backends.kubernetes.backend import backend_from_env
-from ringflow.training.core.registry.model_registry import ModelRegistry, run_key_in
-from ringflow.training.formats.run_result import ResultError, RunResult, read_result
+from ringflow.training.core.registry.model_registry import ModelRegistry
+from ringflow.training.formats.run_folder import EvalUnreadable, RunFolder
+from ringflow.training.formats.run_result import ResultError
 from ringflow.training.core.runs import store_layout
-from ringflow.training.store.base import ObjectNotFound, ObjectStore, join_key
 from ringflow.training.core.tracking.settings import DEFAULT_ALIAS
 
 CANDIDATE_GROUP = "candidate"
@@ -149,37 +149,33 @@ def select_best(candidates: Sequence[Candidate], gate: Gate) -> Selection:
     return Selection(winner=best.index, reasons=reasons)
 
 
-def read_candidate(store: ObjectStore, store_uri: str, index: int, run_uri: str) -> Candidate:
-    """One candidate from its run folder: result.json (train) and eval.json (evaluate)."""
-    run_key = run_key_in(store_uri, run_uri)
+def read_candidate(run: RunFolder, index: int) -> Candidate:
+    """One candidate from its run folder: its published result (train) and eval.json (evaluate)."""
     try:
-        result = read_result(store.child(run_key))  # the published one (run_folder.py)
+        result = run.read_result()  # the published one (run_folder.py)
     except ResultError as exc:
-        return Candidate(index, run_uri, problem=f"unreadable result.json: {exc}")
+        return Candidate(index, run.uri, problem=f"unreadable result.json: {exc}")
     if result is None:
-        return Candidate(index, run_uri, problem="no result.json: its train task failed before the job finished "
+        return Candidate(index, run.uri, problem="no result.json: its train task failed before the job finished "
                                                  "(see that task's log)")
     verdict = result.verdict.status if result.verdict else None
-    base = dict(index=index, run_uri=run_uri, status=result.status, checkpoint=result.checkpoint, verdict=verdict)
+    base = dict(index=index, run_uri=run.uri, status=result.status, checkpoint=result.checkpoint, verdict=verdict)
     if not result.succeeded:
         return Candidate(**base)
     try:
-        doc = json.loads(store.get_bytes(join_key(run_key, run_layout.EVAL)))
-    except ObjectNotFound:
+        evaluation = run.read_eval()
+    except EvalUnreadable as exc:
+        return Candidate(**base, problem=f"unreadable eval.json: {exc}")
+    if evaluation is None:
         return Candidate(**base, problem="no eval.json: its evaluate task did not finish (see that task's log)")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return Candidate(**base, problem=f"unreadable eval.json ({exc})")
-    metrics = doc.get("metrics") if isinstance(doc, dict) else None
-    if not isinstance(metrics, dict):
-        return Candidate(**base, problem="eval.json has no metrics object")
-    return Candidate(**base, metrics=metrics)
+    return Candidate(**base, metrics=evaluation["metrics"])
 
 
 class SelectAndPromoteOperator(GateArguments, BaseOperator):
     """Pick the best healthy candidate of a sweep and promote it (see the module docstring).
 
     configurations: the list the candidates were mapped over (its length is the number of candidates).
-    group_id: the mapped TaskGroup whose train tasks derived the run folders (store_layout.run_uri).
+    group_id: the mapped TaskGroup whose train tasks derived the run folders (train.train_run_uri).
     mlflow_conn_id, mlflow_alias: as PromoteModelOperator's: the winner is also registered in MLflow.
     Returns (XCom) `{"promoted", "winner", "reason", "version", "previous", "metric", "value", "candidates":
     [{"index", "run_uri", "verdict", "value", "reason"}]}`.
@@ -205,9 +201,9 @@ class SelectAndPromoteOperator(GateArguments, BaseOperator):
         gate = self.gate
         count = len(checked_configurations(self.configurations))
         store = open_store_for(self.store_uri, self.conn_id)
-        candidates = [read_candidate(store, self.store_uri, i,
-                                     store_layout.run_uri(self.store_uri, ti.dag_id, ti.run_id, self.group_id, map_index=i))
-                      for i in range(count)]
+        runs = [run_folder_in(store, self.store_uri, train_run_uri(self.store_uri, ti, self.group_id, i))
+                for i in range(count)]
+        candidates = [read_candidate(run, i) for i, run in enumerate(runs)]
         selection = select_best(candidates, gate)
         table = [{"index": c.index, "run_uri": c.run_uri, "verdict": c.verdict,
                   "value": (c.metrics or {}).get(gate.metric), "reason": selection.reasons.get(c.index, "best")}
@@ -237,38 +233,37 @@ class SelectAndPromoteOperator(GateArguments, BaseOperator):
             outcome["mlflow_version"] = tracking.register(context, run_uri=best.run_uri, checkpoint=best.checkpoint,
                                                           model_name=self.name, store_version=promotion.version,
                                                           metrics=metrics,
-                                                          run_folder=store.child(run_key_in(self.store_uri, best.run_uri)))
+                                                          run_folder=runs[best.index])
         return {**outcome, "promoted": True, "reason": f"candidate {best.index} is the best and passed the gate"}
 
 
-def ringflow_sweep(group_id: str, *, dataset_uri: Any, model_name: Any, configurations: Any,
-                   store_uri: str | None = None, num_workers: Any = 2, epochs: Any, batch_size: Any,
-                   learning_rate: Any, suite: Sequence[Mapping] | Mapping | str | None = None,
-                   gate: Mapping[str, Any] | None = None, conn_id: str | None = DEFAULT_CONN_ID, backend: Any = None,
-                   target: str = "target", seed: Any = 0, eval_fraction: Any = 0.2,
-                   train_retries: int = 1, mlflow_conn_id: str | None = None, mlflow_alias: str = DEFAULT_ALIAS,
-                   **train_options: Any) -> TaskGroup:
+def ringflow_sweep(group_id: str, *, data: DataSpec, training: TrainingSpec, model_name: Any,
+                   configurations: Any, gate: GateSpec = GateSpec(), tracking: TrackingSpec = TrackingSpec(),
+                   store_uri: str | None = None, conn_id: str | None = DEFAULT_CONN_ID) -> TaskGroup:
     """validate >> shard >> plan >> candidate[i](train >> evaluate) >> select_and_promote, as TaskGroup `group_id`.
 
     configurations: a list of job_config overrides, one per candidate, or a template rendering to one
         (`"{{ params.configurations }}"`; SWEEP_CONFIGURATIONS_PARAM is a form schema for it).
-    epochs, batch_size, learning_rate: every candidate's defaults; batch_size is also the shards' (a candidate's
-        batch size must divide it: the train task's preflight says so).
-    gate: as ringflow_pipeline's (metric, mode, threshold, compare_to_production, allowed_verdicts).
-    mlflow_conn_id, mlflow_alias: as ringflow_pipeline's: each candidate is an MLflow run, the winner a version.
-    Other arguments as ringflow_pipeline's; train_options go to every train task (controller, job_timeout, ...).
+    training: every candidate's defaults (its job_config is each configuration: training.job_config must be
+        None); batch_size is also the shards' (a candidate's batch size must divide it: the train task's
+        preflight says so).
+    gate: as ringflow_pipeline's (its approval fields do not apply: the selection promotes the winner).
+    Other arguments as ringflow_pipeline's (pipeline_specs.py): each candidate is an MLflow run, the winner a
+    version.
     """
+    if training.job_config is not None:
+        raise ValueError(f"sweep {group_id!r}: TrainingSpec.job_config is {training.job_config!r}, but a sweep's "
+                         f"job_config is each of its configurations; put shared overrides in every configuration")
     store = store_uri or store_layout.default_store_uri()
-    gate = {**DEFAULT_GATE, **(gate or {})}
     with TaskGroup(group_id=group_id, tooltip=f"sweep: validate >> shard >> N x (train >> evaluate) >> "
                                               f"select_and_promote ({group_id})") as group:
-        validate = ValidateDatasetOperator(task_id="validate", dataset_uri=dataset_uri,
-                                           suite=suite if suite is not None else default_suite_for(target),
-                                           target=target, conn_id=conn_id)
-        shard = ShardDatasetOperator(task_id="shard", dataset_uri=dataset_uri,
-                                     output_uri=store_layout.shards_root(store), num_workers=num_workers,
-                                     batch_size=batch_size, seed=seed, eval_fraction=eval_fraction, target=target,
-                                     conn_id=conn_id)
+        validate = ValidateDatasetOperator(task_id="validate", dataset_uri=data.dataset_uri,
+                                           suite=data.suite if data.suite is not None else default_suite_for(data.target),
+                                           target=data.target, conn_id=conn_id)
+        shard = ShardDatasetOperator(task_id="shard", dataset_uri=data.dataset_uri,
+                                     output_uri=store_layout.shards_root(store), num_workers=training.num_workers,
+                                     batch_size=training.batch_size, seed=data.seed,
+                                     eval_fraction=data.eval_fraction, target=data.target, conn_id=conn_id)
 
         @task(task_id="plan")
         def plan(value: Any) -> list[dict[str, Any]]:
@@ -279,25 +274,20 @@ def ringflow_sweep(group_id: str, *, dataset_uri: Any, model_name: Any, configur
 
         @task_group(group_id=CANDIDATE_GROUP)
         def candidate(job_config: Any) -> None:
-            train = HorovodTrainOperator(
-                task_id="train", manifest_uri=f"{{{{ ti.xcom_pull(task_ids='{shard.task_id}')['manifest_uri'] }}}}",
-                store_uri=store,  # run folder: runs/<dag_id>/<run_id>/<group>.candidate/m<map index>/
-                num_workers=num_workers, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-                job_config=job_config, backend=backend if backend is not None else backend_from_env(),
-                conn_id=conn_id, retries=train_retries, mlflow_conn_id=mlflow_conn_id, **train_options)
+            # run folder: runs/<dag_id>/<run_id>/<group>.candidate/m<map index>/
+            train = train_operator(training, tracking, store_uri=store, conn_id=conn_id,
+                                   shard_task_id=shard.task_id, job_config=job_config)
             # this copy's own train task: the same map index (an XComArg's ["key"] would name an XCom key)
             run_uri = (f"{{{{ ti.xcom_pull(task_ids='{train.task_id}', map_indexes=ti.map_index)['run_uri'] }}}}")
             evaluate = EvaluateModelOperator(task_id="evaluate", run_uri=run_uri, conn_id=conn_id,
-                                             mlflow_conn_id=mlflow_conn_id)
+                                             mlflow_conn_id=tracking.mlflow_conn_id)
             train >> evaluate
 
         candidates = candidate.expand(job_config=planned)
         select = SelectAndPromoteOperator(
             task_id="select_and_promote", name=model_name, store_uri=store, configurations=planned,
-            group_id=candidates.group_id, conn_id=conn_id, metric=gate["metric"], mode=gate["mode"],
-            threshold=gate.get("threshold"), compare_to_production=gate.get("compare_to_production", True),
-            allowed_verdicts=gate.get("allowed_verdicts", DEFAULT_ALLOWED_VERDICTS),
-            mlflow_conn_id=mlflow_conn_id, mlflow_alias=mlflow_alias)
+            group_id=candidates.group_id, conn_id=conn_id, **gate_arguments(gate),
+            mlflow_conn_id=tracking.mlflow_conn_id, mlflow_alias=tracking.alias)
         validate >> shard >> planned
         candidates >> select
     return group

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
+from ringflow.operators.connections import DEFAULT_CONN_ID, open_run_folder, open_store_for
 from ringflow.training.core.tracking.settings import DEFAULT_ALIAS, TrackingConfigError, TrackingSettings, check_alias
 
 CONN_TYPE = "http"
@@ -76,16 +76,19 @@ class MlflowTracking:
     def _open(self, uri: str):
         return open_store_for(uri, self.conn_id)
 
+    def _open_run(self, uri: str):
+        return open_run_folder(uri, self.conn_id)
+
     def log_training(self, context: Any, *, run_uri: str, job_config: Mapping[str, Any] | None,
                      result: Any, group_id: str | None, run_folder: Any = None,
                      health_records: Sequence[Mapping[str, Any]] | None = None) -> str:
-        """run_folder, health_records: the store at run_uri and its records, when the caller has them."""
+        """run_folder, health_records: the RunFolder at run_uri and its records, when the caller has them."""
         from ringflow.training.core.tracking.mlflow_runs import log_training_run
 
         ti = context["ti"]
         tags = {"ringflow.dag_id": ti.dag_id, "ringflow.run_id": ti.run_id, "ringflow.task_id": ti.task_id}
         return log_training_run(self.settings(), experiment=self.experiment_for(context), run_uri=run_uri,
-                                run_folder=run_folder if run_folder is not None else self._open(run_uri),
+                                run_folder=run_folder if run_folder is not None else self._open_run(run_uri),
                                 job_config=job_config, result=result,
                                 run_name=f"{ti.run_id}/{group_id or ti.task_id}", tags=tags,
                                 health_records=health_records)
@@ -94,11 +97,11 @@ class MlflowTracking:
         from ringflow.training.core.tracking.mlflow_runs import log_evaluation
 
         return log_evaluation(self.settings(), experiment=self.experiment_for(context), run_uri=run_uri,
-                              run_folder=self._open(run_uri), eval_doc=eval_doc)
+                              run_folder=self._open_run(run_uri), eval_doc=eval_doc)
 
     def register(self, context: Any, *, run_uri: str, checkpoint: str, model_name: str, store_version: int,
                  metrics: Mapping[str, Any], run_folder: Any) -> int:
-        """run_folder: the store at run_uri (the promoter holds the store it lies in: store.child)."""
+        """run_folder: the RunFolder at run_uri (the promoter holds the store it lies in: promote.run_folder_in)."""
         from ringflow.training.core.tracking.mlflow_registry import register_promotion
 
         return register_promotion(self.settings(), experiment=self.experiment_for(context), run_uri=run_uri,

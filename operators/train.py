@@ -29,6 +29,13 @@ from ringflow.training.rank.worker_env import ATTEMPT_ENV
 NOT_RETRYABLE = (NONFINITE, DIVERGED)
 
 
+def train_run_uri(store_uri: str, ti: Any, group_id: str | None, map_index: int | None) -> str:
+    """The run folder of the train task in TaskGroup `group_id` of `ti`'s DAG run, at `map_index` (a mapped
+    copy's; None or -1: not mapped): the one place a run folder is derived (store_layout.run_uri), for the
+    train task itself and for a sweep's selection reading each candidate's."""
+    return store_layout.run_uri(str(store_uri), ti.dag_id, ti.run_id, group_id, map_index=map_index)
+
+
 def job_name(dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
     """A DNS-1123 name, readable and unique per task try (an MPIJob name and a local job folder alike)."""
     digest = hashlib.sha256(f"{dag_id}\0{run_id}\0{task_id}".encode()).hexdigest()[:10]
@@ -227,8 +234,8 @@ class HorovodTrainOperator(BaseOperator):
         if self.run_uri:
             return str(self.run_uri)
         ti = context["ti"]
-        return store_layout.run_uri(str(self.store_uri), ti.dag_id, ti.run_id, getattr(self.task_group, "group_id", None),
-                                    map_index=getattr(ti, "map_index", None))
+        return train_run_uri(self.store_uri, ti, getattr(self.task_group, "group_id", None),
+                             getattr(ti, "map_index", None))
 
     def build_config(self, run_uri: str, try_number: int = 1) -> dict[str, Any]:
         return build_job_config(manifest_uri=self.manifest_uri, run_uri=run_uri, overrides=self.job_config,
@@ -315,18 +322,17 @@ class HorovodTrainOperator(BaseOperator):
                 "mlflow_run_id": mlflow_run_id}
 
     def _read_run_folder(self) -> tuple[Any, list[dict[str, Any]] | None]:
-        """The store at run_uri and its health records, read once for the plot, the links and MLflow. None
-        for what cannot be read (the store, or only its records): the job's own outcome still decides."""
-        from ringflow.operators.connections import open_store_for
-        from ringflow.training.health.records import read_health
+        """The run folder at run_uri and its health records, read once for the plot, the links and MLflow.
+        None for what cannot be read (the folder, or only its records): the job's own outcome still decides."""
+        from ringflow.operators.connections import open_run_folder
 
         try:
-            run = open_store_for(self.run_uri, self.conn_id)
+            run = open_run_folder(self.run_uri, self.conn_id)
         except Exception as exc:  # noqa: BLE001 - an unreadable folder must not hide the job's own outcome
             self.log.warning("could not open the run folder %s: %s", self.run_uri, exc)
             return None, None
         try:
-            return run, read_health(run)
+            return run, run.read_health()
         except Exception as exc:  # noqa: BLE001 - as above; the links and MLflow still get the folder
             self.log.warning("could not read the health records of %s: %s", self.run_uri, exc)
             return run, None
@@ -354,21 +360,19 @@ class HorovodTrainOperator(BaseOperator):
             return None
 
     def _save_health_plot(self, run: Any, records: list[dict[str, Any]] | None) -> str | None:
+        import os
         import tempfile
 
-        from ringflow.training.formats import run_layout
         from ringflow.training.core.runs.health_plot import save_health_plot
 
         if not records:
             return None
         try:
             with tempfile.TemporaryDirectory() as tmp:
-                path = save_health_plot(records, f"{tmp}/{run_layout.HEALTH_PLOT}")
-                run.put_file(run_layout.HEALTH_PLOT, path)
+                location = run.write_health_plot(save_health_plot(records, os.path.join(tmp, "health.png")))
         except Exception as exc:  # noqa: BLE001 - a missing plot must not hide the job's own outcome
             self.log.warning("could not save the health plot: %s", exc)
             return None
-        location = f"{self.run_uri.rstrip('/')}/{run_layout.HEALTH_PLOT}"
         self.log.info("health plot saved: %s", location)
         return location
 

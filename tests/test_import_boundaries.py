@@ -143,9 +143,10 @@ def test_mlflow_is_imported_only_when_a_pipeline_is_given_an_mlflow_connection()
     code = ("import sys\n"
             "from airflow.sdk import DAG\n"
             "from ringflow.operators.pipeline import ringflow_pipeline\n"
+            "from ringflow.operators.pipeline_specs import DataSpec, TrainingSpec\n"
             "with DAG('no_mlflow', schedule=None):\n"
-            "    ringflow_pipeline('digits', dataset_uri='builtin:digits', model_name='m', store_uri='/tmp/s',\n"
-            "                      epochs=1, batch_size=32, learning_rate=0.01)\n"
+            "    ringflow_pipeline('digits', data=DataSpec('builtin:digits'), model_name='m', store_uri='/tmp/s',\n"
+            "                      training=TrainingSpec(epochs=1, batch_size=32, learning_rate=0.01))\n"
             "print('mlflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

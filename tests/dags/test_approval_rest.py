@@ -29,12 +29,14 @@ import datetime as dt
 from airflow.sdk import DAG
 
 from ringflow.operators.pipeline import ringflow_pipeline
+from ringflow.operators.pipeline_specs import DataSpec, GateSpec, TrainingSpec
 
 with DAG("{TIMEOUT_DAG_ID}", schedule=None, start_date=dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc),
          catchup=False):
-    ringflow_pipeline("digits", dataset_uri="builtin:digits", model_name="digits-timeout", epochs=1,
-                      batch_size=32, learning_rate=0.002, suite="suites/digits.json", require_approval=True,
-                      approval_timeout=dt.timedelta(seconds=5))
+    ringflow_pipeline("digits", model_name="digits-timeout",
+                      data=DataSpec("builtin:digits", suite="suites/digits.json"),
+                      training=TrainingSpec(epochs=1, batch_size=32, learning_rate=0.002),
+                      gate=GateSpec(require_approval=True, approval_timeout=dt.timedelta(seconds=5)))
 '''
 
 

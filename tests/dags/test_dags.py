@@ -175,12 +175,13 @@ def test_factory_in_a_new_dag_with_plain_values(tmp_path):
     from airflow.sdk import DAG
 
     from ringflow.operators.pipeline import ringflow_pipeline
+    from ringflow.operators.pipeline_specs import DataSpec, TrainingSpec
 
     with DAG("factory_twice", schedule=None, start_date=dt.datetime(2025, 1, 1)) as dag:
-        first = ringflow_pipeline("a", dataset_uri="builtin:wine", model_name="wine-a", epochs=2, batch_size=8,
-                                  learning_rate=0.01, store_uri=str(tmp_path))
-        second = ringflow_pipeline("b", dataset_uri="builtin:wine", model_name="wine-b", epochs=3, batch_size=8,
-                                   learning_rate=0.01, store_uri=str(tmp_path), train_retries=0)
+        first = ringflow_pipeline("a", data=DataSpec("builtin:wine"), model_name="wine-a", store_uri=str(tmp_path),
+                                  training=TrainingSpec(epochs=2, batch_size=8, learning_rate=0.01))
+        second = ringflow_pipeline("b", data=DataSpec("builtin:wine"), model_name="wine-b", store_uri=str(tmp_path),
+                                   training=TrainingSpec(epochs=3, batch_size=8, learning_rate=0.01, retries=0))
         first >> second
     assert len(dag.task_ids) == 10
     assert dag.get_task("b.validate").upstream_task_ids == {"a.promote"}
@@ -258,11 +259,13 @@ def test_injected_faults_apply_on_the_first_try_only(tmp_path):
     from airflow.sdk import DAG
 
     from ringflow.operators.pipeline import ringflow_pipeline
+    from ringflow.operators.pipeline_specs import DataSpec, TrainingSpec
 
     fault = {"kind": "crash", "rank": 1, "step": 7}
     with DAG("faulty", schedule=None, start_date=dt.datetime(2025, 1, 1)) as dag:
-        ringflow_pipeline("a", dataset_uri="builtin:wine", model_name="wine-a", epochs=2, batch_size=8,
-                          learning_rate=0.01, store_uri=str(tmp_path), job_config={"faults": [fault], "seed": 4})
+        ringflow_pipeline("a", data=DataSpec("builtin:wine"), model_name="wine-a", store_uri=str(tmp_path),
+                          training=TrainingSpec(epochs=2, batch_size=8, learning_rate=0.01,
+                                                job_config={"faults": [fault], "seed": 4}))
     train = dag.get_task("a.train")
     train.manifest_uri = "/s/manifest.json"  # what rendering gives
     first, retry = train.build_config("/r", try_number=1), train.build_config("/r", try_number=2)
@@ -296,12 +299,13 @@ def test_factory_with_approval_and_its_options(tmp_path):
     from airflow.sdk import DAG
 
     from ringflow.operators.pipeline import pipeline_tasks
+    from ringflow.operators.pipeline_specs import DataSpec, GateSpec, TrainingSpec
 
     with DAG("approved", schedule=None, start_date=dt.datetime(2025, 1, 1)):
-        tasks = pipeline_tasks(dataset_uri="builtin:wine", model_name="wine", epochs=2, batch_size=8,
-                               learning_rate=0.01, store_uri=str(tmp_path), gate={"metric": "mse", "mode": "min"},
-                               require_approval=True, approval_timeout=dt.timedelta(minutes=30),
-                               approvers=["alice"])
+        tasks = pipeline_tasks(data=DataSpec("builtin:wine"), model_name="wine", store_uri=str(tmp_path),
+                               training=TrainingSpec(epochs=2, batch_size=8, learning_rate=0.01),
+                               gate=GateSpec(metric="mse", mode="min", require_approval=True,
+                                             approval_timeout=dt.timedelta(minutes=30), approvers=["alice"]))
     assert list(tasks) == APPROVED
     approve = tasks["approve"]
     assert approve.upstream_task_ids == {"evaluate"} and approve.downstream_task_ids == {"promote"}
@@ -309,8 +313,5 @@ def test_factory_with_approval_and_its_options(tmp_path):
     assert (approve.gate.metric, approve.gate.mode) == ("mse", "min")
     assert approve.response_timeout == dt.timedelta(minutes=30)
     assert approve.assigned_users == [{"id": "alice", "name": "alice"}]
-    with DAG("bad_timeout", schedule=None, start_date=dt.datetime(2025, 1, 1)):
-        with pytest.raises(ValueError, match="approval_timeout is"):
-            pipeline_tasks(dataset_uri="builtin:wine", model_name="wine", epochs=2, batch_size=8,
-                           learning_rate=0.01, store_uri=str(tmp_path), require_approval=True,
-                           approval_timeout=dt.timedelta(0))
+    with pytest.raises(ValueError, match="approval_timeout is"):  # refused before any task exists
+        GateSpec(require_approval=True, approval_timeout=dt.timedelta(0))

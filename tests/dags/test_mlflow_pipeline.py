@@ -19,11 +19,12 @@ DAG_FILE = f"""
 from airflow.sdk import DAG
 
 from ringflow.operators.pipeline import ringflow_pipeline
+from ringflow.operators.pipeline_specs import DataSpec, TrackingSpec, TrainingSpec
 
 with DAG({DAG_ID!r}, schedule=None):
-    ringflow_pipeline("digits", dataset_uri="builtin:digits", model_name={MODEL!r}, conn_id=None,
-                      epochs=1, batch_size=32, learning_rate=0.004, num_workers=2,
-                      mlflow_conn_id={CONN_ID!r})
+    ringflow_pipeline("digits", data=DataSpec("builtin:digits"), model_name={MODEL!r}, conn_id=None,
+                      training=TrainingSpec(epochs=1, batch_size=32, learning_rate=0.004, num_workers=2),
+                      tracking=TrackingSpec(mlflow_conn_id={CONN_ID!r}))
 """
 
 

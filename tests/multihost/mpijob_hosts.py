@@ -48,7 +48,7 @@ class MPIJobOnHosts:
         self.mpi_dir.mkdir(exist_ok=True)
         namespace = settings.namespace or "default"
         (self.mpi_dir / "hostfile").write_text(op.hostfile(spec.name, namespace, spec.num_workers,
-                                                           spec.slots_per_worker))
+                                                           self.manifest["spec"]["slotsPerWorker"]))
         self.ssh_dir = folder / "ssh"
         op.write_ssh_secret(self.ssh_dir, settings.ssh_path)
         self.launcher_log = folder / "launcher.log"
@@ -60,7 +60,7 @@ class MPIJobOnHosts:
 
     @property
     def launcher_env(self) -> dict[str, str]:
-        return _plain_env(_container(self.manifest, "Launcher")) | op.launcher_env(self.spec.slots_per_worker)
+        return _plain_env(_container(self.manifest, "Launcher")) | op.launcher_env(self.manifest["spec"]["slotsPerWorker"])
 
     def _mounts(self, role: str) -> dict[str, Path]:
         mounts = {CONFIG_MOUNT_PATH: self.config_dir, self.settings.ssh_path: self.ssh_dir}

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 
 import pytest
 
-from ringflow.operators.evaluate import EvaluateModelOperator, s3_env_for
+from ringflow.operators.evaluate import EvaluateModelOperator
 from ringflow.operators.shard import shard_dataset
 
 
-def make_run(run_folder, manifest_uri: str, steps: int) -> str:
-    """Train the default MLP for `steps` full-batch steps on partition 0 and save it as the final checkpoint."""
+def make_run(run_folder, manifest_uri: str, steps: int, s3=None) -> str:
+    """Train the default MLP for `steps` full-batch steps on partition 0 and save it as the final checkpoint
+    (s3: the S3 settings the shards are read with)."""
     import torch
 
     from ringflow.training.formats.checkpoint import CheckpointStore
@@ -25,7 +25,7 @@ def make_run(run_folder, manifest_uri: str, steps: int) -> str:
     from ringflow.training.formats.run_result import RunResult, write_result
     from ringflow.training.rank.training_state import STATE_FILE, TrainingState
 
-    manifest, shard_store = load_manifest(manifest_uri)
+    manifest, shard_store = load_manifest(manifest_uri, s3=s3)
     schema = manifest.schema
     torch.manual_seed(0)
     model, loss_fn = build_model(ModelConfig(), len(schema.features), schema.num_outputs, schema.task)
@@ -95,35 +95,20 @@ def test_template_fields():
 
 
 @pytest.mark.slow
-def test_s3_run_gets_the_connection_settings_only_for_the_call(s3_server, s3_connection, tmp_path):
-    from ringflow.operators.connections import open_store_for
+def test_s3_run_is_read_with_the_connection_settings_alone(s3_server, s3_connection, tmp_path):
+    from ringflow.operators.connections import open_store_for, s3_settings_from_connection
 
     bucket = s3_server.new_bucket()
     shards = shard_dataset("builtin:wine", f"s3://{bucket}/ml/shards", num_workers=2, batch_size=8,
                            conn_id=s3_connection)
     run_uri = f"s3://{bucket}/ml/runs/dag/run-1"
-    with s3_env_for(run_uri, s3_connection):  # the training helpers read S3 settings from the environment
-        make_run(open_store_for(run_uri, s3_connection), shards["manifest_uri"], steps=20)
-    assert "AWS_SECRET_ACCESS_KEY" not in os.environ
+    make_run(open_store_for(run_uri, s3_connection), shards["manifest_uri"], steps=20,
+             s3=s3_settings_from_connection(s3_connection))
 
     result = EvaluateModelOperator(task_id="evaluate", run_uri=run_uri, conn_id=s3_connection).execute({})
     assert result["rows"] > 0 and 0 <= result["metrics"]["accuracy"] <= 1
+    # run folder and shards alike were opened with the connection's settings: none went into the environment
     assert "AWS_SECRET_ACCESS_KEY" not in os.environ and "RINGFLOW_S3_ENDPOINT" not in os.environ
+    assert result["eval_uri"] == f"{run_uri}/eval.json"
     stored = json.loads(open_store_for(run_uri, s3_connection).get_bytes("eval.json"))
     assert stored["metrics"] == result["metrics"]
-
-
-def test_environment_is_restored_after_an_error(monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "before")
-    monkeypatch.delenv("RINGFLOW_S3_ENDPOINT", raising=False)
-    from ringflow.training.store import S3Settings
-
-    monkeypatch.setattr("ringflow.operators.evaluate.s3_settings_from_connection",
-                        lambda conn_id: S3Settings(endpoint="http://x:1", access_key="from-connection", secret_key="s"))
-    with pytest.raises(RuntimeError):
-        with s3_env_for("s3://b/run", "ringflow_s3"):
-            assert os.environ["AWS_ACCESS_KEY_ID"] == "from-connection"
-            raise RuntimeError("boom")
-    assert os.environ["AWS_ACCESS_KEY_ID"] == "before" and "RINGFLOW_S3_ENDPOINT" not in os.environ
-    with s3_env_for(str(pathlib.Path("/local/run")), None):  # local runs touch nothing
-        assert os.environ["AWS_ACCESS_KEY_ID"] == "before"

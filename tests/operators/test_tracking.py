@@ -153,7 +153,7 @@ def test_runs_are_tracked_and_promotions_registered_and_rolled_back(tmp_path, di
     # a retried promote task finds its MLflow version instead of registering another
     again = MlflowTracking(CONN_ID, conn_id=None).register(
         context("manual__b", "promote"), run_uri=out_b["run_uri"], checkpoint=out_b["checkpoint"],
-        model_name=name, store_version=2, metrics=ev_b["metrics"], run_folder=open_store(out_b["run_uri"]))
+        model_name=name, store_version=2, metrics=ev_b["metrics"], run_folder=RunFolder.open(out_b["run_uri"]))
     assert again == 2 and len(client.search_model_versions(f"name='{name}'")) == 2
 
     # -- rollback: production back to version 1, and @champion with it
@@ -260,15 +260,16 @@ def test_the_pipeline_factory_hands_the_connection_and_alias_to_the_tasks_that_l
     from airflow.sdk import DAG
 
     from ringflow.operators.pipeline import pipeline_tasks
+    from ringflow.operators.pipeline_specs import DataSpec, TrackingSpec, TrainingSpec
 
+    training = TrainingSpec(epochs=1, batch_size=32, learning_rate=0.01)
     with DAG("tracked", schedule=None):
-        tasks = pipeline_tasks(dataset_uri="builtin:digits", model_name="m", store_uri="/tmp/s", epochs=1,
-                               batch_size=32, learning_rate=0.01, mlflow_conn_id=CONN_ID, mlflow_alias="challenger")
+        tasks = pipeline_tasks(data=DataSpec("builtin:digits"), training=training, model_name="m", store_uri="/tmp/s",
+                               tracking=TrackingSpec(mlflow_conn_id=CONN_ID, alias="challenger"))
     assert tasks["train"].mlflow_conn_id == tasks["evaluate"].mlflow_conn_id == tasks["promote"].mlflow_conn_id == CONN_ID
     assert tasks["promote"].mlflow_alias == "challenger"
     with DAG("untracked", schedule=None):
-        plain = pipeline_tasks(dataset_uri="builtin:digits", model_name="m", store_uri="/tmp/s", epochs=1,
-                               batch_size=32, learning_rate=0.01)
+        plain = pipeline_tasks(data=DataSpec("builtin:digits"), training=training, model_name="m", store_uri="/tmp/s")
     assert plain["train"].mlflow_conn_id is plain["evaluate"].mlflow_conn_id is plain["promote"].mlflow_conn_id is None
 
 
@@ -301,12 +302,13 @@ def test_an_unreachable_server_fails_a_succeeded_train_task_but_never_hides_a_tr
 def test_the_sweep_factory_hands_the_connection_and_alias_to_every_candidate_and_the_selection():
     from airflow.sdk import DAG
 
+    from ringflow.operators.pipeline_specs import DataSpec, TrackingSpec, TrainingSpec
     from ringflow.operators.sweep import ringflow_sweep
 
     with DAG("tracked_sweep", schedule=None) as dag:
-        ringflow_sweep("sweep", dataset_uri="builtin:digits", model_name="m", configurations=[{"seed": 1}],
-                       store_uri="/tmp/s", epochs=1, batch_size=32, learning_rate=0.01,
-                       mlflow_conn_id=CONN_ID, mlflow_alias="challenger")
+        ringflow_sweep("sweep", model_name="m", configurations=[{"seed": 1}], store_uri="/tmp/s",
+                       data=DataSpec("builtin:digits"), training=TrainingSpec(epochs=1, batch_size=32, learning_rate=0.01),
+                       tracking=TrackingSpec(mlflow_conn_id=CONN_ID, alias="challenger"))
     tasks = {task_id.rsplit(".", 1)[-1]: task for task_id, task in dag.task_dict.items()}
     assert tasks["train"].mlflow_conn_id == tasks["evaluate"].mlflow_conn_id == CONN_ID
     assert tasks["select_and_promote"].mlflow_conn_id == CONN_ID

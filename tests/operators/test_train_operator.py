@@ -219,7 +219,7 @@ def test_build_job_config(args, try_number, expect):
     ({"overrides": "epochs: 3"}, "job_config", "neither JSON nor a Python dict"),
     ({"overrides": "[1, 2]"}, "job_config", "is list"),
     ({"overrides": '{"run_uri": "/elsewhere"}'}, "run_uri", "cannot be overridden"),
-    ({"overrides": '{"checkpoint": {"uri": "/elsewhere"}}'}, "checkpoint.uri", "moved to run_uri"),
+    ({"overrides": '{"checkpoint": {"uri": "/elsewhere"}}'}, "checkpoint.uri", "not a known field"),
     ({"batch_size": "0"}, "batch_size", ">= 1"),
     ({"engine": "deepspeed"}, "engine", "is 'deepspeed'; use \"horovod\" .* or \"ddp\""),
 ])

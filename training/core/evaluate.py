@@ -1,7 +1,6 @@
 """Score a run's final checkpoint on the held-out split; write `eval.json` beside the run."""
 from __future__ import annotations
 
-import json
 import time
 
 import torch
@@ -12,10 +11,8 @@ from ringflow.training.rank.data import to_tensors
 from ringflow.training.formats.manifest import ManifestError
 from ringflow.training.rank.models import build_model
 from ringflow.training.core.sharding import read_partition
-from ringflow.training.store import ObjectNotFound, open_store
-from ringflow.training.formats.run_result import read_result
+from ringflow.training.store import ObjectNotFound
 from ringflow.training.formats.manifest import load_manifest
-from ringflow.training.formats import run_layout
 from ringflow.training.rank.training_state import STATE_FILE, TrainingState
 
 
@@ -32,22 +29,23 @@ def metrics_for(task: str, outputs: torch.Tensor, targets: torch.Tensor) -> dict
             "r2": float(1 - mse / variance) if variance > 0 else 0.0, "loss": float(mse)}
 
 
-def evaluate_run(run_uri: str, checkpoint: str | None = None) -> dict:
-    """Metrics of `checkpoint` (default: the one result.json names) on the manifest's eval split."""
-    run_folder = open_store(run_uri)
-    checkpoints = RunFolder(run_folder).checkpoints()  # the published ones (run_folder.py)
+def evaluate_run(run: RunFolder, checkpoint: str | None = None) -> dict:
+    """Metrics of `checkpoint` (default: the one the published result names) on the manifest's eval split,
+    written to the run folder's eval.json (RunFolder.write_eval); the shards are read with the run folder's
+    own S3 settings."""
+    checkpoints = run.checkpoints()  # the published ones (run_folder.py)
     if checkpoint is None:
-        result = read_result(run_folder)
+        result = run.read_result()
         if result is None:
-            raise ObjectNotFound(f"{run_folder.uri}: the run has published no result (result.json); "
+            raise ObjectNotFound(f"{run.uri}: the run has published no result (result.json); "
                                  "train it first or name a checkpoint")
         if not result.succeeded:
-            raise ValueError(f"{run_uri}: the run {result.status} (attempt {result.attempt}) and has no final "
+            raise ValueError(f"{run.uri}: the run {result.status} (attempt {result.attempt}) and has no final "
                              "checkpoint; evaluate a checkpoint by name or train it again")
         checkpoint = result.checkpoint
     loaded = checkpoints.load(checkpoint)
     meta = loaded.manifest.meta
-    manifest, shard_store = load_manifest(meta["manifest_uri"])
+    manifest, shard_store = load_manifest(meta["manifest_uri"], s3=run.s3)
     if manifest.eval is None:
         raise ManifestError("the shards have no eval split: shard with eval_fraction > 0 to evaluate")
     model_cfg = dict(meta["model"])
@@ -55,7 +53,7 @@ def evaluate_run(run_uri: str, checkpoint: str | None = None) -> dict:
     schema = meta["schema"]
     model, _ = build_model(ModelConfig(**model_cfg), schema["num_features"], schema["num_outputs"], schema["task"],
                            input_shape=schema.get("input_shape"))
-    state = TrainingState.from_bytes(loaded.files[STATE_FILE], f"{run_uri} {checkpoint}/{STATE_FILE}")
+    state = TrainingState.from_bytes(loaded.files[STATE_FILE], f"{run.uri} {checkpoint}/{STATE_FILE}")
     model.load_state_dict(state.model)
     model.eval()
     x, y = to_tensors(read_partition(shard_store, manifest.eval), manifest.schema)
@@ -63,5 +61,5 @@ def evaluate_run(run_uri: str, checkpoint: str | None = None) -> dict:
         metrics = metrics_for(schema["task"], model(x), y)
     doc = {"metrics": metrics, "checkpoint": checkpoint, "step": loaded.manifest.step, "rows": len(x),
            "task": schema["task"], "evaluated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    run_folder.put_bytes(run_layout.EVAL, json.dumps(doc, indent=1).encode())
+    run.write_eval(doc)
     return doc

@@ -242,14 +242,6 @@ class InputGate:
             raise UntrainableData(problems, dataset)
 
 
-def column_problem(series: pd.Series, column: str, role: str) -> ColumnProblem | None:
-    """What is wrong with one column, or None when every value is a finite float32."""
-    gate = InputGate([column, "__no_target__"], "__no_target__", [column])
-    gate.add(pd.DataFrame({column: series}).reset_index(drop=True))
-    found = [p for p in gate.problems() if p.column == column]
-    return dataclasses.replace(found[0], role=role) if found else None
-
-
 def find_problems(df: "pd.DataFrame | pa.Table", target: str, features: Sequence[str] | None = None) -> list[ColumnProblem]:
     """Every feature or target column of a whole in-memory table training cannot use (InputGate on one batch)."""
     gate = InputGate(df.columns if isinstance(df, pd.DataFrame) else df.schema.names, target, features)

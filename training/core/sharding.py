@@ -162,13 +162,6 @@ class ShardPlan:
         return destination, slot
 
 
-def infer_task(target: pd.Series) -> str:
-    is_integral = pd.api.types.is_integer_dtype(target) or pd.api.types.is_bool_dtype(target)
-    if is_integral and target.nunique() <= _MAX_INFERRED_CLASSES:
-        return "classification"
-    return "regression"
-
-
 # -- streaming statistics --------------------------------------------------------------------------------
 
 class _Moments:

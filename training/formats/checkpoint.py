@@ -77,10 +77,6 @@ class CheckpointManifest:
             raise KeyError(f"{file!r} is not a file of checkpoint {self.name}")
         return join_key(self.prefix, self.name, file)
 
-    @property
-    def manifest_key(self) -> str:
-        return self.key(MANIFEST_NAME)
-
     def to_json(self) -> str:
         return json.dumps({
             "format": FORMAT,

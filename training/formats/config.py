@@ -187,8 +187,6 @@ class HorovodConfig:
     cycle_time_ms: float = 1.0
     fp16_compression: bool = False
     backward_passes_per_step: int = 1
-    # "sleep": wait for all-reduce by polling with short sleeps (sync_wait.py); "spin": Horovod's own wait.
-    wait: str = "spin"
     # Open MPI busy-polls while a rank waits in a collective. Each rank also runs Horovod's background
     # thread beside its training thread, so on a host whose cores the ranks fill, that polling takes CPU
     # from the other rank's backward pass; yielding gives it back (bench/results/throughput.md).
@@ -196,7 +194,6 @@ class HorovodConfig:
     mpi_yield_when_idle: bool = True
 
     def __post_init__(self) -> None:
-        _require(self.wait in ("sleep", "spin"), "horovod.wait", f"is {self.wait!r}", 'use "sleep" or "spin"')
         _positive_number(self, "fusion_threshold_mb", "horovod.fusion_threshold_mb", allow_zero=True)
         _positive_number(self, "cycle_time_ms", "horovod.cycle_time_ms")
         _require(isinstance(self.fp16_compression, bool), "horovod.fp16_compression",
@@ -327,8 +324,6 @@ _NESTED = {"checkpoint": CheckpointConfig, "model": ModelConfig, "health": Healt
 
 
 def _build(cls: type, doc: Mapping[str, Any], path: str) -> Any:
-    if cls is CheckpointConfig and "uri" in doc:  # the run folder was checkpoint.uri before it was run_uri
-        raise ConfigError("checkpoint.uri", "moved to run_uri", 'write the run folder as the top-level "run_uri"')
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(doc) - set(fields))
     if unknown:

@@ -259,15 +259,17 @@ class ShardManifest:
         return manifest
 
 
-def split_manifest_uri(uri: str):
-    """(the store the manifest and its partitions live in, the manifest's key in it)."""
+def split_manifest_uri(uri: str, s3=None):
+    """(the store the manifest and its partitions live in, the manifest's key in it); an s3:// one opened
+    with `s3` (S3Settings; None: the environment's)."""
     from ringflow.training.store import open_store, split_uri
 
     parent, name = split_uri(uri)
-    return open_store(parent), name
+    return open_store(parent, s3=s3), name
 
 
-def load_manifest(uri: str):
-    """Read and check a manifest by URI; returns (manifest, the store its partitions live in)."""
-    store, name = split_manifest_uri(uri)
+def load_manifest(uri: str, s3=None):
+    """Read and check a manifest by URI; returns (manifest, the store its partitions live in). s3: as
+    split_manifest_uri's."""
+    store, name = split_manifest_uri(uri, s3)
     return ShardManifest.from_json(store.get_bytes(name)), store

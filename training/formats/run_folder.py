@@ -8,6 +8,11 @@ from the store) can write nothing anyone reads.
                                       health/<n>.jsonl, heartbeat.json, result.json
     eval.json, health.png             written by the Airflow tasks after the attempt (run_layout.py)
 
+`RunFolder.open(uri, s3)` is the one way a run folder is opened (the Airflow tasks pass the S3 settings of
+their connection, operators/connections.open_run_folder; a training process, None: its environment's), and
+the RunFolder is the one way a run is read or written: its result, eval, health records, heartbeat,
+checkpoints and health plot. No other module names those keys.
+
     {"format": "ringflow.run/v1",
      "attempt": {"number": 3, "id": "rf-…-t3", "prefix": "attempts/000003", "first_seq": 180},
      "checkpoints": ["attempts/000003/checkpoints/ckpt-000000100", "attempts/000002/checkpoints/…"],
@@ -34,8 +39,11 @@ import time
 from typing import Any
 
 from ringflow.training.formats.checkpoint import CheckpointManifest, CheckpointStore, LoadedCheckpoint, first_loadable
+from ringflow.training.health.heartbeat import Heartbeat, read_heartbeat
 from ringflow.training.health.records import HealthReader, last_seq_in, read_health_in
-from ringflow.training.formats.run_layout import CHECKPOINTS, RESULT
+from ringflow.training.formats.run_layout import CHECKPOINTS, EVAL, HEALTH_PLOT, RESULT
+from ringflow.training.formats.run_result import RunResult
+from ringflow.training.store import S3Settings, open_store
 from ringflow.training.store.base import ObjectNotFound, ObjectStore, PreconditionFailed, Progress, join_key
 
 POINTER = "run.json"
@@ -58,6 +66,10 @@ class Fenced(RuntimeError):
 
 class RunFolderError(ValueError):
     """run.json is not a pointer this ringflow can read."""
+
+
+class EvalUnreadable(ValueError):
+    """eval.json is there but is not an evaluation this ringflow can read; the message says what to rerun."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,14 +120,30 @@ def attempt_prefix(number: int) -> str:
 
 
 class RunFolder:
-    """The run folder at `store`: what the current attempt published, and the claim that makes a new one."""
+    """The run folder at `store`: what the current attempt published, the claim that makes a new one, and
+    what the tasks after the attempt write (eval.json, health.png).
 
-    def __init__(self, store: ObjectStore):
-        self.store = store
+    s3: the S3 settings it was opened with (None: the environment's), for the stores the run names (the
+    shards its checkpoints were trained on): a run's readers never need a second credential route."""
+
+    def __init__(self, store: ObjectStore, s3: S3Settings | None = None, uri: str | None = None):
+        self.store, self.s3 = store, s3
+        self._uri = uri
+
+    @classmethod
+    def open(cls, uri: str, s3: S3Settings | None = None) -> "RunFolder":
+        """The run folder at `uri` (a path, file:// or s3:// URI), an s3:// one with `s3` (None: the S3
+        settings of the process's environment, as a training process has them)."""
+        return cls(open_store(uri, s3=s3), s3, uri)
 
     @property
     def uri(self) -> str:
-        return self.store.uri
+        """The URI it was opened with (what the DAG, the XComs and the links name), else its store's."""
+        return self._uri or self.store.uri
+
+    def uri_of(self, key: str) -> str:
+        """The URI of `key` in the run folder, for messages and links."""
+        return f"{self.uri.rstrip('/')}/{key}"
 
     def pointer(self) -> tuple[RunPointer | None, str | None]:
         """(run.json, its etag), or (None, None) for a run folder of today's layout or a new one."""
@@ -217,6 +245,88 @@ class RunFolder:
         """The key of the result the current attempt published (today's layout: result.json)."""
         pointer, _ = self.pointer()
         return RESULT if pointer is None else pointer.result
+
+    # -- what a run's readers read ----------------------------------------------------------------------
+
+    def read_result(self, attempt: str | None = None) -> RunResult | None:
+        """The published result (the current attempt's, once it published one; in a folder of today's
+        layout, result.json), if `attempt` wrote it (any attempt when None); None when there is none. A
+        result that cannot be read raises ResultError (a problem to fix, not a missing result)."""
+        key = self.result_key()
+        if key is None:
+            return None
+        try:
+            raw = self.store.get_bytes(key)
+        except ObjectNotFound:
+            return None
+        result = RunResult.from_json(raw, self.uri_of(key))
+        return result if result.is_of(attempt) else None
+
+    def write_result(self, result: RunResult) -> None:
+        """result.json at the top of a folder of today's layout (a test's, a single-process run); an attempt
+        of a fenced run folder publishes its own with Attempt.publish_result."""
+        self.store.put_bytes(RESULT, result.to_json())
+
+    def read_health(self) -> list[dict[str, Any]]:
+        """All of the run's visible health records in order (records_after: each attempt's, as far as they
+        are visible)."""
+        return self.records_after(-1)
+
+    def read_heartbeat(self) -> Heartbeat | None:
+        """The current attempt's heartbeat (health/heartbeat.py), or None while it has written none."""
+        return read_heartbeat(self.current_store())
+
+    # -- what the tasks after an attempt write -----------------------------------------------------------
+
+    @property
+    def eval_uri(self) -> str:
+        return self.uri_of(EVAL)
+
+    @property
+    def health_plot_uri(self) -> str:
+        return self.uri_of(HEALTH_PLOT)
+
+    def read_eval(self) -> dict[str, Any] | None:
+        """eval.json, the evaluate task's document ({"metrics": {...}, "checkpoint", "step", ...}); None when
+        the evaluate task has written none. One without a metrics object raises EvalUnreadable.
+        MERGE: becomes formats/eval_result.EvalResult (the typed eval) where that branch has it."""
+        try:
+            raw = self.store.get_bytes(EVAL)
+        except ObjectNotFound:
+            return None
+        try:
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise EvalUnreadable(f"{self.eval_uri} is not valid JSON ({exc}); rerun the evaluate task") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict):
+            raise EvalUnreadable(f"{self.eval_uri} has no 'metrics' object; rerun the evaluate task")
+        return doc
+
+    def write_eval(self, doc: dict[str, Any]) -> str:
+        """Write eval.json (MERGE: takes an EvalResult); returns its URI."""
+        if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict):
+            raise EvalUnreadable(f"an evaluation to write to {self.eval_uri} needs a 'metrics' object; got {doc!r}")
+        self.store.put_bytes(EVAL, json.dumps(doc, indent=1).encode())
+        return self.eval_uri
+
+    def write_health_plot(self, path: str) -> str:
+        """Upload the plot of the health records (an image file at `path`) as health.png; returns its URI."""
+        self.store.put_file(HEALTH_PLOT, path)
+        return self.health_plot_uri
+
+    def training_files(self) -> list[str]:
+        """The keys of an attempt's files kept beside its metrics (MLflow artifacts): the published result
+        and the health plot (those that exist are kept)."""
+        key = self.result_key()
+        return [*([key] if key else []), HEALTH_PLOT]
+
+    def evaluation_files(self) -> list[str]:
+        """The keys of the evaluate task's files kept beside its metrics: eval.json."""
+        return [EVAL]
+
+    def presigned_health_plot(self, seconds: int) -> str:
+        """A time-limited URL of health.png (S3 only), for the task's extra link."""
+        return self.store.presigned_get(HEALTH_PLOT, seconds)
 
 
 class Attempt:

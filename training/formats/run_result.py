@@ -26,7 +26,7 @@ from typing import Any, Mapping
 from ringflow.training.formats import exit_codes
 from ringflow.training.health.verdict import Verdict
 from ringflow.training.formats.run_layout import RESULT
-from ringflow.training.store.base import ObjectNotFound, ObjectStore
+from ringflow.training.store.base import ObjectStore
 
 FORMAT = "ringflow.result/v1"
 SUCCEEDED, FAILED = "succeeded", "failed"
@@ -139,23 +139,14 @@ class RunResult:
 
 
 def write_result(store: ObjectStore, result: RunResult) -> None:
-    """result.json at the top of `store` (a run folder of today's layout, a test's folder); an attempt of a
-    fenced run folder publishes its own through run_folder.Attempt.publish_result."""
-    store.put_bytes(RESULT, result.to_json())
+    """result.json at the top of `store` (RunFolder.write_result)."""
+    from ringflow.training.formats.run_folder import RunFolder
+
+    RunFolder(store).write_result(result)
 
 
 def read_result(store: ObjectStore, attempt: str | None = None) -> RunResult | None:
-    """The run folder's published result (run_folder.py: the current attempt's, once it published one; in a
-    folder of today's layout, result.json), if `attempt` wrote it (any attempt when None); None when there
-    is none. A result that cannot be read raises ResultError (a problem to fix, not a missing result)."""
+    """The run folder's published result (RunFolder.read_result), for callers that hold a store."""
     from ringflow.training.formats.run_folder import RunFolder
 
-    key = RunFolder(store).result_key()
-    if key is None:
-        return None
-    try:
-        raw = store.get_bytes(key)
-    except ObjectNotFound:
-        return None
-    result = RunResult.from_json(raw, f"{store.uri.rstrip('/')}/{key}")
-    return result if result.is_of(attempt) else None
+    return RunFolder(store).read_result(attempt)

@@ -64,7 +64,7 @@ def read_health(store: ObjectStore) -> list[dict[str, Any]]:
     they are visible (run_folder.py), or, in a folder of today's layout, its own."""
     from ringflow.training.formats.run_folder import RunFolder
 
-    return RunFolder(store).records_after(-1)
+    return RunFolder(store).read_health()
 
 
 def read_health_in(store: ObjectStore) -> list[dict[str, Any]]:

@@ -16,7 +16,6 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
 from ringflow.training.formats.datasets import tensor_matrix

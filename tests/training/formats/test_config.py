@@ -19,7 +19,7 @@ def test_minimal_config_gets_defaults():
     (lambda d: d.pop("manifest_uri"), "manifest_uri", "is missing"),
     (lambda d: d.pop("run_uri"), "run_uri", "is missing"),
     (lambda d: d.update(run_uri=""), "run_uri", "s3://bucket/prefix"),
-    (lambda d: d.update(checkpoint={"uri": "/data/run"}), "checkpoint.uri", "moved to run_uri"),
+    (lambda d: d.update(checkpoint={"uri": "/data/run"}), "checkpoint.uri", "not a known field"),
     (lambda d: d.update(batch_size=-4), "batch_size", ">= 1"),
     (lambda d: d.update(batch_size=True), "batch_size", ">= 1"),
     (lambda d: d.update(epochs="3"), "epochs", ">= 1"),

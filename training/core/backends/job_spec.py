@@ -20,7 +20,7 @@ class JobSpec:
 
     name: DNS-1123 label (lowercase, digits, '-', at most 63 chars): the MPIJob name, or the local run folder.
     config: the training job config (ringflow.training.formats.config.JobConfig as a dict): what every rank runs.
-    num_workers: Horovod world size (one rank per worker slot).
+    num_workers: the world size: one rank per worker (a local process, an MPIJob worker pod, a TrainJob node).
     controller: "gloo" or "mpi" for local runs (default: the faster here, see bench/); MPIJobs always launch through mpirun.
     labels: identify the job for reattach: dag, run, task, try.
     env: extra environment for every rank. Never secrets: backends bring those from their own config.
@@ -29,7 +29,6 @@ class JobSpec:
     name: str
     config: dict[str, Any]
     num_workers: int
-    slots_per_worker: int = 1
     controller: str = DEFAULT_CONTROLLER
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -42,13 +41,7 @@ class JobSpec:
             )
         if not isinstance(self.num_workers, int) or self.num_workers < 1:
             raise JobSpecError(f"num_workers is {self.num_workers!r}; set it to a whole number >= 1")
-        if not isinstance(self.slots_per_worker, int) or self.slots_per_worker < 1:
-            raise JobSpecError(f"slots_per_worker is {self.slots_per_worker!r}; set it to a whole number >= 1")
         if self.controller not in CONTROLLERS:
             raise JobSpecError(f"controller is {self.controller!r}; use one of {CONTROLLERS}")
         if not isinstance(self.config, dict):
             raise JobSpecError("config must be the training job config as a dict")
-
-    @property
-    def world_size(self) -> int:
-        return self.num_workers * self.slots_per_worker

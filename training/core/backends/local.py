@@ -100,8 +100,6 @@ class LocalProcessBackend(Backend):
         return path
 
     def launch(self, spec: JobSpec) -> str:
-        if spec.slots_per_worker != 1:
-            raise ValueError("local jobs run one rank per process: set slots_per_worker=1")
         job_dir = Path(self.work_dir) / spec.name
         if (job_dir / "pid").exists():
             raise FileExistsError(f"a local job named {spec.name!r} was already launched in {job_dir}")

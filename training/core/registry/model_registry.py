@@ -121,8 +121,6 @@ class Pointer:
     def from_json(cls, text: bytes | str, where: str) -> "Pointer":
         try:
             doc = json.loads(text)
-            if isinstance(doc, dict) and "source_run" in doc and "run_uri" not in doc:
-                doc["run_uri"] = doc.pop("source_run")  # written before the run folder was run_uri everywhere
             return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls) if f.name in doc})
         except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
             raise RegistryError(f"{where} is not a valid production pointer ({exc}); "
@@ -476,7 +474,7 @@ class ModelRegistry:
 
     def _pointer_from(self, info: dict[str, Any], previous: int | None, action: str = "promote") -> Pointer:
         return Pointer(version=int(info["version"]), sha256=dict(info["sha256"]),
-                       run_uri=_run_uri_of(info["source"]), checkpoint=info["source"]["checkpoint"],
+                       run_uri=info["source"]["run_uri"], checkpoint=info["source"]["checkpoint"],
                        metrics=dict(info.get("metrics") or {}), promoted_at=_now(),
                        previous=previous, action=action)
 
@@ -526,7 +524,3 @@ def _check_sha(manifest: CheckpointManifest, file: str, size: int, actual: str) 
             f"{CHECKPOINT_MANIFEST} says {entry.sha256[:12]}… ({entry.size} bytes): it was modified after "
             f"training saved it; refusing to promote it. Promote another checkpoint or retrain"
         )
-
-
-def _run_uri_of(source: dict[str, Any]) -> str:
-    return source["run_uri"] if "run_uri" in source else source["run"]  # MODEL.json written before run_uri

@@ -66,11 +66,11 @@ def _requirements() -> list[str]:
     return reqs + ["ringflow"]
 
 
-def model_data(folder: str, *, run_folder: ObjectStore, checkpoint: str,
+def model_data(folder: str, *, run_folder: RunFolder, checkpoint: str,
                open_store: Callable[[str], ObjectStore], source: Mapping[str, Any]) -> served_model.ServedModel:
     """Write the pyfunc data folder for `checkpoint` of the run (its sha256 checked on the way) and load it
     back: a model that would not load never gets registered."""
-    loaded = RunFolder(run_folder).checkpoints().load(checkpoint)
+    loaded = run_folder.checkpoints().load(checkpoint)
     meta = loaded.manifest.meta
     parent, name = split_uri(meta["manifest_uri"])
     schema = ShardManifest.from_json(open_store(parent).get_bytes(name)).schema
@@ -79,7 +79,7 @@ def model_data(folder: str, *, run_folder: ObjectStore, checkpoint: str,
     return served_model.load(folder)
 
 
-def register_promotion(settings: TrackingSettings, *, experiment: str, run_uri: str, run_folder: ObjectStore,
+def register_promotion(settings: TrackingSettings, *, experiment: str, run_uri: str, run_folder: RunFolder,
                        checkpoint: str, model_name: str, store_version: int,
                        open_store: Callable[[str], ObjectStore], metrics: Mapping[str, Any] | None = None) -> int:
     """Register `checkpoint` of the run as a version of `model_name` (once per ringflow version) in the run's

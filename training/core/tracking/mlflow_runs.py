@@ -19,10 +19,9 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ringflow.training.formats import run_layout
 from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.formats.run_result import RunResult
-from ringflow.training.store.base import ObjectNotFound, ObjectStore
+from ringflow.training.store.base import ObjectNotFound
 from ringflow.training.core.tracking import measurements
 from ringflow.training.core.tracking.measurements import Measurement
 from ringflow.training.core.tracking.params import flatten_params
@@ -121,14 +120,14 @@ def log_params(client: "MlflowClient", run: "Run", params: Mapping[str, str]) ->
     return sorted(k for k, v in params.items() if k in logged and logged[k] != v)
 
 
-def log_files(client: "MlflowClient", run_id: str, run_folder: ObjectStore, keys: Sequence[str]) -> list[str]:
+def log_files(client: "MlflowClient", run_id: str, run_folder: RunFolder, keys: Sequence[str]) -> list[str]:
     """The run folder's files `keys` (those that exist) as artifacts at the root of the MLflow run."""
     logged = []
     with tempfile.TemporaryDirectory(prefix="ringflow-mlflow-") as tmp:
         for key in keys:
             path = os.path.join(tmp, os.path.basename(key))
             try:
-                run_folder.get_file(key, path)
+                run_folder.store.get_file(key, path)
             except ObjectNotFound:
                 continue
             client.log_artifact(run_id, path)
@@ -136,18 +135,18 @@ def log_files(client: "MlflowClient", run_id: str, run_folder: ObjectStore, keys
     return logged
 
 
-def records_after(seq: int, run_folder: ObjectStore,
+def records_after(seq: int, run_folder: RunFolder,
                   every_record: Sequence[Mapping[str, Any]] | None) -> tuple[list[Mapping[str, Any]], int]:
     """The health records after `seq` and the last seq among them (`seq` when none is newer): picked from
     `every_record` when given, else read from the run folder (only what lies past `seq`)."""
     if every_record is None:
-        newer = RunFolder(run_folder).records_after(seq)
+        newer = run_folder.records_after(seq)
         return newer, newer[-1]["seq"] if newer else seq
     newer = [r for r in every_record if isinstance(r.get("seq"), int) and r["seq"] > seq]
     return newer, newer[-1]["seq"] if newer else seq
 
 
-def log_training_run(settings: TrackingSettings, *, experiment: str, run_uri: str, run_folder: ObjectStore,
+def log_training_run(settings: TrackingSettings, *, experiment: str, run_uri: str, run_folder: RunFolder,
                      job_config: Mapping[str, Any] | None, result: RunResult | None, run_name: str | None = None,
                      tags: Mapping[str, str] | None = None,
                      health_records: Sequence[Mapping[str, Any]] | None = None) -> str:
@@ -179,20 +178,19 @@ def log_training_run(settings: TrackingSettings, *, experiment: str, run_uri: st
             **({"ringflow.attempt": result.attempt} if result and result.attempt else {}),
             **({"ringflow.checkpoint": result.checkpoint} if result and result.checkpoint else {}),
             **(tags or {})})
-        result_key = RunFolder(run_folder).result_key()  # the published result (run_folder.py)
-        files = log_files(client, run_id, run_folder, [*([result_key] if result_key else []), run_layout.HEALTH_PLOT])
+        files = log_files(client, run_id, run_folder, run_folder.training_files())
         client.set_terminated(run_id, "FINISHED" if result is not None and result.succeeded else "FAILED")
     log.info("MLflow run %s (experiment %r): %d measurements from %d health records, verdict %s, artifacts %s",
              run_id, experiment, len(items), len(records), verdict, files)
     return run_id
 
 
-def log_evaluation(settings: TrackingSettings, *, experiment: str, run_uri: str, run_folder: ObjectStore,
+def log_evaluation(settings: TrackingSettings, *, experiment: str, run_uri: str, run_folder: RunFolder,
                    eval_doc: Mapping[str, Any]) -> str:
     """eval.json's metrics (eval/<name> at the scored checkpoint's step) and the file itself."""
     with tracking_env(settings):
         client = client_for(settings)
         run_id = ensure_run(client, experiment, run_uri).info.run_id
         log_measurements(client, run_id, measurements.from_eval(eval_doc, int(time.time() * 1000)))
-        log_files(client, run_id, run_folder, [run_layout.EVAL])
+        log_files(client, run_id, run_folder, run_folder.evaluation_files())
     return run_id

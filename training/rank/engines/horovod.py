@@ -11,7 +11,6 @@ from ringflow.training.rank.cores import claim_cpu_share, local_rank_from_env
 from ringflow.training.rank.devices import Placement, place_rank
 from ringflow.training.rank.engine import Engine, share_host_cores
 from ringflow.training.rank.training_state import on_cpu
-from ringflow.training.rank.sync_wait import wait_for_allreduce
 
 # Where the launchers Horovod runs under say which rank this is on its host, before hvd.init() can.
 LOCAL_RANK_ENV = (
@@ -68,8 +67,6 @@ class HorovodEngine(Engine):
         optimizer.load_state_dict(state)
 
     def sync_gradients(self, optimizer) -> None:
-        if self.cfg.wait == "sleep":
-            wait_for_allreduce(self.hvd, optimizer)
         optimizer.synchronize()
         self.precision.unscale(optimizer)  # fp16: the true gradient, for the health monitor and the step
 

@@ -471,7 +471,8 @@ def test_a_run_outside_the_store_is_refused(store_uri, run_uri):
         run_key_in(store_uri, run_uri)
 
 
-def test_a_pointer_written_before_run_uri_still_reads():
-    old = {"version": 1, "sha256": {}, "source_run": "s3://b/ml/runs/7", "checkpoint": "ckpt-000000040",
-           "metrics": {}, "promoted_at": "2025-01-01T00:00:00+00:00", "previous": None}
-    assert Pointer.from_json(json.dumps(old), "production.json").run_uri == "s3://b/ml/runs/7"
+def test_a_pointer_without_its_run_is_refused():
+    doc = {"version": 1, "sha256": {}, "checkpoint": "ckpt-000000040", "metrics": {},
+           "promoted_at": "2025-01-01T00:00:00+00:00", "previous": None}
+    with pytest.raises(RegistryError, match="production.json is not a valid production pointer"):
+        Pointer.from_json(json.dumps(doc), "production.json")

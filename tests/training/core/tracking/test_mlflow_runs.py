@@ -3,7 +3,8 @@ whether the caller hands over every record it read (the train task reads them on
 they are read here from the run folder; sealed segments and health.jsonl alike."""
 import pytest
 
-from ringflow.training.health.records import HealthLog, read_health, record
+from ringflow.training.health.records import HealthLog, record
+from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.store import LocalFolderStore
 from ringflow.training.core.tracking.mlflow_runs import records_after
 
@@ -14,7 +15,7 @@ def run_folder(tmp_path):
     log = HealthLog(store, flush_seconds=0, segment_lines=4, attempt="a1")  # 10 records: 2 sealed segments
     for step in range(10):
         log.append(record("step", step=step), force_flush=True)
-    return store
+    return RunFolder(store)
 
 
 @pytest.mark.parametrize("logged_up_to, seqs, last", [
@@ -24,7 +25,7 @@ def run_folder(tmp_path):
 ])
 @pytest.mark.parametrize("handed_over", [True, False])
 def test_only_records_after_the_logged_seq(run_folder, logged_up_to, seqs, last, handed_over):
-    every = read_health(run_folder) if handed_over else None
+    every = run_folder.read_health() if handed_over else None
     records, last_seq = records_after(logged_up_to, run_folder, every)
     assert [r["seq"] for r in records] == seqs and last_seq == last
     assert [r["step"] for r in records] == seqs  # the records themselves, in order

@@ -49,7 +49,7 @@ def _check_name(spec: JobSpec) -> None:
 def mpirun_command(spec: JobSpec, settings: MPIJobSettings) -> list[str]:
     """The launcher's command line. The MPI Operator provides the hostfile (OMPI_MCA_orte_default_hostfile)."""
     names = list(FORWARDED_ENV) + P.store_env_names(settings) + sorted(spec.env)
-    return P.mpirun_command(spec.world_size, names, settings.python, settings.run_as_root)
+    return P.mpirun_command(spec.num_workers, names, settings.python, settings.run_as_root)
 
 
 def _launcher_env(spec: JobSpec, settings: MPIJobSettings) -> list[dict[str, Any]]:
@@ -122,7 +122,7 @@ def build_mpijob(spec: JobSpec, settings: MPIJobSettings) -> dict[str, Any]:
         "kind": KIND,
         "metadata": P.metadata(spec.name, spec, settings),
         "spec": {
-            "slotsPerWorker": spec.slots_per_worker,
+            "slotsPerWorker": 1,  # one rank per worker pod (JobSpec.num_workers is the world size)
             "runPolicy": settings.run_policy.to_k8s(),
             "sshAuthMountPath": settings.ssh_path,
             "mpiImplementation": "OpenMPI",

@@ -81,7 +81,7 @@ def _command(spec: JobSpec, settings: TrainJobSettings, engine: str) -> list[str
         return torchrun_command(settings.python)
     # Ranks on the other nodes start through ssh with a bare environment: mpirun forwards what they need.
     names = list(P.FORWARDED_ENV) + P.store_env_names(settings) + sorted(spec.env) + [ENGINE_ENV]
-    return P.mpirun_command(spec.world_size, names, settings.python)
+    return P.mpirun_command(spec.num_workers, names, settings.python)
 
 
 def _pod_patch(spec: JobSpec, settings: TrainJobSettings) -> dict[str, Any]:
@@ -96,7 +96,7 @@ def _pod_patch(spec: JobSpec, settings: TrainJobSettings) -> dict[str, Any]:
 
 
 def build_trainjob(spec: JobSpec, settings: TrainJobSettings) -> dict[str, Any]:
-    """The TrainJob for this spec: spec.num_workers nodes of spec.slots_per_worker ranks each."""
+    """The TrainJob for this spec: spec.num_workers nodes of one rank each."""
     if not isinstance(settings, TrainJobSettings):
         raise SettingsError("settings must be a TrainJobSettings (use TrainJobSettings.from_dict for JSON)")
     engine = engine_of(spec)
@@ -110,7 +110,7 @@ def build_trainjob(spec: JobSpec, settings: TrainJobSettings) -> dict[str, Any]:
         # Every rank starts the engine its launcher was chosen for, whatever the config says.
         "env": P.store_env(settings) + P.plain_env(spec.env | {ENGINE_ENV: engine}),
         "numNodes": spec.num_workers,
-        "numProcPerNode": spec.slots_per_worker,
+        "numProcPerNode": 1,  # one rank per node (JobSpec.num_workers is the world size)
         "resourcesPerNode": settings.worker.to_k8s(),
     }
     meta = P.metadata(spec.name, spec, settings)

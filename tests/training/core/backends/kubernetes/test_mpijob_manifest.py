@@ -25,7 +25,7 @@ LABELS = {"dag": "retrain_digits", "run": "scheduled__2024-01-01T00:00:00+00:00"
 
 def spec(**kw):
     fields = dict(name="retrain-digits-20240101-1", config={"model": "mlp", "epochs": 3, "batch_size": 32},
-                  num_workers=2, slots_per_worker=1, labels=LABELS)
+                  num_workers=2, labels=LABELS)
     return JobSpec(**(fields | kw))
 
 
@@ -33,7 +33,7 @@ CASES = {
     "mpijob-default": (spec(), dict(image=IMAGE, namespace="training", s3_secret_name="ringflow-minio",
                                     s3_endpoint="http://minio.ringflow:9000")),
     "mpijob-spread-gpu-root": (
-        spec(num_workers=4, slots_per_worker=2, env={"NCCL_DEBUG": "WARN"}),
+        spec(num_workers=4, env={"NCCL_DEBUG": "WARN"}),
         dict(image=IMAGE + "-cuda", namespace="training", placement="spread", run_as_root=True,
              worker={"cpu": "8", "memory": "32Gi", "memory_limit": "40Gi", "cpu_limit": "10", "gpu": 2},
              launcher={"cpu": "500m", "memory": "1Gi"}, node_selector={"pool": "gpu"},
@@ -89,8 +89,8 @@ def test_launcher_runs_mpirun_with_world_size_and_forwarded_env():
     exported = {cmd[i + 1] for i, arg in enumerate(cmd) if arg == "-x"}
     assert exported == {"PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                         "RINGFLOW_S3_ENDPOINT"}
-    root = mpirun_command(spec(num_workers=3, slots_per_worker=2), MPIJobSettings(image=IMAGE, run_as_root=True))
-    assert root[:4] == ["mpirun", "-np", "6", "--allow-run-as-root"]
+    root = mpirun_command(spec(num_workers=3), MPIJobSettings(image=IMAGE, run_as_root=True))
+    assert root[:4] == ["mpirun", "-np", "3", "--allow-run-as-root"]
 
 
 def test_credentials_come_only_from_the_secret():

@@ -25,7 +25,7 @@ DEFAULT = dict(image=IMAGE, namespace="training", s3_secret_name="ringflow-minio
 CASES = {
     "trainjob-horovod": (spec(), DEFAULT),
     "trainjob-ddp-spread-gpu": (
-        spec(config={"engine": "ddp", "epochs": 3}, num_workers=4, slots_per_worker=2, env={"NCCL_DEBUG": "WARN"}),
+        spec(config={"engine": "ddp", "epochs": 3}, num_workers=4, env={"NCCL_DEBUG": "WARN"}),
         dict(image=IMAGE + "-cuda", namespace="training", placement="spread",
              worker={"cpu": "8", "memory": "32Gi", "memory_limit": "40Gi", "gpu": 2}, node_selector={"pool": "gpu"},
              tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
@@ -75,7 +75,7 @@ def test_each_engine_runs_on_its_runtime_with_its_launcher():
     assert not any(a.startswith("--nnodes") or a.startswith("--master") for a in d["args"])
     for t in (h, d):
         assert t["args"][-3:] == ["-m", "ringflow.training", "/etc/ringflow/job.json"]
-    assert (d["numNodes"], d["numProcPerNode"]) == (4, 2)
+    assert (d["numNodes"], d["numProcPerNode"]) == (4, 1)
     assert d["resourcesPerNode"] == {"requests": {"cpu": "8", "memory": "32Gi"},
                                      "limits": {"memory": "40Gi", "nvidia.com/gpu": 2}}
     assert {e["name"]: e.get("value") for e in d["env"]}["RINGFLOW_ENGINE"] == "ddp"
@@ -84,8 +84,8 @@ def test_each_engine_runs_on_its_runtime_with_its_launcher():
 
 
 def test_mpirun_forwards_what_the_ranks_on_other_nodes_need():
-    args = trainjob(num_workers=3, slots_per_worker=2, env={"NCCL_DEBUG": "WARN"})["spec"]["trainer"]["args"]
-    assert args[:2] == ["-np", "6"] and "--allow-run-as-root" not in args
+    args = trainjob(num_workers=3, env={"NCCL_DEBUG": "WARN"})["spec"]["trainer"]["args"]
+    assert args[:2] == ["-np", "3"] and "--allow-run-as-root" not in args
     exported = {args[i + 1] for i, arg in enumerate(args) if arg == "-x"}
     assert exported == {"PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                         "RINGFLOW_S3_ENDPOINT", "NCCL_DEBUG", "RINGFLOW_ENGINE"}
