@@ -18,7 +18,7 @@ import datetime as dt
 from airflow.sdk import DAG, Asset, Param
 
 from ringflow.operators.pipeline import JOB_OVERRIDES_SCHEMA, ringflow_pipeline
-from ringflow.training.config import DEFAULT_ENGINE, ENGINES
+from ringflow.training.formats.engines import DEFAULT_ENGINE, ENGINES
 from ringflow.training.registry.model_registry import MODEL_NAME_PATTERN
 from ringflow.training.runs import store_layout
 

@@ -48,7 +48,7 @@ from ringflow.operators.train import HorovodTrainOperator
 from ringflow.operators.validate import ValidateDatasetOperator
 from ringflow.training.backends.kubernetes.backend import backend_from_env
 from ringflow.training.config import PRECISIONS
-from ringflow.training.launcher import DEFAULT_CONTROLLER
+from ringflow.training.formats.engines import DEFAULT_CONTROLLER
 from ringflow.training.runs import store_layout
 from ringflow.training.tracking.settings import DEFAULT_ALIAS
 

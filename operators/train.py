@@ -19,7 +19,7 @@ from ringflow.operators.links import HealthPlotLink, RunFolderLink, RunLinks, ap
 from ringflow.training.backends.base import Backend, backend_from_dict
 from ringflow.training.backends.job_spec import JobSpec
 from ringflow.training.health.verdict import DIVERGED, NONFINITE
-from ringflow.training.launcher import DEFAULT_CONTROLLER
+from ringflow.training.formats.engines import DEFAULT_CONTROLLER
 from ringflow.training.run_result import RunResult
 from ringflow.training.runs import store_layout
 from ringflow.training.worker_env import ATTEMPT_ENV

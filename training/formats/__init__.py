@@ -1,0 +1,1 @@
+"""What every layer reads and writes (config, manifests, results, the engine table): no torch, no Airflow."""
