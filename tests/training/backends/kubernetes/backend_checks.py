@@ -13,7 +13,7 @@ import pytest
 
 from kmock_cluster import CONFIGMAPS, PODS
 from ringflow.training.backends.base import JobNotFound, backend_from_dict
-from ringflow.training.backends.kubernetes.backend import StillDeleting
+from ringflow.training.backends.kubernetes.cluster_job import StillDeleting
 from ringflow.training.backends.kubernetes.client import AlreadyExistsError
 
 NS = "training"
