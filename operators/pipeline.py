@@ -21,7 +21,7 @@ Every part is usable on its own, outside the group, with the same arguments:
     ValidateDatasetOperator(task_id=..., dataset_uri=..., suite=...)                      validate.py
     ShardDatasetOperator(task_id=..., dataset_uri=..., output_uri=store_layout.shards_root(store),
                          num_workers=2, batch_size=32)        -> XCom {"manifest_uri", ...}   shard.py
-    HorovodTrainOperator(task_id=..., manifest_uri=..., store_uri=store, epochs=5)
+    TrainOperator(task_id=..., manifest_uri=..., store_uri=store, epochs=5)
                                                               -> XCom {"run_uri", ...}        train.py
     EvaluateModelOperator(task_id=..., run_uri=...)           -> XCom {"metrics", ...}        evaluate.py
     PromoteModelOperator(task_id=..., name=..., store_uri=store, run_uri=..., metric=..., mode=...)
@@ -44,7 +44,7 @@ from ringflow.operators.connections import DEFAULT_CONN_ID
 from ringflow.operators.evaluate import EvaluateModelOperator
 from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, PromoteModelOperator
 from ringflow.operators.shard import ShardDatasetOperator
-from ringflow.operators.train import HorovodTrainOperator
+from ringflow.operators.train import TrainOperator
 from ringflow.operators.validate import ValidateDatasetOperator
 from ringflow.training.backends.kubernetes.backend import backend_from_env
 from ringflow.training.config import PRECISIONS
@@ -107,7 +107,7 @@ def pipeline_tasks(*, dataset_uri: Any, model_name: Any, store_uri: str | None =
     shard = ShardDatasetOperator(task_id="shard", dataset_uri=dataset_uri, output_uri=store_layout.shards_root(store),
                                  num_workers=num_workers, batch_size=batch_size, seed=seed,
                                  eval_fraction=eval_fraction, target=target, conn_id=conn)
-    train = HorovodTrainOperator(
+    train = TrainOperator(
         task_id="train",
         manifest_uri=f"{{{{ ti.xcom_pull(task_ids='{shard.task_id}')['manifest_uri'] }}}}",
         store_uri=store,  # the run folder: runs/<dag_id>/<run_id>/<group_id>/, derived when the task runs

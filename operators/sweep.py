@@ -33,7 +33,7 @@ from ringflow.operators.pipeline import DEFAULT_GATE, JOB_OVERRIDES_SCHEMA, defa
 from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, Gate, GateArguments
 from ringflow.operators.shard import ShardDatasetOperator
 from ringflow.operators.tracking import MlflowTracking
-from ringflow.operators.train import HorovodTrainOperator, check_overrides
+from ringflow.operators.train import TrainOperator, check_overrides
 from ringflow.operators.validate import ValidateDatasetOperator
 from ringflow.training import run_layout
 from ringflow.training.backends.kubernetes.backend import backend_from_env
@@ -279,7 +279,7 @@ def ringflow_sweep(group_id: str, *, dataset_uri: Any, model_name: Any, configur
 
         @task_group(group_id=CANDIDATE_GROUP)
         def candidate(job_config: Any) -> None:
-            train = HorovodTrainOperator(
+            train = TrainOperator(
                 task_id="train", manifest_uri=f"{{{{ ti.xcom_pull(task_ids='{shard.task_id}')['manifest_uri'] }}}}",
                 store_uri=store,  # run folder: runs/<dag_id>/<run_id>/<group>.candidate/m<map index>/
                 num_workers=num_workers, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,

@@ -19,7 +19,7 @@ from mlflow_test_server import free_port
 from ringflow.operators.evaluate import EvaluateModelOperator
 from ringflow.operators.promote import PromoteModelOperator, RollbackModelOperator
 from ringflow.operators.tracking import MlflowTracking, tracking_settings_from_connection
-from ringflow.operators.train import HorovodTrainOperator
+from ringflow.operators.train import TrainOperator
 from ringflow.training.backends.local import LocalProcessBackend
 from ringflow.training.run_folder import RunFolder
 from ringflow.training.tracking.settings import TrackingConfigError
@@ -44,7 +44,7 @@ def context(run_id: str, task_id: str, map_index: int = -1):
 
 def train(tmp_path, store, manifest, run_id: str, map_index: int = -1, **kwargs) -> dict:
     """The train task as Airflow runs it: execute, the trigger's one event, execute_complete."""
-    op = HorovodTrainOperator(task_id="train", manifest_uri=manifest, store_uri=str(store), conn_id=None,
+    op = TrainOperator(task_id="train", manifest_uri=manifest, store_uri=str(store), conn_id=None,
                               backend=LocalProcessBackend(work_dir=str(tmp_path / "jobs"), stop_grace_seconds=2),
                               mlflow_conn_id=CONN_ID, **kwargs)
     ctx = context(run_id, "train", map_index)
@@ -283,7 +283,7 @@ def test_an_unreachable_server_fails_a_succeeded_train_task_but_never_hides_a_tr
                        json.dumps({"conn_type": "http", "host": "127.0.0.1", "port": free_port()}))  # nobody there
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-    op = HorovodTrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),
+    op = TrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),
                               conn_id=None, mlflow_conn_id=CONN_ID)
     result = RunResult(status="succeeded", attempt="rf-1", step=44, epoch=2, world_size=2, checkpoint="ckpt-000000044",
                        verdict=Verdict("HEALTHY", "no sign of trouble", {}))

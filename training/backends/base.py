@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from ringflow.training import exit_codes
 from ringflow.training.backends.connections import Connections
 from ringflow.training.backends.job_spec import JobSpec
+from ringflow.training.formats.engines import LOCAL, MPIJOB, TRAINJOB
 from ringflow.training.run_result import RunResult
 
 PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED = "pending", "running", "restarting", "succeeded", "failed"
@@ -115,10 +116,11 @@ class Backend(abc.ABC):
         await asyncio.to_thread(self.delete, job_id)
 
 
+# Each kind is named for what it creates (formats/engines.py names them, with the engines each can run).
 _REGISTRY: dict[str, str] = {
-    "local": "ringflow.training.backends.local:LocalProcessBackend",
-    "kubernetes": "ringflow.training.backends.kubernetes.backend:MPIJobBackend",
-    "trainjob": "ringflow.training.backends.kubernetes.trainjob_backend:TrainJobBackend",
+    LOCAL: "ringflow.training.backends.local:LocalProcessBackend",
+    MPIJOB: "ringflow.training.backends.kubernetes.backend:MPIJobBackend",
+    TRAINJOB: "ringflow.training.backends.kubernetes.trainjob_backend:TrainJobBackend",
 }
 
 
