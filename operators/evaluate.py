@@ -15,7 +15,7 @@ from typing import Any, Iterator, Sequence
 
 from airflow.sdk import BaseOperator
 
-from ringflow.operators.connections import DEFAULT_CONN_ID, s3_settings_from_connection
+from ringflow.operators.connections import DEFAULT_S3_CONN_ID, s3_settings_from_connection
 from ringflow.operators.tracking import MlflowTracking
 from ringflow.training.runs import store_layout
 from ringflow.training.scoped_environ import scoped_environ
@@ -34,7 +34,7 @@ def s3_env_for(uri: str, conn_id: str | None) -> Iterator[None]:
 
 
 def evaluate(run_uri: str, checkpoint: str | None = None,
-             conn_id: str | None = DEFAULT_CONN_ID) -> dict[str, Any]:
+             conn_id: str | None = DEFAULT_S3_CONN_ID) -> dict[str, Any]:
     """evaluate_run with the S3 settings of `conn_id`; returns eval.json's document plus where it is."""
     from ringflow.training.evaluate import evaluate_run  # imports torch
     from ringflow.training.run_layout import EVAL
@@ -57,7 +57,7 @@ class EvaluateModelOperator(BaseOperator):
     template_fields: Sequence[str] = ("run_uri", "checkpoint", "conn_id")
     ui_color = "#e6f4ea"
 
-    def __init__(self, *, run_uri: str, checkpoint: str | None = None, conn_id: str | None = DEFAULT_CONN_ID,
+    def __init__(self, *, run_uri: str, checkpoint: str | None = None, conn_id: str | None = DEFAULT_S3_CONN_ID,
                  mlflow_conn_id: str | None = None, mlflow_experiment: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.run_uri, self.checkpoint, self.conn_id = run_uri, checkpoint, conn_id

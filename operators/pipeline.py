@@ -40,7 +40,7 @@ from typing import Any, Mapping, Sequence
 from airflow.sdk import TaskGroup
 
 from ringflow.operators.approval import DEFAULT_APPROVAL_TIMEOUT, PromotionApprovalOperator
-from ringflow.operators.connections import DEFAULT_CONN_ID
+from ringflow.operators.connections import DEFAULT_S3_CONN_ID
 from ringflow.operators.evaluate import EvaluateModelOperator
 from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, PromoteModelOperator
 from ringflow.operators.shard import ShardDatasetOperator
@@ -87,7 +87,7 @@ def default_suite_for(target: str) -> dict[str, Any]:
 def pipeline_tasks(*, dataset_uri: Any, model_name: Any, store_uri: str | None = None, num_workers: Any = 2,
                    epochs: Any, batch_size: Any, learning_rate: Any,
                    suite: Sequence[Mapping] | Mapping | str | None = None, gate: Mapping[str, Any] | None = None,
-                   job_config: Any = None, engine: Any = None, conn_id: str | None = DEFAULT_CONN_ID,
+                   job_config: Any = None, engine: Any = None, conn_id: str | None = DEFAULT_S3_CONN_ID,
                    backend: Any = None, target: str = "target", seed: Any = 0, eval_fraction: Any = 0.2,
                    controller: str = DEFAULT_CONTROLLER,
                    mlflow_conn_id: str | None = None, mlflow_alias: str = DEFAULT_ALIAS,
@@ -148,7 +148,7 @@ def ringflow_pipeline(group_id: str, *, dataset_uri: Any, model_name: Any, store
                       num_workers: Any = 2, epochs: Any, batch_size: Any, learning_rate: Any,
                       suite: Sequence[Mapping] | Mapping | str | None = None,
                       gate: Mapping[str, Any] | None = None, job_config: Any = None, engine: Any = None,
-                      conn_id: str | None = DEFAULT_CONN_ID,
+                      conn_id: str | None = DEFAULT_S3_CONN_ID,
                       backend: Any = None, tooltip: str | None = None, **options: Any) -> TaskGroup:
     """validate >> shard >> train >> evaluate >> promote as the TaskGroup `group_id`.
 

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 
 from airflow.sdk import BaseOperator, TaskGroup, task, task_group
 
-from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
+from ringflow.operators.connections import DEFAULT_S3_CONN_ID, open_store_for
 from ringflow.operators.evaluate import EvaluateModelOperator
 from ringflow.operators.pipeline import DEFAULT_GATE, JOB_OVERRIDES_SCHEMA, default_suite_for
 from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, Gate, GateArguments
@@ -188,7 +188,7 @@ class SelectAndPromoteOperator(GateArguments, BaseOperator):
     template_fields: Sequence[str] = ("name", "store_uri", "configurations", "conn_id", "metric", "mode", "threshold")
 
     def __init__(self, *, name: str, store_uri: str, configurations: Any, group_id: str,
-                 conn_id: str | None = DEFAULT_CONN_ID, metric: str = "accuracy", mode: str = "max",
+                 conn_id: str | None = DEFAULT_S3_CONN_ID, metric: str = "accuracy", mode: str = "max",
                  threshold: float | str | None = None, compare_to_production: bool = True,
                  allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS,
                  mlflow_conn_id: str | None = None, mlflow_alias: str = DEFAULT_ALIAS, **kwargs: Any) -> None:
@@ -244,7 +244,7 @@ class SelectAndPromoteOperator(GateArguments, BaseOperator):
 def ringflow_sweep(group_id: str, *, dataset_uri: Any, model_name: Any, configurations: Any,
                    store_uri: str | None = None, num_workers: Any = 2, epochs: Any, batch_size: Any,
                    learning_rate: Any, suite: Sequence[Mapping] | Mapping | str | None = None,
-                   gate: Mapping[str, Any] | None = None, conn_id: str | None = DEFAULT_CONN_ID, backend: Any = None,
+                   gate: Mapping[str, Any] | None = None, conn_id: str | None = DEFAULT_S3_CONN_ID, backend: Any = None,
                    target: str = "target", seed: Any = 0, eval_fraction: Any = 0.2,
                    train_retries: int = 1, mlflow_conn_id: str | None = None, mlflow_alias: str = DEFAULT_ALIAS,
                    **train_options: Any) -> TaskGroup:

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from ringflow.operators.connections import DEFAULT_CONN_ID, AirflowConnections
+from ringflow.operators.connections import DEFAULT_S3_CONN_ID, AirflowConnections
 from ringflow.operators.tracking import MlflowTracking
 from ringflow.operators.links import HealthPlotLink, RunFolderLink, RunLinks, api_base_path, run_links
 from ringflow.training.backends.base import Backend, backend_from_dict
@@ -191,7 +191,7 @@ class TrainOperator(BaseOperator):
                  learning_rate: float | str | None = None, engine: str | None = None,
                  job_config: dict[str, Any] | str | None = None,
                  backend: Backend | None = None, controller: str = DEFAULT_CONTROLLER,
-                 conn_id: str | None = DEFAULT_CONN_ID, poll_interval: float = 2.0,
+                 conn_id: str | None = DEFAULT_S3_CONN_ID, poll_interval: float = 2.0,
                  job_timeout: dt.timedelta | None = None, mlflow_conn_id: str | None = None,
                  mlflow_experiment: str | None = None, **kwargs):
         super().__init__(**kwargs)

@@ -47,7 +47,8 @@ class MPIJobBackend(ClusterJobBackend):
 SETTINGS_ENV = "RINGFLOW_MPIJOB_SETTINGS"
 TRAINJOB_SETTINGS_ENV = "RINGFLOW_TRAINJOB_SETTINGS"
 CONN_ENV = "RINGFLOW_K8S_CONN_ID"
-DEFAULT_CONN_ID = "ringflow_k8s"
+# The cluster connection (type kubernetes) a Kubernetes backend reaches the API server with.
+DEFAULT_K8S_CONN_ID = "ringflow_k8s"
 
 
 def backend_from_env(environ: dict[str, str] | None = None,
@@ -78,4 +79,4 @@ def backend_from_env(environ: dict[str, str] | None = None,
         cls: type[ClusterJobBackend] = MPIJobBackend
     else:
         cls = TrainJobBackend
-    return cls(settings, conn_id=env.get(CONN_ENV) or DEFAULT_CONN_ID, connections=connections)
+    return cls(settings, conn_id=env.get(CONN_ENV) or DEFAULT_K8S_CONN_ID, connections=connections)
