@@ -21,8 +21,8 @@ def context(try_number=1):
 
 def operator(tmp_path, manifest, **kwargs):
     return TrainOperator(task_id="train", manifest_uri=manifest, run_uri=str(tmp_path / "run"),
-                                backend=LocalProcessBackend(work_dir=str(tmp_path / "jobs"), stop_grace_seconds=2),
-                                **kwargs)
+                         backend=LocalProcessBackend(work_dir=str(tmp_path / "jobs"), stop_grace_seconds=2),
+                         **kwargs)
 
 
 def test_job_names_are_dns_labels_unique_per_try():
@@ -75,12 +75,12 @@ def test_preflight_runs_for_mpijobs_too(tmp_path, digits_manifest):
                             connections=AirflowConnections())  # kept as is: the operator rebuilds one without
     backend.client = None  # any API call would fail with AttributeError, not the preflight's message
     op = TrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),
-                              num_workers=3, backend=backend)
+                       num_workers=3, backend=backend)
     with pytest.raises(AirflowFailException, match="re-shard for 3 workers"):
         op.execute(context())
     # The factory is the image's to check (its ranks do, at start): the Airflow worker may not have it.
     op = TrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),
-                              backend=backend, job_config={"model": {"kind": "custom", "factory": "in_image:build"}})
+                       backend=backend, job_config={"model": {"kind": "custom", "factory": "in_image:build"}})
     with pytest.raises(AttributeError):  # past the preflight: on to find() on the cluster
         op.execute(context())
 
