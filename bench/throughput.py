@@ -94,7 +94,7 @@ def ringflow(root: Path, np_: int, steps: int, engine: str, controller: str | No
     10 steps) but for the model, its batch, the peers' learning rate and `settings` (more top-level job
     config fields, e.g. bind_cores). Also the share of the time rank 0's training thread spent in the health
     monitor (result.json: the job's own accounting)."""
-    from ringflow.training.core.launcher import DEFAULT_CONTROLLER
+    from ringflow.training.formats.engines import DEFAULT_CONTROLLER
 
     run = root / f"run-{engine}-{np_}-{time.monotonic_ns()}"
     # One epoch is 8192 rows per rank; run as many epochs as reach `steps`.
@@ -266,7 +266,7 @@ def main() -> None:
     for np_ in (1, 2):
         shards(root, np_)
     from ringflow.training.formats.config import HorovodConfig, DdpConfig
-    from ringflow.training.core.launcher import DEFAULT_CONTROLLER
+    from ringflow.training.formats.engines import DEFAULT_CONTROLLER
     import dataclasses
     import os
 

@@ -19,7 +19,7 @@ from airflow.sdk import DAG, Asset, Param
 
 from ringflow.operators.pipeline import JOB_OVERRIDES_SCHEMA, ringflow_pipeline
 from ringflow.operators.pipeline_specs import DataSpec, GateSpec, TrainingSpec
-from ringflow.training.formats.config import DEFAULT_ENGINE, ENGINES
+from ringflow.training.formats.engines import DEFAULT_ENGINE, ENGINES
 from ringflow.training.core.registry.model_registry import MODEL_NAME_PATTERN
 from ringflow.training.core.runs import store_layout
 

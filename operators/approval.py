@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 
-from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
+from ringflow.operators.connections import DEFAULT_S3_CONN_ID, open_store_for
 from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, Gate, GateArguments, read_evaluated_run, run_folder_in
 from ringflow.training.core.registry.model_registry import ModelRegistry, Pointer
 
@@ -183,7 +183,7 @@ class PromotionApprovalOperator(GateArguments, ApprovalOperator):
     # Not subject and body: they are built when the task runs, from the run folder and the registry.
     template_fields: Sequence[str] = ("name", "store_uri", "run_uri", "conn_id", "metric", "mode", "threshold")
 
-    def __init__(self, *, name: str, store_uri: str, run_uri: str, conn_id: str | None = DEFAULT_CONN_ID,
+    def __init__(self, *, name: str, store_uri: str, run_uri: str, conn_id: str | None = DEFAULT_S3_CONN_ID,
                  metric: str = "accuracy", mode: str = "max", threshold: float | str | None = None,
                  compare_to_production: bool = True,
                  allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS,

@@ -16,7 +16,7 @@ in_cluster / kube_config_path / kube_config (inline YAML or JSON) / namespace / 
 the "extra__kubernetes__" prefix (`cluster_from_extras`).
 
 `conn_id` means the same in every operator, the trigger, the backends and the pipeline factory: the id
-of such a connection, by default DEFAULT_CONN_ID. `conn_id=None` means no connection: s3:// URIs use the
+of such a connection, by default DEFAULT_S3_CONN_ID. `conn_id=None` means no connection: s3:// URIs use the
 S3 settings of the process's environment (RINGFLOW_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY;
 training/store/s3.py), as training processes do, and a local job inherits them. Local paths never need
 one.
@@ -30,7 +30,8 @@ from ringflow.training.core.backends.kubernetes.client import ClusterConfig
 from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.store import ObjectStore, S3Settings, StoreConfigError, open_store
 
-DEFAULT_CONN_ID = "ringflow_s3"
+# The S3 connection (type aws) a task reads and writes the store with, unless told another.
+DEFAULT_S3_CONN_ID = "ringflow_s3"
 CONN_TYPE = "aws"
 
 
@@ -44,7 +45,7 @@ def _how_to_define(conn_id: str) -> str:
             f'"extra": {{"endpoint_url": "http://<host>:9000"}}}}\'')
 
 
-def s3_settings_from_connection(conn_id: str = DEFAULT_CONN_ID) -> S3Settings:
+def s3_settings_from_connection(conn_id: str = DEFAULT_S3_CONN_ID) -> S3Settings:
     """S3 settings from the Airflow connection `conn_id` (looked up through Airflow's secrets backends)."""
     from airflow.sdk import BaseHook  # here, not at import: only S3 tasks need a connection lookup
 
@@ -118,7 +119,7 @@ def _tuning(conn_id: str, config_kwargs: Any) -> dict[str, Any]:
     return tuning
 
 
-def s3_settings_for(uri: str, conn_id: str | None = DEFAULT_CONN_ID) -> S3Settings | None:
+def s3_settings_for(uri: str, conn_id: str | None = DEFAULT_S3_CONN_ID) -> S3Settings | None:
     """The S3 settings a task opens `uri` with: connection `conn_id`'s for an s3:// URI; None (the
     environment's, or none needed) for a local path or file:// URI, or when conn_id is None. The one
     credential route of the Airflow tasks: every store and run folder they open gets its settings here."""
@@ -127,12 +128,12 @@ def s3_settings_for(uri: str, conn_id: str | None = DEFAULT_CONN_ID) -> S3Settin
     return None
 
 
-def open_store_for(uri: str, conn_id: str | None = DEFAULT_CONN_ID) -> ObjectStore:
+def open_store_for(uri: str, conn_id: str | None = DEFAULT_S3_CONN_ID) -> ObjectStore:
     """Open the store at `uri` with the settings s3_settings_for gives."""
     return open_store(uri, s3=s3_settings_for(uri, conn_id))
 
 
-def open_run_folder(uri: str, conn_id: str | None = DEFAULT_CONN_ID) -> RunFolder:
+def open_run_folder(uri: str, conn_id: str | None = DEFAULT_S3_CONN_ID) -> RunFolder:
     """Open the run folder at `uri` with the settings s3_settings_for gives: what every task reads a run
     through (its result, eval, health records, checkpoints; the shards it names, with the same settings)."""
     return RunFolder.open(uri, s3_settings_for(uri, conn_id))

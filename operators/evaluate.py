@@ -11,12 +11,12 @@ from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
 
-from ringflow.operators.connections import DEFAULT_CONN_ID, open_run_folder
+from ringflow.operators.connections import DEFAULT_S3_CONN_ID, open_run_folder
 from ringflow.operators.tracking import MlflowTracking
 
 
 def evaluate(run_uri: str, checkpoint: str | None = None,
-             conn_id: str | None = DEFAULT_CONN_ID) -> dict[str, Any]:
+             conn_id: str | None = DEFAULT_S3_CONN_ID) -> dict[str, Any]:
     """evaluate_run on the run folder opened with `conn_id`; returns eval.json's document plus where it is."""
     from ringflow.training.core.evaluate import evaluate_run  # imports torch
 
@@ -38,7 +38,7 @@ class EvaluateModelOperator(BaseOperator):
     template_fields: Sequence[str] = ("run_uri", "checkpoint", "conn_id")
     ui_color = "#e6f4ea"
 
-    def __init__(self, *, run_uri: str, checkpoint: str | None = None, conn_id: str | None = DEFAULT_CONN_ID,
+    def __init__(self, *, run_uri: str, checkpoint: str | None = None, conn_id: str | None = DEFAULT_S3_CONN_ID,
                  mlflow_conn_id: str | None = None, mlflow_experiment: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.run_uri, self.checkpoint, self.conn_id = run_uri, checkpoint, conn_id

@@ -26,7 +26,7 @@ Every part is usable on its own, outside the group, with the same arguments:
     ValidateDatasetOperator(task_id=..., dataset_uri=..., suite=...)                      validate.py
     ShardDatasetOperator(task_id=..., dataset_uri=..., output_uri=store_layout.shards_root(store),
                          num_workers=2, batch_size=32)        -> XCom {"manifest_uri", ...}   shard.py
-    HorovodTrainOperator(task_id=..., manifest_uri=..., store_uri=store, epochs=5)
+    TrainOperator(task_id=..., manifest_uri=..., store_uri=store, epochs=5)
                                                               -> XCom {"run_uri", ...}        train.py
     EvaluateModelOperator(task_id=..., run_uri=...)           -> XCom {"metrics", ...}        evaluate.py
     PromoteModelOperator(task_id=..., name=..., store_uri=store, run_uri=..., metric=..., mode=...)
@@ -44,12 +44,12 @@ from typing import Any, Mapping
 from airflow.sdk import TaskGroup
 
 from ringflow.operators.approval import PromotionApprovalOperator
-from ringflow.operators.connections import DEFAULT_CONN_ID
+from ringflow.operators.connections import DEFAULT_S3_CONN_ID
 from ringflow.operators.evaluate import EvaluateModelOperator
 from ringflow.operators.pipeline_specs import DataSpec, GateSpec, TrackingSpec, TrainingSpec
 from ringflow.operators.promote import PromoteModelOperator
 from ringflow.operators.shard import ShardDatasetOperator
-from ringflow.operators.train import HorovodTrainOperator
+from ringflow.operators.train import TrainOperator
 from ringflow.operators.validate import ValidateDatasetOperator
 from ringflow.training.core.backends.kubernetes.backend import backend_from_env
 from ringflow.training.formats.config import PRECISIONS
@@ -86,7 +86,7 @@ def default_suite_for(target: str) -> dict[str, Any]:
 
 def pipeline_tasks(*, data: DataSpec, training: TrainingSpec, model_name: Any, gate: GateSpec = GateSpec(),
                    tracking: TrackingSpec = TrackingSpec(), store_uri: str | None = None,
-                   conn_id: str | None = DEFAULT_CONN_ID) -> dict[str, Any]:
+                   conn_id: str | None = DEFAULT_S3_CONN_ID) -> dict[str, Any]:
     """The five operators (six with approval), wired (validate >> shard >> train >> evaluate >> promote), in
     the current DAG or TaskGroup context. Returns them by step name.
 
@@ -132,10 +132,10 @@ def gate_arguments(gate: GateSpec) -> dict[str, Any]:
 
 
 def train_operator(training: TrainingSpec, tracking: TrackingSpec, *, store_uri: str, conn_id: str | None,
-                   shard_task_id: str, job_config: Any) -> HorovodTrainOperator:
+                   shard_task_id: str, job_config: Any) -> TrainOperator:
     """The train task of a pipeline (or of a sweep's candidate, whose job_config is its configuration): the
     shards from the shard task's XCom, the run folder derived under `store_uri` when the task runs."""
-    return HorovodTrainOperator(
+    return TrainOperator(
         task_id="train",
         manifest_uri=f"{{{{ ti.xcom_pull(task_ids='{shard_task_id}')['manifest_uri'] }}}}",
         store_uri=store_uri,  # the run folder: runs/<dag_id>/<run_id>/<group_id>/ (train.train_run_uri)
@@ -150,7 +150,7 @@ def train_operator(training: TrainingSpec, tracking: TrackingSpec, *, store_uri:
 
 def ringflow_pipeline(group_id: str, *, data: DataSpec, training: TrainingSpec, model_name: Any,
                       gate: GateSpec = GateSpec(), tracking: TrackingSpec = TrackingSpec(),
-                      store_uri: str | None = None, conn_id: str | None = DEFAULT_CONN_ID,
+                      store_uri: str | None = None, conn_id: str | None = DEFAULT_S3_CONN_ID,
                       tooltip: str | None = None) -> TaskGroup:
     """validate >> shard >> train >> evaluate >> promote (evaluate >> approve >> promote when
     gate.require_approval) as the TaskGroup `group_id`; the other arguments are pipeline_tasks'."""

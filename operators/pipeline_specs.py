@@ -16,8 +16,8 @@ from typing import Any, Mapping, Sequence
 from ringflow.operators.approval import DEFAULT_APPROVAL_TIMEOUT, check_timeout
 from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, build_gate, is_template
 from ringflow.operators.train import check_overrides
-from ringflow.training.formats.config import ENGINES
-from ringflow.training.core.launcher import CONTROLLERS, DEFAULT_CONTROLLER
+from ringflow.training.formats.engines import ENGINES
+from ringflow.training.formats.engines import CONTROLLERS, DEFAULT_CONTROLLER
 from ringflow.training.core.tracking.settings import DEFAULT_ALIAS, check_alias
 
 

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
+from ringflow.operators.connections import DEFAULT_S3_CONN_ID, open_store_for
 from ringflow.operators.tracking import MlflowTracking
 from ringflow.training.core.tracking.settings import DEFAULT_ALIAS
 from ringflow.training.core.registry.model_registry import ModelRegistry, Pointer, ProductionMoved, run_key_in
@@ -192,7 +192,7 @@ class PromoteModelOperator(GateArguments, BaseOperator):
 
     template_fields: Sequence[str] = ("name", "store_uri", "run_uri", "conn_id", "metric", "mode", "threshold")
 
-    def __init__(self, *, name: str, store_uri: str, run_uri: str, conn_id: str | None = DEFAULT_CONN_ID,
+    def __init__(self, *, name: str, store_uri: str, run_uri: str, conn_id: str | None = DEFAULT_S3_CONN_ID,
                  metric: str = "accuracy", mode: str = "max", threshold: float | str | None = None,
                  compare_to_production: bool = True,
                  allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS,
@@ -264,7 +264,7 @@ class RollbackModelOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("name", "store_uri", "conn_id")
 
-    def __init__(self, *, name: str, store_uri: str, conn_id: str | None = DEFAULT_CONN_ID,
+    def __init__(self, *, name: str, store_uri: str, conn_id: str | None = DEFAULT_S3_CONN_ID,
                  to_version: int | None = None, from_version: int | None = None, mlflow_conn_id: str | None = None,
                  mlflow_alias: str = DEFAULT_ALIAS, **kwargs: Any) -> None:
         super().__init__(**kwargs)

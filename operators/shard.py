@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
 
-from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
+from ringflow.operators.connections import DEFAULT_S3_CONN_ID, open_store_for
 from ringflow.training.core.runs import store_layout
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def _summary(manifest, manifest_uri: str, shard_uri: str, reused: bool) -> dict[
 
 
 def shard_dataset(dataset_uri: str, output_uri: str, *, num_workers: int, batch_size: int, seed: int = 0,
-                  eval_fraction: float = 0.2, target: str = "target", conn_id: str | None = DEFAULT_CONN_ID,
+                  eval_fraction: float = 0.2, target: str = "target", conn_id: str | None = DEFAULT_S3_CONN_ID,
                   logger: logging.Logger | None = None) -> dict[str, Any]:
     """Shard `dataset_uri` for `num_workers` workers under `output_uri` (the shards root). Returns the
     summary the operator pushes to XCom; `manifest_uri` is what the train task needs."""
@@ -98,7 +98,7 @@ class ShardDatasetOperator(BaseOperator):
 
     def __init__(self, *, dataset_uri: str, output_uri: str, num_workers: int | str, batch_size: int | str,
                  seed: int | str = 0, eval_fraction: float | str = 0.2, target: str = "target",
-                 conn_id: str | None = DEFAULT_CONN_ID, **kwargs: Any) -> None:
+                 conn_id: str | None = DEFAULT_S3_CONN_ID, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dataset_uri, self.output_uri = dataset_uri, output_uri
         self.num_workers, self.batch_size, self.seed = num_workers, batch_size, seed

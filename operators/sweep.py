@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from airflow.sdk import BaseOperator, TaskGroup, task, task_group
 
-from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
+from ringflow.operators.connections import DEFAULT_S3_CONN_ID, open_store_for
 from ringflow.operators.evaluate import EvaluateModelOperator
 from ringflow.operators.pipeline import JOB_OVERRIDES_SCHEMA, default_suite_for, gate_arguments, train_operator
 from ringflow.operators.pipeline_specs import DataSpec, GateSpec, TrackingSpec, TrainingSpec
@@ -184,7 +184,7 @@ class SelectAndPromoteOperator(GateArguments, BaseOperator):
     template_fields: Sequence[str] = ("name", "store_uri", "configurations", "conn_id", "metric", "mode", "threshold")
 
     def __init__(self, *, name: str, store_uri: str, configurations: Any, group_id: str,
-                 conn_id: str | None = DEFAULT_CONN_ID, metric: str = "accuracy", mode: str = "max",
+                 conn_id: str | None = DEFAULT_S3_CONN_ID, metric: str = "accuracy", mode: str = "max",
                  threshold: float | str | None = None, compare_to_production: bool = True,
                  allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS,
                  mlflow_conn_id: str | None = None, mlflow_alias: str = DEFAULT_ALIAS, **kwargs: Any) -> None:
@@ -239,7 +239,7 @@ class SelectAndPromoteOperator(GateArguments, BaseOperator):
 
 def ringflow_sweep(group_id: str, *, data: DataSpec, training: TrainingSpec, model_name: Any,
                    configurations: Any, gate: GateSpec = GateSpec(), tracking: TrackingSpec = TrackingSpec(),
-                   store_uri: str | None = None, conn_id: str | None = DEFAULT_CONN_ID) -> TaskGroup:
+                   store_uri: str | None = None, conn_id: str | None = DEFAULT_S3_CONN_ID) -> TaskGroup:
     """validate >> shard >> plan >> candidate[i](train >> evaluate) >> select_and_promote, as TaskGroup `group_id`.
 
     configurations: a list of job_config overrides, one per candidate, or a template rendering to one

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ringflow.operators.connections import DEFAULT_CONN_ID, open_run_folder, open_store_for
+from ringflow.operators.connections import DEFAULT_S3_CONN_ID, open_run_folder, open_store_for
 from ringflow.training.core.tracking.settings import DEFAULT_ALIAS, TrackingConfigError, TrackingSettings, check_alias
 
 CONN_TYPE = "http"
@@ -54,7 +54,7 @@ class MlflowTracking:
     """What an operator with `mlflow_conn_id` logs. The store connection (`conn_id`) reads the run folder."""
 
     def __init__(self, mlflow_conn_id: str, *, alias: str = DEFAULT_ALIAS, experiment: str | None = None,
-                 conn_id: str | None = DEFAULT_CONN_ID) -> None:
+                 conn_id: str | None = DEFAULT_S3_CONN_ID) -> None:
         self.mlflow_conn_id, self.alias, self.experiment, self.conn_id = mlflow_conn_id, alias, experiment, conn_id
 
     @classmethod

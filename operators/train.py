@@ -1,5 +1,6 @@
-"""The deferrable Horovod training operator: build the job spec, launch it through a Backend, defer to the
-trigger, and turn the trigger's one event into success or a failure a person can act on."""
+"""The deferrable training operator (Horovod or DDP): build the job spec, check the engine against the
+backend, launch it through a Backend, defer to the trigger, and turn the trigger's one event into success or
+a failure a person can act on, through the failure policy (training/core/failure_policy.py)."""
 from __future__ import annotations
 
 import ast
@@ -13,20 +14,17 @@ from typing import Any, Mapping, Sequence
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from ringflow.operators.connections import DEFAULT_CONN_ID, AirflowConnections
+from ringflow.operators.connections import DEFAULT_S3_CONN_ID, AirflowConnections
 from ringflow.operators.tracking import MlflowTracking
 from ringflow.operators.links import HealthPlotLink, RunFolderLink, RunLinks, api_base_path, run_links
 from ringflow.training.core.backends.base import Backend, backend_from_dict
 from ringflow.training.core.backends.job_spec import JobSpec
-from ringflow.training.health.verdict import DIVERGED, NONFINITE
-from ringflow.training.core.launcher import DEFAULT_CONTROLLER
+from ringflow.training.formats.engines import DEFAULT_CONTROLLER
+from ringflow.training.core.failure_policy import FAIL, SUCCEED, Observation, decide
+from ringflow.training.formats.engines import LOCAL, check_backend
 from ringflow.training.formats.run_result import RunResult
 from ringflow.training.core.runs import store_layout
 from ringflow.training.rank.worker_env import ATTEMPT_ENV
-
-
-# A retry resumes from a checkpoint of the same run and meets the same NaN or divergence.
-NOT_RETRYABLE = (NONFINITE, DIVERGED)
 
 
 def train_run_uri(store_uri: str, ti: Any, group_id: str | None, map_index: int | None) -> str:
@@ -162,8 +160,9 @@ def build_job_config(*, manifest_uri: str, run_uri: str, overrides: Any = None, 
     return JobConfig.from_dict(config).to_dict()  # checked here: a bad value fails before any launch
 
 
-class HorovodTrainOperator(BaseOperator):
-    """Train with Horovod (synchronous ring all-reduce) on `num_workers` workers, without holding a worker slot.
+class TrainOperator(BaseOperator):
+    """Train data-parallel (Horovod or PyTorch DDP: `engine`) on `num_workers` workers, without holding a
+    worker slot.
 
     :param manifest_uri: the shard step's manifest.json (templated).
     :param run_uri: the run folder: checkpoints, health.jsonl, result.json (templated). Default: derived
@@ -199,7 +198,7 @@ class HorovodTrainOperator(BaseOperator):
                  learning_rate: float | str | None = None, engine: str | None = None,
                  job_config: dict[str, Any] | str | None = None,
                  backend: Backend | None = None, controller: str = DEFAULT_CONTROLLER,
-                 conn_id: str | None = DEFAULT_CONN_ID, poll_interval: float = 2.0,
+                 conn_id: str | None = DEFAULT_S3_CONN_ID, poll_interval: float = 2.0,
                  job_timeout: dt.timedelta | None = None, mlflow_conn_id: str | None = None,
                  mlflow_experiment: str | None = None, **kwargs):
         super().__init__(**kwargs)
@@ -250,13 +249,20 @@ class HorovodTrainOperator(BaseOperator):
             config = self.build_config(self.run_uri, ti.try_number)
             num_workers = worker_count(self.num_workers)
             backend = self._get_backend()
+            # The engine is checked once, here, before anything is launched (formats/engines.py).
+            check_backend(config["engine"], backend.kind)
             self._preflight(config, num_workers, backend)
-        except ValueError as exc:  # ConfigError, ManifestError, SettingsError, a bad worker count
-            # Nothing was launched, and a retry would meet the same config: fail now and say what to fix.
-            raise AirflowFailException(str(exc)) from exc
+        except ValueError as exc:  # ConfigError, ManifestError, SettingsError, EngineError, a bad worker count
+            # Nothing was launched: the policy fails it without retry (a retry would meet the same config).
+            raise AirflowFailException(decide(Observation("pending", refused=str(exc))).reason) from exc
         # a mapped copy (a sweep candidate) is its own job: never reattach to, or reuse the name of, a sibling's
         task = ti.task_id if getattr(ti, "map_index", None) in (None, -1) else f"{ti.task_id}.m{ti.map_index}"
         labels = {"dag": ti.dag_id, "run": ti.run_id, "task": task}
+        # A retry reconnects by the labels the job was created with, not by a job id kept in Airflow 3.3's
+        # task_state_store: that id is written only after launch() returns, so a worker lost in between leaves
+        # a live job no stored id names (the gap ResumableJobMixin documents), while the labels are on the job
+        # from its creation; and the store is keyed by (dag, run, task, map index), which the labels already
+        # hold, so it would add a second route to the same fact. It exists only under the Task SDK supervisor.
         job_id = backend.find(labels)
         if job_id:
             self.log.info("reattaching to live job %s from an earlier try (labels %s)", job_id, labels)
@@ -270,13 +276,13 @@ class HorovodTrainOperator(BaseOperator):
             self.log.info("launched %s job %s: %d workers, run folder %s", backend.kind, job_id, num_workers,
                           self.run_uri)
         self._job_id = job_id
-        from ringflow.operators.trigger import HorovodJobTrigger
+        from ringflow.operators.trigger import TrainJobTrigger
 
         timeout_at = time.time() + self.job_timeout.total_seconds() if self.job_timeout else None
         self.defer(
-            trigger=HorovodJobTrigger(backend_kind=backend.kind, backend_kwargs=backend.to_dict(), job_id=job_id,
-                                      run_uri=self.run_uri, health=config["health"], conn_id=self.conn_id,
-                                      poll_interval=self.poll_interval, timeout_at=timeout_at, attempt=job_id),
+            trigger=TrainJobTrigger(backend_kind=backend.kind, backend_kwargs=backend.to_dict(), job_id=job_id,
+                                    run_uri=self.run_uri, health=config["health"], conn_id=self.conn_id,
+                                    poll_interval=self.poll_interval, timeout_at=timeout_at, attempt=job_id),
             method_name="execute_complete",
         )
 
@@ -292,27 +298,28 @@ class HorovodTrainOperator(BaseOperator):
 
         parent, name = split_uri(config["manifest_uri"])
         manifest = ShardManifest.from_json(open_store_for(parent, self.conn_id).get_bytes(name))
-        check_job(JobConfig.from_dict(config), manifest, num_workers, check_factory=backend.kind == "local")
+        check_job(JobConfig.from_dict(config), manifest, num_workers, check_factory=backend.kind == LOCAL)
 
     def execute_complete(self, context, event: dict[str, Any]) -> dict[str, Any]:
+        """Decide on what the trigger saw (the failure policy), stop the job when the decision says so, then
+        hand on the run folder, its plot and its MLflow run, and succeed or fail as decided."""
         self.run_uri = self.run_folder(context)
+        seen = Observation.from_dict(event)
+        decision = decide(seen)
+        message = event.get("message") or decision.reason
+        if decision.stop_job:
+            message += self._stop_job(event["job_id"], decision.stopped_itself)
         run, records = self._read_run_folder()
         plot = self._save_health_plot(run, records)
         self._set_run_links(run, plot_saved=plot is not None)
         mlflow_run_id = self._log_to_mlflow(context, event, run, records)
-        if event.get("status") != "success":
-            verdict = event.get("verdict") or {}
-            evidence = f"; evidence: {json.dumps(verdict.get('evidence'), default=str)}" if verdict.get("evidence") else ""
-            message = f"{event.get('message')}{evidence}"
-            if verdict.get("status") in NOT_RETRYABLE:
-                # A retry resumes from a checkpoint of the same run and meets the same NaN or divergence:
-                # fail for good and let a person change the config.
-                raise AirflowFailException(message)
+        if decision.action != SUCCEED:
+            evidence = decision.verdict.evidence if decision.verdict else None
+            message += f"; evidence: {json.dumps(evidence, default=str)}" if evidence else ""
+            if decision.action == FAIL:
+                raise AirflowFailException(message)  # a person must change the config: no retry
             raise AirflowException(message)
-        if not event.get("result"):
-            raise AirflowException(f"{event.get('message')}, but it wrote no result.json for attempt "
-                                   f"{event.get('job_id')} in {self.run_uri}: check the job's log")
-        result = RunResult.from_json(event["result"], f"the result of job {event.get('job_id')}")
+        result = seen.own_result
         self.log.info("training succeeded: checkpoint %s, step %s, health %s", result.checkpoint, result.step,
                       result.verdict.status if result.verdict else None)
         doc = result.to_dict()
@@ -320,6 +327,16 @@ class HorovodTrainOperator(BaseOperator):
                 "checkpoint": result.checkpoint, "step": result.step, "loss": doc["loss"],
                 "verdict": doc["verdict"], "resumed_from": result.resumed_from, "health_plot": plot,
                 "mlflow_run_id": mlflow_run_id}
+
+    def _stop_job(self, job_id: str, stopped_itself: bool) -> str:
+        """Stop the job as the policy decided; the words that end the task's message."""
+        try:
+            self._get_backend().delete(job_id)
+        except Exception as exc:  # noqa: BLE001 - the decision's own message must stay the task's error
+            self.log.error("could not stop job %s: %s", job_id, exc)
+            return f"; stopping job {job_id} failed: {exc}"
+        self.log.info("stopped job %s (%s)", job_id, "its teardown" if stopped_itself else "the failure policy")
+        return "" if stopped_itself else f"; stopped job {job_id}"
 
     def _read_run_folder(self) -> tuple[Any, list[dict[str, Any]] | None]:
         """The run folder at run_uri and its health records, read once for the plot, the links and MLflow.

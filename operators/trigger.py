@@ -1,46 +1,34 @@
 """Watches a training job from the triggerer: job status, its log, and its gradient-sync health.
 
-Yields exactly one event and never raises (Airflow provider convention):
-    {"status": "success" | "error" | "timeout", "job_id", "state", "reason", "exit_code", "verdict", "message",
-     "result": the job's RunResult as JSON (RunResult.from_json) or None, "stopped_by": "job" | "trigger"}
-Once the job has finished, its own result (run_result.py, this attempt's only) decides: exit code, verdict,
-success. While it runs, a fatal health verdict stops the job here, without waiting for the job to notice
-itself; `stopped_by` says whether the job had already stopped on its own verdict (it wrote a failed result)
-or the trigger stopped it (its verdict, a stall seen on the heartbeat, or the timeout). Only the watched
-attempt's records count, and a stall is judged on rank 0's heartbeat (training/core/runs/health_watch.py), never on the
-gaps between health records. Each poll reads only what is new, so its cost stays flat as the run grows.
+It only watches and reports: one event, plain JSON, and it never raises and never stops the job (Airflow
+provider convention). It polls until the failure policy (training/core/failure_policy.py) has something to
+decide, then reports what it saw, the policy's Observation:
+    Observation.to_dict() | {"status": "success" | "error" | "timeout", "job_id", "message"}
+(`state`, `exit_code`, `reason` as the backend said them; `result`: this attempt's RunResult as JSON or None;
+`verdict`: the watched health verdict with `fatal`; `waited`, `timed_out`, `watch_error`). The operator's
+execute_complete decides on it through the same policy, and stops the job when the decision says so.
+
+Once the job has finished, its own result (run_result.py, this attempt's only) decides. While it runs, a
+fatal health verdict is reported without waiting for the job to notice itself, after one poll in which the
+job may stop itself (it writes a failed result). Only the watched attempt's records count, and a stall is
+judged on rank 0's heartbeat (training/core/runs/health_watch.py), never on the gaps between health records.
+Each poll reads only what is new, so its cost stays flat as the run grows.
 """
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from ringflow.operators.connections import AirflowConnections, open_store_for
-from ringflow.training.core.backends.base import JobStatus, backend_from_dict, with_result
-from ringflow.training.formats.run_result import RunResult
+from ringflow.training.core.backends.base import backend_from_dict
+from ringflow.training.core.failure_policy import SUCCEED, UNKNOWN, Observation, decide
+from ringflow.training.health.verdict import Verdict
 
 
-WAIT, STOP, STOPPED_ITSELF, LET_FINISH = "wait", "stop", "stopped_itself", "let_finish"
-
-
-def on_fatal_verdict(result: RunResult | None, waited: bool) -> str:
-    """What the trigger does about a fatal verdict on a job still running, given this attempt's result. Pure.
-
-    The job reaches the verdicts of its own records itself and stops after writing a failed result; it is
-    given one poll for that (WAIT), so a job that stopped itself is not reported as stopped by the trigger.
-    """
-    if result is not None and result.succeeded:
-        return LET_FINISH  # its work is done and recorded: it exits on its own
-    if result is not None:
-        return STOPPED_ITSELF
-    return STOP if waited else WAIT
-
-
-class HorovodJobTrigger(BaseTrigger):
+class TrainJobTrigger(BaseTrigger):
     def __init__(self, backend_kind: str, backend_kwargs: dict[str, Any], job_id: str, run_uri: str,
                  health: dict[str, Any] | None = None, conn_id: str | None = None, poll_interval: float = 2.0,
                  timeout_at: float | None = None, log_cursor: Any = None, attempt: str | None = None):
@@ -67,9 +55,8 @@ class HorovodJobTrigger(BaseTrigger):
         try:
             event = await self._watch()
         except Exception as exc:  # noqa: BLE001 - a trigger reports, it does not raise
-            event = {"status": "error", "job_id": self.job_id, "state": "unknown", "reason": repr(exc),
-                     "exit_code": None, "verdict": None, "message": f"watching job {self.job_id} failed: {exc!r}",
-                     "result": None, "stopped_by": None}
+            seen = Observation(UNKNOWN, attempt=self.attempt, watch_error=f"watching job {self.job_id} failed: {exc!r}")
+            event = self.event(self.job_id, seen)
         yield TriggerEvent(event)
 
     async def _watch(self) -> dict[str, Any]:
@@ -79,7 +66,7 @@ class HorovodJobTrigger(BaseTrigger):
         # Rebuilt from the serialized fields alone (a restarted triggerer): its first poll reads the run once.
         run = await asyncio.to_thread(open_store_for, self.run_uri, self.conn_id)  # a connection lookup blocks
         watch = HealthWatch(run, self.health, self.attempt)
-        running_since, grace_used = None, False
+        running_since, waited = None, False
         while True:
             status = await backend.astatus(self.job_id)
             if status.state == "running" and running_since is None:
@@ -89,34 +76,30 @@ class HorovodJobTrigger(BaseTrigger):
                 watch.learn_from_log(await self._stream_logs(backend))
             now = time.time() if running_since is not None and not status.finished else None
             verdict = await asyncio.to_thread(watch.poll, now, running_since)
-            if status.finished:
-                status = with_result(status, await asyncio.to_thread(self._result, run, watch.attempt))
-                return self._finished(status, verdict, watch)
-            action = None
-            if verdict and verdict.get("fatal"):
-                result = await asyncio.to_thread(self._result, run, watch.attempt)
-                action = on_fatal_verdict(result, grace_used)
-            if action == WAIT:
-                grace_used = True
-                await asyncio.sleep(self.poll_interval)
-                continue
-            if action == STOPPED_ITSELF:
-                await backend.adelete(self.job_id)  # it is on its way out: only its teardown is left
-                status = with_result(dataclasses.replace(status, state="failed"), result)
-                return self._event("error", status, _verdict_of(result, watch, verdict),
-                                   f"job {self.job_id} stopped itself: {status.reason}", "job")
-            if action == STOP:
-                self.log.error("health verdict %s: %s; stopping job %s", verdict["status"], verdict["reason"],
-                               self.job_id)
-                await backend.adelete(self.job_id)
-                return self._event("error", status, verdict,
-                                   f"stopped job {self.job_id}: health verdict {verdict['status']}: {verdict['reason']}",
-                                   "trigger")
-            if self.timeout_at is not None and time.time() > self.timeout_at:
-                await backend.adelete(self.job_id)
-                return self._event("timeout", status, verdict,
-                                   f"job {self.job_id} ran past its timeout and was stopped", "trigger")
+            fatal = bool(verdict and verdict.get("fatal"))
+            # The result is read only when it can matter: the job ended, or it may have stopped on its verdict.
+            result = await asyncio.to_thread(self._result, run, watch.attempt) if status.finished or fatal else None
+            seen = Observation(status.state, status.exit_code, status.reason, result, watch.attempt,
+                               _verdict(verdict), fatal, waited,
+                               timed_out=self.timeout_at is not None and time.time() > self.timeout_at)
+            if decide(seen).decided:
+                if verdict and fatal:
+                    self.log.error("health verdict %s: %s (job %s)", verdict["status"], verdict["reason"], self.job_id)
+                return self.event(self.job_id, seen)
+            # A fatal verdict with no result yet: the job gets this one poll to stop itself.
+            waited = waited or (fatal and result is None)
             await asyncio.sleep(self.poll_interval)
+
+    @staticmethod
+    def event(job_id: str, seen: Observation) -> dict[str, Any]:
+        """The one event: what was seen (the policy's Observation), and its words for the log."""
+        decision = decide(seen)
+        if decision.action == SUCCEED:
+            kind, message = "success", f"job {job_id} succeeded"
+        else:
+            kind = "timeout" if seen.timed_out and decision.stop_job and not decision.stopped_itself else "error"
+            message = f"job {job_id}: {decision.reason}"
+        return seen.to_dict() | {"status": kind, "job_id": job_id, "message": message}
 
     @staticmethod
     def _result(run, attempt: str | None):
@@ -128,21 +111,6 @@ class HorovodJobTrigger(BaseTrigger):
 
         return read_result(run, attempt)
 
-    def _finished(self, status: JobStatus, verdict: dict | None, watch) -> dict[str, Any]:
-        result = status.result
-        if result is not None:
-            verdict = _verdict_of(result, watch, verdict)
-        ok = status.state == "succeeded" and (result is None or result.succeeded)
-        if ok:
-            message = f"job {self.job_id} succeeded"
-        elif result is not None and result.verdict is not None:
-            message = f"job {self.job_id} failed: {status.reason}"
-        else:
-            message = (f"job {self.job_id} failed: {status.reason}" +
-                       (f" — health verdict {verdict['status']}: {verdict['reason']}"
-                        if verdict and verdict["status"] != "HEALTHY" else ""))
-        return self._event("success" if ok else "error", status, verdict, message, "job")
-
     async def _stream_logs(self, backend) -> list[str]:
         chunk = await backend.alogs(self.job_id, self.log_cursor)
         for line in chunk.lines:
@@ -150,20 +118,14 @@ class HorovodJobTrigger(BaseTrigger):
         self.log_cursor = chunk.next_cursor
         return chunk.lines
 
-    def _event(self, kind: str, status: JobStatus, verdict, message: str, stopped_by: str) -> dict[str, Any]:
-        result = status.result
-        return {"status": kind, "job_id": self.job_id, "state": status.state, "reason": status.reason,
-                "exit_code": status.exit_code, "verdict": verdict, "message": message,
-                "result": result.to_json().decode() if result is not None else None, "stopped_by": stopped_by}
-
     async def on_kill(self) -> None:
-        """A user marked the deferred task failed/success or cleared it: stop the job it was watching."""
+        """A user marked the deferred task failed/success or cleared it: stop the job it was watching. Not a
+        decision on the job's outcome (those are the operator's): the task is gone, and nobody else would."""
         await self._backend().adelete(self.job_id)
 
 
-def _verdict_of(result, watch, seen: dict | None) -> dict | None:
-    """The job's own final verdict (its result) in the event's shape; what the watch saw when it has none."""
-    if result.verdict is None:
-        return seen
-    return result.verdict.to_dict() | {"fatal": result.verdict.is_fatal(watch.cfg.stop_on_degraded),
-                                       "attempt": result.attempt}
+def _verdict(watched: dict | None) -> Verdict | None:
+    """The health watch's verdict (a dict with `fatal` and `attempt`) as a Verdict."""
+    if not watched:
+        return None
+    return Verdict(watched["status"], watched.get("reason", ""), watched.get("evidence") or {})

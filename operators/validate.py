@@ -43,7 +43,7 @@ import pandas as pd
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from ringflow.operators.connections import DEFAULT_CONN_ID, open_store_for
+from ringflow.operators.connections import DEFAULT_S3_CONN_ID, open_store_for
 
 if TYPE_CHECKING:
     from ringflow.training.core.input_gate import ColumnProblem
@@ -540,7 +540,7 @@ class ValidateDatasetOperator(BaseOperator):
     template_fields: Sequence[str] = ("dataset_uri", "conn_id", "target")
 
     def __init__(self, *, dataset_uri: str, suite: Sequence[Mapping] | Mapping | str | os.PathLike,
-                 conn_id: str | None = DEFAULT_CONN_ID, target: str = "target",
+                 conn_id: str | None = DEFAULT_S3_CONN_ID, target: str = "target",
                  features: Sequence[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dataset_uri = dataset_uri

@@ -90,10 +90,10 @@ def test_the_train_operator_declares_both_links_and_they_are_serialized():
     from airflow.sdk import DAG
     from airflow.serialization.serialized_objects import DagSerialization
 
-    from ringflow.operators.train import HorovodTrainOperator
+    from ringflow.operators.train import TrainOperator
 
     with DAG("links_dag", schedule=None, start_date=dt.datetime(2026, 1, 1)) as dag:
-        HorovodTrainOperator(task_id="train", manifest_uri="/m/manifest.json", store_uri=ROOT)
+        TrainOperator(task_id="train", manifest_uri="/m/manifest.json", store_uri=ROOT)
     task = DagSerialization.to_dict(dag)["dag"]["tasks"][0]["__var"]
     # what the API server reads back: each link's name and the XCom key its URL is stored under
     assert task["_operator_extra_links"] == {RUN_FOLDER: RunFolderLink().xcom_key,

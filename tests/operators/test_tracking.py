@@ -19,7 +19,7 @@ from mlflow_test_server import free_port
 from ringflow.operators.evaluate import EvaluateModelOperator
 from ringflow.operators.promote import PromoteModelOperator, RollbackModelOperator
 from ringflow.operators.tracking import MlflowTracking, tracking_settings_from_connection
-from ringflow.operators.train import HorovodTrainOperator
+from ringflow.operators.train import TrainOperator
 from ringflow.training.core.backends.local import LocalProcessBackend
 from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.core.tracking.settings import TrackingConfigError
@@ -44,9 +44,9 @@ def context(run_id: str, task_id: str, map_index: int = -1):
 
 def train(tmp_path, store, manifest, run_id: str, map_index: int = -1, **kwargs) -> dict:
     """The train task as Airflow runs it: execute, the trigger's one event, execute_complete."""
-    op = HorovodTrainOperator(task_id="train", manifest_uri=manifest, store_uri=str(store), conn_id=None,
-                              backend=LocalProcessBackend(work_dir=str(tmp_path / "jobs"), stop_grace_seconds=2),
-                              mlflow_conn_id=CONN_ID, **kwargs)
+    op = TrainOperator(task_id="train", manifest_uri=manifest, store_uri=str(store), conn_id=None,
+                       backend=LocalProcessBackend(work_dir=str(tmp_path / "jobs"), stop_grace_seconds=2),
+                       mlflow_conn_id=CONN_ID, **kwargs)
     ctx = context(run_id, "train", map_index)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(ctx)
@@ -284,17 +284,19 @@ def test_an_unreachable_server_fails_a_succeeded_train_task_but_never_hides_a_tr
                        json.dumps({"conn_type": "http", "host": "127.0.0.1", "port": free_port()}))  # nobody there
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-    op = HorovodTrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),
-                              conn_id=None, mlflow_conn_id=CONN_ID)
+    op = TrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),
+                       conn_id=None, mlflow_conn_id=CONN_ID)
     result = RunResult(status="succeeded", attempt="rf-1", step=44, epoch=2, world_size=2, checkpoint="ckpt-000000044",
                        verdict=Verdict("HEALTHY", "no sign of trouble", {}))
-    succeeded = {"status": "success", "message": "job rf-1 succeeded", "job_id": "rf-1",
-                 "result": result.to_json().decode()}
+    from ringflow.operators.trigger import TrainJobTrigger
+    from ringflow.training.core.failure_policy import Observation
+
+    succeeded = TrainJobTrigger.event("rf-1", Observation("succeeded", 0, result=result, attempt="rf-1"))
     with pytest.raises(AirflowException, match=f"could not log run .* to MLflow \\(connection '{CONN_ID}'\\)") as err:
         op.execute_complete(context("manual__x", "train"), succeeded)
     assert "Connection refused" in str(err.value) or "Max retries" in str(err.value), err.value
-    nan = {"status": "error", "message": "stopped job rf-1: health verdict NONFINITE",
-           "verdict": {"status": "NONFINITE", "evidence": {"step": 4}}}
+    nan = TrainJobTrigger.event("rf-1", Observation("failed", 1, "the job failed", attempt="rf-1",
+                                                    verdict=Verdict("NONFINITE", "NaN", {"step": 4}), fatal=True))
     with pytest.raises(AirflowFailException, match="NONFINITE"):  # the training's own error, not MLflow's
         op.execute_complete(context("manual__x", "train"), nan)
 

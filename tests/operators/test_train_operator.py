@@ -6,9 +6,9 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
 from ringflow.operators.train import (
-    OWNED_FIELDS, HorovodTrainOperator, build_job_config, job_name, merge, owned_fields_in, worker_count,
+    OWNED_FIELDS, TrainOperator, build_job_config, job_name, merge, owned_fields_in, worker_count,
 )
-from ringflow.operators.trigger import HorovodJobTrigger
+from ringflow.operators.trigger import TrainJobTrigger
 from ringflow.training.core.backends.local import LocalProcessBackend
 from ringflow.training.formats.config import ConfigError
 from ringflow.training.core.runs import store_layout
@@ -20,9 +20,9 @@ def context(try_number=1):
 
 
 def operator(tmp_path, manifest, **kwargs):
-    return HorovodTrainOperator(task_id="train", manifest_uri=manifest, run_uri=str(tmp_path / "run"),
-                                backend=LocalProcessBackend(work_dir=str(tmp_path / "jobs"), stop_grace_seconds=2),
-                                **kwargs)
+    return TrainOperator(task_id="train", manifest_uri=manifest, run_uri=str(tmp_path / "run"),
+                         backend=LocalProcessBackend(work_dir=str(tmp_path / "jobs"), stop_grace_seconds=2),
+                         **kwargs)
 
 
 def test_job_names_are_dns_labels_unique_per_try():
@@ -74,13 +74,13 @@ def test_preflight_runs_for_mpijobs_too(tmp_path, digits_manifest):
     backend = MPIJobBackend({"image": "registry/ringflow-training:0.1.0"}, kubeconfig_path="/nonexistent",
                             connections=AirflowConnections())  # kept as is: the operator rebuilds one without
     backend.client = None  # any API call would fail with AttributeError, not the preflight's message
-    op = HorovodTrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),
-                              num_workers=3, backend=backend)
+    op = TrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),
+                       num_workers=3, backend=backend)
     with pytest.raises(AirflowFailException, match="re-shard for 3 workers"):
         op.execute(context())
     # The factory is the image's to check (its ranks do, at start): the Airflow worker may not have it.
-    op = HorovodTrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),
-                              backend=backend, job_config={"model": {"kind": "custom", "factory": "in_image:build"}})
+    op = TrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),
+                       backend=backend, job_config={"model": {"kind": "custom", "factory": "in_image:build"}})
     with pytest.raises(AttributeError):  # past the preflight: on to find() on the cluster
         op.execute(context())
 
@@ -91,7 +91,7 @@ def test_defers_reattaches_and_on_kill_stops_the_job(tmp_path, digits_manifest):
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context())
     trigger = deferred.value.trigger
-    assert isinstance(trigger, HorovodJobTrigger) and deferred.value.method_name == "execute_complete"
+    assert isinstance(trigger, TrainJobTrigger) and deferred.value.method_name == "execute_complete"
     job_id = trigger.job_id
     assert trigger.attempt == job_id  # the job's attempt id: the trigger takes this job's result only
     backend = op.backend
@@ -106,37 +106,56 @@ def test_defers_reattaches_and_on_kill_stops_the_job(tmp_path, digits_manifest):
     assert backend.status(job_id).finished
 
 
+def finished_event(state="failed", result=None, verdict=None, job_id="rf-1"):
+    """What the trigger reports for a finished job (TrainJobTrigger.event), as the triggerer stores it."""
+    from ringflow.training.core.failure_policy import Observation
+
+    seen = Observation(state, 0 if state == "succeeded" else 1, "" if state == "succeeded" else "the job failed",
+                       result, job_id, verdict, fatal=verdict is not None and verdict.is_fatal())
+    return json.loads(json.dumps(TrainJobTrigger.event(job_id, seen)))
+
+
 def test_execute_complete_turns_errors_into_failures(tmp_path, digits_manifest):
+    from ringflow.training.health.verdict import Verdict
+
     op = operator(tmp_path, digits_manifest)
-    event = {"status": "error", "message": "stopped job rf-1: health verdict NONFINITE: NaN/Inf in rank(s) [1]",
-             "verdict": {"status": "NONFINITE", "evidence": {"step": 4, "ranks": [1]}}}
+    nan = finished_event(verdict=Verdict("NONFINITE", "NaN/Inf in rank(s) [1]", {"step": 4, "ranks": [1]}))
     with pytest.raises(AirflowFailException, match=r"NONFINITE.*evidence.*\"ranks\": \[1\]"):
-        op.execute_complete(context(), event)  # not retried: a retry would meet the same NaN
-    stalled = {"status": "error", "message": "stopped job rf-1: health verdict STALLED",
-               "verdict": {"status": "STALLED", "evidence": {"rank": 1}}}
+        op.execute_complete(context(), nan)  # not retried: a retry would meet the same NaN
+    stalled = finished_event(verdict=Verdict("STALLED", "no step", {"rank": 1}))
     with pytest.raises(AirflowException) as err:
         op.execute_complete(context(), stalled)
     assert not isinstance(err.value, AirflowFailException)  # a hang may pass: retry from the checkpoint
 
 
+def test_an_engine_the_backend_cannot_run_fails_without_retry_before_launch(tmp_path, digits_manifest):
+    """Checked once when the task starts: before, an MPIJob backend refused DDP only in launch(), outside the
+    no-retry block, so the task was retried into the same refusal."""
+    from ringflow.operators.connections import AirflowConnections
+    from ringflow.training.core.backends.kubernetes.backend import MPIJobBackend
+
+    backend = MPIJobBackend({"image": "registry/ringflow-training:0.1.0"}, kubeconfig_path="/nonexistent",
+                            connections=AirflowConnections())
+    backend.client = None  # any API call (find, launch) would fail with AttributeError
+    op = TrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),
+                       engine="ddp", backend=backend)
+    with pytest.raises(AirflowFailException, match="engine 'ddp' cannot run as an MPIJob.*TrainJob"):
+        op.execute(context())
+
+
 def test_execute_complete_returns_the_jobs_own_result(tmp_path, digits_manifest):
-    from ringflow.training.core.backends.base import JobStatus, with_result
     from ringflow.training.health.verdict import Verdict
     from ringflow.training.formats.run_result import RunResult
 
     op = operator(tmp_path, digits_manifest)
-    trigger = HorovodJobTrigger(backend_kind="local", backend_kwargs={}, job_id="rf-1", run_uri=str(tmp_path / "run"))
     result = RunResult(status="succeeded", attempt="rf-1", step=44, epoch=2, world_size=2, checkpoint="ckpt-000000044",
                        verdict=Verdict("HEALTHY", "no sign of trouble", {"steps_measured": 44}), loss=float("nan"))
-    event = trigger._event("success", with_result(JobStatus("succeeded", exit_code=0), result), None,
-                           "job rf-1 succeeded", "job")
-    out = op.execute_complete(context(), json.loads(json.dumps(event)))  # as the triggerer stores it
+    out = op.execute_complete(context(), finished_event("succeeded", result))
     assert (out["checkpoint"], out["step"], out["status"], out["loss"]) == ("ckpt-000000044", 44, "succeeded", "nan")
     assert out["verdict"]["status"] == "HEALTHY" and out["job_id"] == "rf-1"
     json.dumps(out, allow_nan=False)  # an XCom in strict JSON
-    missing = trigger._event("success", JobStatus("succeeded", exit_code=0), None, "job rf-1 succeeded", "job")
     with pytest.raises(AirflowException, match="wrote no result.json for attempt rf-1"):
-        op.execute_complete(context(), missing)
+        op.execute_complete(context(), finished_event("succeeded"))
 
 
 def test_a_run_folder_whose_health_records_cannot_be_read_is_still_handed_on(tmp_path, digits_manifest):
@@ -247,9 +266,9 @@ def test_run_folder_comes_from_the_store_the_dag_run_and_the_task_group(tmp_path
 
     with DAG("two", schedule=None, start_date=dt.datetime(2025, 1, 1)):
         with TaskGroup("digits"):
-            grouped = HorovodTrainOperator(task_id="train", manifest_uri="/m.json", store_uri="s3://b/ml")
-        alone = HorovodTrainOperator(task_id="train", manifest_uri="/m.json", store_uri="s3://b/ml")
-        given = HorovodTrainOperator(task_id="given", manifest_uri="/m.json", run_uri="/runs/mine")
+            grouped = TrainOperator(task_id="train", manifest_uri="/m.json", store_uri="s3://b/ml")
+        alone = TrainOperator(task_id="train", manifest_uri="/m.json", store_uri="s3://b/ml")
+        given = TrainOperator(task_id="given", manifest_uri="/m.json", run_uri="/runs/mine")
     run_id = "manual__2026-11-30T00:00:00+00:00"
     folders = {grouped.run_folder(context(try_number=n)) for n in (1, 2, 3)}
     assert folders == {store_layout.run_uri("s3://b/ml", "ringflow_retrain", run_id, "digits")}
@@ -257,4 +276,4 @@ def test_run_folder_comes_from_the_store_the_dag_run_and_the_task_group(tmp_path
     assert alone.run_folder(context()) == "s3://b/ml/runs/ringflow_retrain/manual__2026-11-30T00_00_00_00_00"
     assert given.run_folder(context()) == "/runs/mine"
     with pytest.raises(ValueError, match="give run_uri .* or store_uri"):
-        HorovodTrainOperator(task_id="neither", manifest_uri="/m.json")
+        TrainOperator(task_id="neither", manifest_uri="/m.json")

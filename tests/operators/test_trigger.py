@@ -1,21 +1,23 @@
-"""The training trigger: plain-JSON serialization, one event per run, never raising; what it does about a
-fatal verdict; a retry after a stall (its health watch: tests/training/core/runs/test_health_watch.py)."""
+"""The training trigger: plain-JSON serialization, one event per run, never raising, never stopping the job
+(what is decided on its event: tests/training/core/test_failure_policy.py; the operator stops the job); a
+retry after a stall (its health watch: tests/training/core/runs/test_health_watch.py)."""
 import asyncio
 import json
 
 import pytest
 
-from ringflow.operators.trigger import HorovodJobTrigger
+from ringflow.operators.trigger import TrainJobTrigger
 from ringflow.training.formats import exit_codes
 from ringflow.training.core.backends.job_spec import JobSpec
 from ringflow.training.core.backends.local import LocalProcessBackend
+from ringflow.training.core.failure_policy import FAIL, RETRY, Observation, decide
 from ringflow.training.formats.run_result import RunResult
 from ringflow.training.rank.worker_env import ATTEMPT_ENV
 
 
 def make_trigger(tmp_path, job_id="rf-x", **kwargs):
     backend = LocalProcessBackend(work_dir=str(tmp_path / "jobs"))
-    return HorovodJobTrigger(backend_kind="local", backend_kwargs=backend.to_dict(), job_id=job_id,
+    return TrainJobTrigger(backend_kind="local", backend_kwargs=backend.to_dict(), job_id=job_id,
                              run_uri=str(tmp_path / "run"), poll_interval=0.2, **kwargs)
 
 
@@ -25,35 +27,24 @@ def events(trigger):
     return asyncio.run(collect())
 
 
+def decided(event):
+    """What the operator decides on this event (the failure policy)."""
+    return decide(Observation.from_dict(json.loads(json.dumps(event))))
+
+
 def test_serialization_round_trip(tmp_path):
     trigger = make_trigger(tmp_path, health={"stall_seconds": 30}, timeout_at=123.0, log_cursor=42, attempt="a1")
     classpath, kwargs = trigger.serialize()
-    assert classpath == "ringflow.operators.trigger.HorovodJobTrigger"
+    assert classpath == "ringflow.operators.trigger.TrainJobTrigger"
     kwargs = json.loads(json.dumps(kwargs))  # plain JSON, nothing else
-    rebuilt = HorovodJobTrigger(**kwargs)
+    rebuilt = TrainJobTrigger(**kwargs)
     assert rebuilt.serialize() == (classpath, kwargs)
-
-
-@pytest.mark.parametrize("result, waited, action", [
-    (None, False, "wait"),            # the job may be about to stop itself: one poll for it
-    (None, True, "stop"),             # it did not: the trigger stops it
-    ("failed", False, "stopped_itself"),
-    ("failed", True, "stopped_itself"),
-    ("succeeded", False, "let_finish"),  # its work is done and recorded: a late stall is not a failure
-])
-def test_what_the_trigger_does_about_a_fatal_verdict(result, waited, action):
-    from ringflow.operators.trigger import on_fatal_verdict
-    from ringflow.training.health.verdict import Verdict
-
-    written = result and RunResult(status=result, attempt="rf-1", step=5, epoch=0, world_size=2,
-                                   checkpoint="ckpt-000000005" if result == "succeeded" else None,
-                                   verdict=Verdict("STALLED", "no step") if result == "failed" else None)
-    assert on_fatal_verdict(written or None, waited) == action
 
 
 def test_unknown_job_yields_one_error_event_instead_of_raising(tmp_path):
     (got,) = events(make_trigger(tmp_path, job_id="rf-missing"))
-    assert got["status"] == "error" and "rf-missing" in got["message"]
+    assert got["status"] == "error" and "rf-missing" in got["message"] and "rf-missing" in got["watch_error"]
+    assert decided(got).action == RETRY and not decided(got).stop_job  # a retry reattaches, if the job lives
 
 
 @pytest.mark.slow
@@ -62,7 +53,7 @@ def test_success_and_fatal_verdict(tmp_path, digits_manifest):
     config = {"manifest_uri": digits_manifest, "run_uri": str(tmp_path / "run"), "epochs": 1}
     backend.launch(JobSpec(name="rf-good", config=config, num_workers=2))
     (ok,) = events(make_trigger(tmp_path, job_id="rf-good"))
-    assert ok["status"] == "success" and ok["state"] == "succeeded" and ok["exit_code"] == 0
+    assert ok["status"] == "success" and ok["state"] == "succeeded" and decided(ok).exit_code == 0
 
     config = config | {"run_uri": str(tmp_path / "run2"), "epochs": 3,
                        "faults": [{"kind": "nan_gradient", "rank": 1, "step": 4}]}
@@ -70,18 +61,25 @@ def test_success_and_fatal_verdict(tmp_path, digits_manifest):
     trigger = make_trigger(tmp_path, job_id="rf-nan")
     trigger.run_uri = str(tmp_path / "run2")
     (bad,) = events(trigger)
-    assert bad["status"] == "error" and bad["verdict"]["status"] == "NONFINITE"
-    assert bad["verdict"]["evidence"]["ranks"] == [1]
-    # The job judged itself and stopped with its result: its own verdict and exit code, not the trigger's.
-    assert bad["stopped_by"] == "job" and bad["exit_code"] == exit_codes.BY_VERDICT["NONFINITE"], bad
+    decision = decided(bad)
+    assert bad["status"] == "error" and decision.verdict.status == "NONFINITE" and decision.action == FAIL
+    assert decision.verdict.evidence["ranks"] == [1]
+    # The job judged itself and stopped with its result: its own verdict and exit code.
+    assert decision.exit_code == exit_codes.BY_VERDICT["NONFINITE"], bad
+    assert not decision.stop_job or decision.stopped_itself, bad  # only its teardown is left to stop
     result = RunResult.from_json(bad["result"])
-    assert result.verdict.status == "NONFINITE" and result.attempt == bad["verdict"]["attempt"]
-    assert RunResult.from_json(ok["result"]).succeeded and ok["stopped_by"] == "job"
+    assert result.verdict.status == "NONFINITE" and result.attempt == bad["attempt"]
+    assert RunResult.from_json(ok["result"]).succeeded and not decided(ok).stop_job
 
 
 @pytest.mark.slow
-def test_a_job_the_trigger_stops_is_told_from_one_that_stopped_itself(tmp_path, digits_manifest):
-    """The job would wait 60 s for its own watchdog; the trigger's limit is 3 s: the trigger stops it."""
+def test_a_stall_the_trigger_sees_first_is_reported_and_the_operator_stops_the_job(tmp_path, digits_manifest):
+    """The job would wait 60 s for its own watchdog; the trigger's limit is 3 s: it reports, the job runs on
+    until the operator, deciding on the event, stops it."""
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    from ringflow.operators.train import TrainOperator
+
     backend = LocalProcessBackend(work_dir=str(tmp_path / "jobs"), stop_grace_seconds=2)
     config = {"manifest_uri": digits_manifest, "run_uri": str(tmp_path / "run"), "epochs": 1,
               "health": {"stall_seconds": 60, "heartbeat_seconds": 0.5},
@@ -89,9 +87,16 @@ def test_a_job_the_trigger_stops_is_told_from_one_that_stopped_itself(tmp_path, 
     backend.launch(JobSpec(name="rf-hang", config=config, num_workers=2, env={ATTEMPT_ENV: "rf-hang"}))
     (got,) = events(make_trigger(tmp_path, job_id="rf-hang", attempt="rf-hang",
                                  health={"stall_seconds": 3, "heartbeat_seconds": 0.5}))
-    assert got["status"] == "error" and got["stopped_by"] == "trigger", got
+    decision = decided(got)
+    assert got["status"] == "error" and decision.stop_job and not decision.stopped_itself, got
     assert got["verdict"]["status"] == "STALLED" and got["verdict"]["evidence"]["last_step"] == 2, got
-    assert got["result"] is None and "stopped job rf-hang" in got["message"]
+    assert got["result"] is None and decision.action == RETRY
+    assert backend.status("rf-hang").state == "running"  # the trigger stops nothing
+    op = TrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"), backend=backend)
+    ti = {"ti": type("TI", (), {"dag_id": "d", "run_id": "r", "task_id": "train", "try_number": 1})()}
+    with pytest.raises(AirflowException, match="STALLED.*stopped job rf-hang") as err:
+        op.execute_complete(ti, json.loads(json.dumps(got)))
+    assert not isinstance(err.value, AirflowFailException)  # a hang may pass: retried from its checkpoint
     assert backend.status("rf-hang").finished
 
 
@@ -108,7 +113,7 @@ def test_on_kill_stops_the_watched_job(tmp_path, digits_manifest):
 
 
 @pytest.mark.slow
-def test_timeout_stops_the_job(tmp_path, digits_manifest):
+def test_timeout_is_reported_for_the_operator_to_stop_the_job(tmp_path, digits_manifest):
     import time
 
     backend = LocalProcessBackend(work_dir=str(tmp_path / "jobs"), stop_grace_seconds=2)
@@ -116,8 +121,9 @@ def test_timeout_stops_the_job(tmp_path, digits_manifest):
               "faults": [{"kind": "hang", "rank": 0, "step": 2}]}
     backend.launch(JobSpec(name="rf-slow", config=config, num_workers=2))
     (got,) = events(make_trigger(tmp_path, job_id="rf-slow", timeout_at=time.time() + 8))
-    assert got["status"] == "timeout" and got["stopped_by"] == "trigger"
-    assert backend.status("rf-slow").finished
+    assert got["status"] == "timeout" and got["timed_out"] and decided(got).stop_job
+    assert decided(got).action == RETRY and backend.status("rf-slow").state == "running"
+    backend.delete("rf-slow")
 
 
 @pytest.mark.slow
@@ -132,7 +138,7 @@ def test_slow_steps_without_records_for_longer_than_stall_seconds_are_not_killed
               "faults": [{"kind": "slow_rank", "rank": 1, "step": 1, "seconds": 0.5}]}
     backend.launch(JobSpec(name="rf-slow-steps", config=config, num_workers=2))
     (got,) = events(make_trigger(tmp_path, job_id="rf-slow-steps", health=config["health"]))
-    assert got["status"] == "success" and got["exit_code"] == 0, got
+    assert got["status"] == "success" and decided(got).exit_code == 0, got
     assert got["verdict"] is None or got["verdict"]["status"] != "STALLED", got
 
 
@@ -147,10 +153,11 @@ def test_retry_after_a_stall_recovers(tmp_path, digits_manifest):
     backend.launch(JobSpec(name="rf-try-1", config=config, num_workers=2))
     (first,) = events(make_trigger(tmp_path, job_id="rf-try-1", health=config["health"]))
     assert first["status"] == "error" and (first["verdict"] or {}).get("status") == "STALLED", first
+    backend.delete("rf-try-1")  # as the operator does on the policy's word
     del config["faults"]
     backend.launch(JobSpec(name="rf-try-2", config=config, num_workers=2))
     (second,) = events(make_trigger(tmp_path, job_id="rf-try-2", health=config["health"]))
     assert second["status"] == "success", second
-    assert second["verdict"]["status"] == "HEALTHY" and second["verdict"]["attempt"] != first["verdict"]["attempt"]
+    assert decided(second).verdict.status == "HEALTHY" and second["attempt"] != first["attempt"]
     result = RunResult.from_json(second["result"])
-    assert result.succeeded and result.resumed_from == "ckpt-000000010" and result.attempt == second["verdict"]["attempt"]
+    assert result.succeeded and result.resumed_from == "ckpt-000000010" and result.attempt == second["attempt"]

@@ -4,7 +4,7 @@ interrupted. (Resuming under the other engine: test_ddp_training.py.)"""
 import pytest
 import torch
 
-from ringflow.training.formats.config import ENGINES
+from ringflow.training.formats.engines import ENGINES
 
 pytestmark = pytest.mark.slow
 

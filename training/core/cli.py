@@ -15,8 +15,8 @@ import sys
 import tempfile
 
 from ringflow.training.formats import exit_codes
-from ringflow.training.formats.config import ENGINES, ConfigError
-from ringflow.training.core.launcher import DEFAULT_CONTROLLER
+from ringflow.training.formats.config import ConfigError
+from ringflow.training.formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, ENGINES
 
 
 def cmd_shard(args) -> int:
@@ -110,7 +110,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--np", type=int, default=2, help="number of worker processes")
     t.add_argument("--engine", choices=ENGINES, default=None,
                    help="horovod (horovodrun) or ddp (PyTorch DDP under torchrun); default: the config's `engine`")
-    t.add_argument("--controller", choices=("gloo", "mpi"), default=DEFAULT_CONTROLLER,
+    t.add_argument("--controller", choices=CONTROLLERS, default=DEFAULT_CONTROLLER,
                    help=f"Horovod controller (default {DEFAULT_CONTROLLER}: fastest in bench/throughput.py); "
                         f"the ddp engine has none and ignores it")
     t.set_defaults(func=cmd_train)

@@ -11,19 +11,19 @@ import sys
 import uuid
 from typing import Callable
 
+from ringflow.training.core.backends.base import FAILED, SUCCEEDED
 from ringflow.training.core.backends.processes.stop import (
     KILL_WAIT_SECONDS, ProcessesRemain, grace_from_env, stop_leftovers, stop_processes,
 )
 from ringflow.training.core.backends.processes.tracker import RELEASE_WAIT_SECONDS, ProcessTracker
 from ringflow.training.core.backends.processes.tracking import mode_from_env, start_tracking
 from ringflow.training.formats.config import JobConfig
+from ringflow.training.core.failure_policy import Observation, decide
 from ringflow.training.rank.engines import ENGINE_ENV, engine_name
+from ringflow.training.formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, engine_spec
 from ringflow.training.core.preflight import preflight
 from ringflow.training.rank.worker_env import ATTEMPT_ENV
 
-CONTROLLERS = ("gloo", "mpi")
-# Chosen by bench/throughput.py (bench/results/throughput.md).
-DEFAULT_CONTROLLER = "mpi"
 
 
 def horovodrun_command(config_path: str, num_workers: int, controller: str = DEFAULT_CONTROLLER,
@@ -54,11 +54,12 @@ def torchrun_command(config_path: str, num_workers: int, python: str = sys.execu
             "--max-restarts", "0", "-m", "ringflow.training", config_path]
 
 
-def launch_command(engine: str, config_path: str, num_workers: int, controller: str = DEFAULT_CONTROLLER,
+def launch_command(name: str, config_path: str, num_workers: int, controller: str = DEFAULT_CONTROLLER,
                    python: str = sys.executable) -> list[str]:
-    """The one place that picks the launcher: horovodrun for "horovod" (with `controller`), torchrun for
-    "ddp" (which has no controller to choose)."""
-    if engine == "ddp":
+    """The engine's launcher, as the engine table says (formats/engines.py): horovodrun with `controller`, or
+    torchrun (which has no controller to choose)."""
+    launcher = engine_spec(name).launcher
+    if launcher == "torchrun":
         return torchrun_command(config_path, num_workers, python)
     return horovodrun_command(config_path, num_workers, controller, python)
 
@@ -101,7 +102,7 @@ def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONT
             assert proc.stdout is not None
             for line in proc.stdout:
                 on_line(line.rstrip("\n"))
-            code = job_exit_code(proc.wait(), _result_of(cfg, attempt))
+            code = job_exit_code(proc.wait(), _result_of(cfg, attempt), attempt)
         finally:
             stop_leftovers(tracker, grace, _say)
             tracker.release(RELEASE_WAIT_SECONDS)
@@ -150,9 +151,9 @@ def _result_of(cfg: JobConfig, attempt: str):
         return None
 
 
-def job_exit_code(launcher_code: int, result) -> int:
-    """The job's exit status. horovodrun and torchrun report any rank's failure as 1: this attempt's RunResult says which
-    failure it was. No result of this attempt (killed before rank 0 wrote one): the launcher's own code."""
-    if result is None or launcher_code == 0:
-        return launcher_code
-    return result.exit_code or launcher_code  # a result says succeeded, the launcher failed: still a failure
+def job_exit_code(launcher_code: int, result, attempt: str | None = None) -> int:
+    """The job's exit status, as the failure policy (core/failure_policy.py) says it: horovodrun and torchrun
+    report any rank's failure as 1, and this attempt's RunResult says which failure it was. No result of this
+    attempt (killed before rank 0 wrote one): the launcher's own code."""
+    state = SUCCEEDED if launcher_code == 0 else FAILED
+    return decide(Observation(state, launcher_code, result=result, attempt=attempt)).exit_code

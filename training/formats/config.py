@@ -10,6 +10,10 @@ import json
 import re
 from typing import Any, Mapping
 
+# The data-parallel engines and their facts: the one table (formats/engines.py).
+from ringflow.training.formats.engines import DEFAULT_ENGINE, ENGINES
+from ringflow.training.formats.engines import TABLE as ENGINE_TABLE
+
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -247,9 +251,6 @@ class FaultConfig:
 
 
 OPTIMIZERS = ("sgd", "adam")
-# The data-parallel engines (training/rank/engines/): Horovod under horovodrun/mpirun, PyTorch DDP under torchrun.
-ENGINES = ("horovod", "ddp")
-DEFAULT_ENGINE = "horovod"
 # The numeric precision of forward and backward (training/rank/devices.py): fp32 everywhere, or autocast to
 # bfloat16 (CPU or GPU) or float16 (GPU only: its loss scaling, torch.amp.GradScaler, is CUDA's).
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -302,7 +303,7 @@ class JobConfig:
         _positive_int(self, "log_every_steps", "log_every_steps")
         _positive_int(self, "gc_every_steps", "gc_every_steps", minimum=0)
         _require(self.engine in ENGINES, "engine", f"is {self.engine!r}",
-                 'use "horovod" (horovodrun/mpirun) or "ddp" (PyTorch DistributedDataParallel under torchrun)')
+                 "use " + " or ".join(f'"{e.name}" ({e.launcher}/{e.pod_launcher})' for e in ENGINE_TABLE.values()))
         _require(self.precision in PRECISIONS, "precision", f"is {self.precision!r}",
                  'use "fp32" (default), "bf16" (autocast to bfloat16, on CPU or a GPU) or "fp16" (autocast to '
                  'float16 with loss scaling, GPU only)')

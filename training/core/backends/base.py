@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from ringflow.training.formats import exit_codes
 from ringflow.training.core.backends.connections import Connections
 from ringflow.training.core.backends.job_spec import JobSpec
+from ringflow.training.formats.engines import LOCAL, MPIJOB, TRAINJOB
 from ringflow.training.formats.run_result import RunResult
 
 PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED = "pending", "running", "restarting", "succeeded", "failed"
@@ -56,18 +57,18 @@ def exit_reason(code: int | None) -> str:
 
 
 def with_result(status: JobStatus, result: RunResult | None) -> JobStatus:
-    """`status` with the job's own result: once the job has finished, the result's exit code and verdict
-    replace whatever the layers in between made of them. A result of another attempt must not be passed
-    (run_result.read_result(store, attempt) returns None for it). Pure."""
+    """`status` with the job's own result: once the job has finished, the failure policy
+    (core/failure_policy.py) says its state, reason and exit code from the result, whatever the layers in
+    between made of them. A result of another attempt must not be passed (run_result.read_result(store,
+    attempt) returns None for it). Pure."""
+    # Imported here: the policy reads this module's job states.
+    from ringflow.training.core.failure_policy import Observation, decide
+
     if result is None or not status.finished:
         return status
-    if result.succeeded and status.state == SUCCEEDED:
-        return dataclasses.replace(status, exit_code=result.exit_code, result=result)
-    if result.succeeded:  # the job finished its work, then something around it failed: still a failure
-        return dataclasses.replace(status, result=result)
-    verdict = result.verdict
-    reason = f"health verdict {verdict.status}: {verdict.reason}" if verdict else status.reason
-    return dataclasses.replace(status, state=FAILED, reason=reason, exit_code=result.exit_code, result=result)
+    decision = decide(Observation(status.state, status.exit_code, status.reason, result))
+    return dataclasses.replace(status, state=decision.state, reason=decision.reason, exit_code=decision.exit_code,
+                               result=result)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,10 +116,11 @@ class Backend(abc.ABC):
         await asyncio.to_thread(self.delete, job_id)
 
 
+# Each kind is named for what it creates (formats/engines.py names them, with the engines each can run).
 _REGISTRY: dict[str, str] = {
-    "local": "ringflow.training.core.backends.local:LocalProcessBackend",
-    "kubernetes": "ringflow.training.core.backends.kubernetes.backend:MPIJobBackend",
-    "trainjob": "ringflow.training.core.backends.kubernetes.trainjob_backend:TrainJobBackend",
+    LOCAL: "ringflow.training.core.backends.local:LocalProcessBackend",
+    MPIJOB: "ringflow.training.core.backends.kubernetes.backend:MPIJobBackend",
+    TRAINJOB: "ringflow.training.core.backends.kubernetes.trainjob_backend:TrainJobBackend",
 }
 
 

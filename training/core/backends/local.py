@@ -31,6 +31,7 @@ from ringflow.training.core.backends.base import (
 )
 from ringflow.training.core.backends.connections import Connections, require
 from ringflow.training.core.backends.job_spec import JobSpec
+from ringflow.training.formats.engines import LOCAL
 from ringflow.training.core.backends.processes import proc
 from ringflow.training.core.backends.processes.proc import Process
 from ringflow.training.core.backends.processes.stop import (
@@ -64,7 +65,7 @@ def default_work_dir() -> str:
 
 
 class LocalProcessBackend(Backend):
-    kind = "local"
+    kind = LOCAL
 
     def __init__(self, work_dir: str | None = None, python: str | None = None,
                  stop_grace_seconds: float = DEFAULT_GRACE_SECONDS,

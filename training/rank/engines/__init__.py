@@ -1,13 +1,16 @@
 """The data-parallel engines behind engine.Engine, one file each, and the one choice between them.
 
-Torch-free, so the launcher (and through it the Airflow side) can import the choice.
+Which module starts which engine is the engine table's (formats/engines.py: `rank_engine`). Torch-free, so
+the launcher (and through it the Airflow side) can import the choice.
 """
 from __future__ import annotations
 
+import importlib
 import os
 from typing import TYPE_CHECKING, Mapping
 
-from ringflow.training.formats.config import ENGINES, ConfigError, JobConfig
+from ringflow.training.formats.config import ConfigError, JobConfig
+from ringflow.training.formats.engines import ENGINES, TABLE
 
 if TYPE_CHECKING:
     from ringflow.training.rank.engine import Engine
@@ -28,11 +31,5 @@ def engine_name(cfg: JobConfig, override: str | None = None) -> str:
 
 def start_engine(cfg: JobConfig, environ: Mapping[str, str] = os.environ) -> "Engine":
     """Start this rank's engine: the one its launcher was chosen for."""
-    name = engine_name(cfg, environ.get(ENGINE_ENV))
-    if name == "ddp":
-        from ringflow.training.rank.engines.ddp import DdpEngine
-
-        return DdpEngine.start(cfg)
-    from ringflow.training.rank.engines.horovod import HorovodEngine
-
-    return HorovodEngine.start(cfg)
+    module_name, class_name = TABLE[engine_name(cfg, environ.get(ENGINE_ENV))].rank_engine.split(":")
+    return getattr(importlib.import_module(module_name), class_name).start(cfg)

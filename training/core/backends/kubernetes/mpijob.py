@@ -15,6 +15,7 @@ from ringflow.training.core.backends.kubernetes.job_parts import (CONFIG_FILE, C
                                                              S3_ENDPOINT_ENV, S3_SECRET_KEYS, build_configmap,
                                                              configmap_name)
 from ringflow.training.core.backends.kubernetes.settings import MPIJobSettings, Resources, RunPolicy, SettingsError
+from ringflow.training.formats.engines import DEFAULT_ENGINE, MPIJOB, EngineError, check_backend
 
 __all__ = [
     "API_VERSION", "KIND", "CONFIG_MOUNT_PATH", "CONFIG_FILE", "S3_SECRET_KEYS", "S3_ENDPOINT_ENV", "FORWARDED_ENV",
@@ -29,15 +30,12 @@ KIND = "MPIJob"
 
 
 def _check_engine(spec: JobSpec) -> None:
-    # An MPIJob runs mpirun over the workers' sshd: that launches Horovod ranks, never torchrun's.
-    engine = spec.config.get("engine", "horovod") if isinstance(spec.config, dict) else "horovod"
-    if engine != "horovod":
-        raise JobSpecError(
-            f"engine {engine!r} cannot run as an MPIJob: an MPIJob launches Horovod ranks with mpirun. Run the "
-            f"DDP engine as a Kubeflow TrainJob (set $RINGFLOW_TRAINJOB_SETTINGS instead of "
-            f"$RINGFLOW_MPIJOB_SETTINGS, or pass backend=TrainJobBackend(...)), or locally "
-            f"(backend=LocalProcessBackend()), or set engine to \"horovod\""
-        )
+    # An MPIJob runs mpirun over the workers' sshd: it launches only the engines whose pods start that way
+    # (the engine table). The operator checks this before launch too; here it guards any other caller.
+    try:
+        check_backend(spec.config.get("engine", DEFAULT_ENGINE), MPIJOB)
+    except EngineError as e:
+        raise JobSpecError(str(e)) from None
 
 
 def _check_name(spec: JobSpec) -> None:

@@ -9,6 +9,8 @@ import dataclasses
 import re
 from typing import Any, ClassVar, Self
 
+from ringflow.training.formats.engines import TABLE as ENGINE_TABLE
+
 PLACEMENTS = ("pack", "spread")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 CLEAN_POD_POLICIES = ("None", "Running", "All")
@@ -276,19 +278,22 @@ class TrainJobSettings(PodSettings):
     """
 
     active_deadline_seconds: int | None = None
-    horovod_runtime: str = "ringflow-horovod"
-    ddp_runtime: str = "ringflow-torch"
+    horovod_runtime: str = ENGINE_TABLE["horovod"].trainjob_runtime
+    ddp_runtime: str = ENGINE_TABLE["ddp"].trainjob_runtime
 
     def _check(self) -> None:
         deadline = self.active_deadline_seconds
         if deadline is not None and (not isinstance(deadline, int) or isinstance(deadline, bool) or deadline < 1):
             raise SettingsError(f"active_deadline_seconds is {deadline!r}; use a whole number >= 1, or null")
-        for name in ("horovod_runtime", "ddp_runtime"):
-            _name(getattr(self, name), name)
+        for name in (e.trainjob_runtime_setting for e in ENGINE_TABLE.values()):
+            if hasattr(self, name):
+                _name(getattr(self, name), name)
 
     def runtime(self, engine: str) -> str:
         """The ClusterTrainingRuntime that runs this engine."""
-        return {"horovod": self.horovod_runtime, "ddp": self.ddp_runtime}[engine]
+        # An engine without a settings field of its own runs on the table's runtime.
+        spec = ENGINE_TABLE[engine]
+        return getattr(self, spec.trainjob_runtime_setting, spec.trainjob_runtime)
 
 
 def _fields(cls: type) -> list[str]:

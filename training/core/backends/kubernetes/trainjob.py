@@ -21,7 +21,7 @@ from ringflow.training.core.backends.job_spec import JobSpec, JobSpecError
 from ringflow.training.core.backends.kubernetes import job_parts as P
 from ringflow.training.core.backends.kubernetes import labels as L
 from ringflow.training.core.backends.kubernetes.settings import SettingsError, TrainJobSettings
-from ringflow.training.formats.config import ENGINES
+from ringflow.training.formats.engines import DEFAULT_ENGINE, TRAINJOB, EngineError, check_backend
 from ringflow.training.rank.engines import ENGINE_ENV
 
 __all__ = ["API_VERSION", "KIND", "TRAINER_RELEASE", "build_trainjob", "engine_of", "torchrun_command"]
@@ -38,30 +38,39 @@ LAUNCHER, NODE = "launcher", "node"
 TORCH_MASTER_PORT = 29500
 # Who owns our runtimePatches entry (the webhook wants a domain-prefixed path).
 PATCH_MANAGER = "ringflow/trainjob-backend"
-# Environment Trainer sets itself and refuses in a TrainJob (MPIReservedEnvNames, TorchRunReservedEnvNames).
+# Environment Trainer sets itself and refuses in a TrainJob (MPIReservedEnvNames, TorchRunReservedEnvNames),
+# by what starts the ranks in the pods (the engine table's pod_launcher).
 RESERVED_ENV = {
-    "horovod": ("OMPI_MCA_orte_default_hostfile", "OMPI_MCA_plm_rsh_args", "OMPI_MCA_orte_keep_fqdn_hostnames",
+    "mpirun": ("OMPI_MCA_orte_default_hostfile", "OMPI_MCA_plm_rsh_args", "OMPI_MCA_orte_keep_fqdn_hostnames",
                 "OMPI_MCA_orte_set_default_slots"),
-    "ddp": ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"),
+    "torchrun": ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"),
 }
 
 
 def engine_of(spec: JobSpec) -> str:
-    engine = spec.config.get("engine", "horovod")
-    if engine not in ENGINES:
-        raise JobSpecError(f"config field 'engine' is {engine!r}; use one of {ENGINES}")
+    """The spec's engine, if a TrainJob can run it (the engine table)."""
+    engine = spec.config.get("engine", DEFAULT_ENGINE)
+    try:
+        check_backend(engine, TRAINJOB)
+    except EngineError as e:
+        raise JobSpecError(f"config field {e}") from None
     return engine
 
 
+def _pod_launcher(engine: str) -> str:
+    return check_backend(engine, TRAINJOB).pod_launcher
+
+
 def replicated_jobs(engine: str) -> tuple[str, ...]:
-    """The replicated jobs of the engine's runtime, each a set of pods that host ranks."""
-    return (LAUNCHER, NODE) if engine == "horovod" else (NODE,)
+    """The replicated jobs of the engine's runtime, each a set of pods that host ranks: mpirun runs in a
+    launcher pod of its own (which hosts ranks too), torchrun on every node."""
+    return (LAUNCHER, NODE) if _pod_launcher(engine) == "mpirun" else (NODE,)
 
 
 def _check_name(spec: JobSpec, engine: str) -> None:
     # JobSet pods are "<jobset>-<replicated job>-<job index>-<pod index>", and their hostnames must be
     # DNS-1035 labels; the TrainJob name is also the JobSet's and its headless Service's.
-    if engine == "horovod":
+    if _pod_launcher(engine) == "mpirun":
         nodes = max(spec.num_workers - 1, 1)  # runLauncherAsNode: the launcher is one of the nodes
         names = [f"{spec.name}-{LAUNCHER}-0-0", f"{spec.name}-{NODE}-0-{nodes - 1}"]
     else:
@@ -77,7 +86,7 @@ def torchrun_command(python: str) -> list[str]:
 
 
 def _command(spec: JobSpec, settings: TrainJobSettings, engine: str) -> list[str]:
-    if engine == "ddp":
+    if _pod_launcher(engine) == "torchrun":
         return torchrun_command(settings.python)
     # Ranks on the other nodes start through ssh with a bare environment: mpirun forwards what they need.
     names = list(P.FORWARDED_ENV) + P.store_env_names(settings) + sorted(spec.env) + [ENGINE_ENV]
@@ -101,7 +110,7 @@ def build_trainjob(spec: JobSpec, settings: TrainJobSettings) -> dict[str, Any]:
         raise SettingsError("settings must be a TrainJobSettings (use TrainJobSettings.from_dict for JSON)")
     engine = engine_of(spec)
     _check_name(spec, engine)
-    P.check_env(spec, RESERVED_ENV[engine] + (ENGINE_ENV,))
+    P.check_env(spec, RESERVED_ENV[_pod_launcher(engine)] + (ENGINE_ENV,))
     command = _command(spec, settings, engine)
     trainer = {
         "image": settings.image,

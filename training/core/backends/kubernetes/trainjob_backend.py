@@ -2,7 +2,7 @@
 v2.3.0) plus a ConfigMap, on ringflow's ClusterTrainingRuntimes (deploy/trainer/): `ringflow-horovod` for the
 Horovod engine, `ringflow-torch` for DDP.
 
-Everything but the job kind is ClusterJobBackend's (backend.py), as for MPIJobs: the same labels for
+Everything but the job kind is ClusterJobBackend's (cluster_job.py), as for MPIJobs: the same labels for
 reattach, the same ConfigMap owned by the job, the same foreground delete, the same log cursors.
 """
 from __future__ import annotations
@@ -13,15 +13,16 @@ from typing import Any
 from ringflow.training.core.backends.base import JobStatus
 from ringflow.training.core.backends.job_spec import JobSpec
 from ringflow.training.core.backends.kubernetes import labels as L
-from ringflow.training.core.backends.kubernetes.backend import ClusterJobBackend, newest_pod
+from ringflow.training.core.backends.kubernetes.cluster_job import ClusterJobBackend, newest_pod
 from ringflow.training.core.backends.kubernetes.client import KubernetesApiError
 from ringflow.training.core.backends.kubernetes.settings import TrainJobSettings
 from ringflow.training.core.backends.kubernetes.trainjob import API_VERSION, KIND, LAUNCHER, NODE, build_trainjob
+from ringflow.training.formats.engines import TRAINJOB
 from ringflow.training.core.backends.kubernetes.trainjob_outcome import TRAINJOB_WORDS, outcome_from_trainjob
 
 
 class TrainJobBackend(ClusterJobBackend):
-    kind = "trainjob"
+    kind = TRAINJOB
     settings_class = TrainJobSettings
     resource = "trainjob"
     api_version, object_kind = API_VERSION, KIND

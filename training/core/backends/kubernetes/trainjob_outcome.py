@@ -17,21 +17,23 @@ from ringflow.training.core.backends.kubernetes.outcome import (MPIJOB_ROLES, Jo
                                                            read_pods, restarting_in_place, torch_roles,
                                                            true_conditions, waiting_or_running)
 from ringflow.training.core.backends.kubernetes.trainjob import LAUNCHER, NODE, TORCH_MASTER_PORT
+from ringflow.training.formats.engines import DEFAULT_ENGINE, engine_spec
 
-HOROVOD_ROLES = PodRoles(role_label=L.REPLICATED_JOB_LABEL, launcher=LAUNCHER, workers=(NODE,),
+MPI_ROLES = PodRoles(role_label=L.REPLICATED_JOB_LABEL, launcher=LAUNCHER, workers=(NODE,),
                          unreachable_roles=(LAUNCHER,), unreachable=MPIJOB_ROLES.unreachable,
                          unreachable_advice="check that the node pods are Ready, that sshd runs on the image's port "
                                             "(the ringflow-horovod runtime's), and that no NetworkPolicy blocks "
                                             "pod-to-pod traffic")
-DDP_ROLES = torch_roles(L.REPLICATED_JOB_LABEL, NODE, TORCH_MASTER_PORT)
+TORCH_ROLES = torch_roles(L.REPLICATED_JOB_LABEL, NODE, TORCH_MASTER_PORT)
+# Pods of the runtimes whose ranks mpirun starts (a launcher pod) or torchrun (every node).
 # Trainer says Complete where the MPI Operator says Succeeded; every pod of a TrainJob is a node.
 TRAINJOB_WORDS = JobWords(kind="TrainJob", succeeded="Complete", failed_first="the job", rank_pod="node",
                           not_started="waiting for Kubeflow Trainer to start the job's pods")
 
 
 def _roles(trainjob: dict[str, Any]) -> PodRoles:
-    engine = ((trainjob.get("metadata") or {}).get("annotations") or {}).get(L.ENGINE_ANNOTATION, "horovod")
-    return DDP_ROLES if engine == "ddp" else HOROVOD_ROLES
+    engine = ((trainjob.get("metadata") or {}).get("annotations") or {}).get(L.ENGINE_ANNOTATION, DEFAULT_ENGINE)
+    return TORCH_ROLES if engine_spec(engine).pod_launcher == "torchrun" else MPI_ROLES
 
 
 def _attempt(pod: dict[str, Any]) -> int:

@@ -13,7 +13,7 @@ import pytest
 
 from kmock_cluster import CONFIGMAPS, PODS
 from ringflow.training.core.backends.base import JobNotFound, backend_from_dict
-from ringflow.training.core.backends.kubernetes.backend import StillDeleting
+from ringflow.training.core.backends.kubernetes.cluster_job import StillDeleting
 from ringflow.training.core.backends.kubernetes.client import AlreadyExistsError
 
 NS = "training"

@@ -107,7 +107,7 @@ def test_reattach_via_find_on_retry(cluster, backend, settings_dict):
     job_id = backend.launch(spec())
     backend.launch(spec(name="other-run", labels=LABELS | {"run": "manual__2030-01-02"}))
     # Try 2 of the same task, in a fresh process (the backend rebuilt from JSON), looks for try 1's job.
-    again = backend_from_dict("kubernetes", json.loads(json.dumps(backend.to_dict())))
+    again = backend_from_dict("mpijob", json.loads(json.dumps(backend.to_dict())))
     assert again.find({"dag": "retrain", "run": LABELS["run"], "task": "train"}) == job_id
     assert again.find(LABELS) == job_id
     assert again.find({"dag": "retrain", "run": "scheduled__2030-01-01T00:00:00+00:01"}) is None

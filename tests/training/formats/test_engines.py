@@ -1,0 +1,53 @@
+"""The engine table: each engine's launchers, where it can run, its config section and its rank module; a
+backend that cannot run an engine is refused with what to do instead."""
+import dataclasses
+import importlib
+
+import pytest
+
+from ringflow.training.formats.config import JobConfig
+from ringflow.training.formats.engines import (CONTROLLERS, DEFAULT_CONTROLLER, DEFAULT_ENGINE, ENGINES, LOCAL,
+                                               MPIJOB, TABLE, TRAINJOB, EngineError, check_backend, engine_spec)
+
+
+@pytest.mark.parametrize("name, launcher, pod_launcher, backends, runtime, section", [
+    ("horovod", "horovodrun", "mpirun", (LOCAL, MPIJOB, TRAINJOB), "ringflow-horovod", "horovod"),
+    ("ddp", "torchrun", "torchrun", (LOCAL, TRAINJOB), "ringflow-torch", "ddp"),
+])
+def test_the_table(name, launcher, pod_launcher, backends, runtime, section):
+    spec = engine_spec(name)
+    assert (spec.launcher, spec.pod_launcher, spec.backends, spec.trainjob_runtime, spec.config_section) == (
+        launcher, pod_launcher, backends, runtime, section)
+
+
+def test_every_entry_has_its_config_section_and_rank_module():
+    fields = {f.name for f in dataclasses.fields(JobConfig)}
+    for spec in TABLE.values():
+        assert spec.config_section in fields, spec.name
+        module, name = spec.rank_engine.split(":")
+        assert importlib.util.find_spec(module) is not None, spec.rank_engine  # found without importing torch
+    assert ENGINES == tuple(TABLE) and DEFAULT_ENGINE in ENGINES
+    assert CONTROLLERS == ("gloo", "mpi") and DEFAULT_CONTROLLER == "mpi"
+
+
+@pytest.mark.parametrize("engine, backend, refused", [
+    ("horovod", LOCAL, None), ("horovod", MPIJOB, None), ("horovod", TRAINJOB, None),
+    ("ddp", LOCAL, None), ("ddp", TRAINJOB, None),
+    ("ddp", MPIJOB, r"engine 'ddp' cannot run as an MPIJob .*mpirun.*TrainJob.*LocalProcessBackend.*\"horovod\""),
+    ("jax", LOCAL, r"'engine' is 'jax'; use one of \('horovod', 'ddp'\)"),
+])
+def test_check_backend(engine, backend, refused):
+    if refused is None:
+        assert check_backend(engine, backend) is TABLE[engine]
+        return
+    with pytest.raises(EngineError, match=refused):
+        check_backend(engine, backend)
+
+
+def test_the_trainjob_runtime_comes_from_the_table_unless_the_settings_name_one():
+    from ringflow.training.core.backends.kubernetes.settings import TrainJobSettings
+
+    settings = TrainJobSettings(image="registry/ringflow-training:0.1.0")
+    assert {e: settings.runtime(e) for e in ENGINES} == {"horovod": "ringflow-horovod", "ddp": "ringflow-torch"}
+    mine = dataclasses.replace(settings, ddp_runtime="team-torch")
+    assert mine.runtime("ddp") == "team-torch"
