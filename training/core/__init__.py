@@ -1,0 +1,1 @@
+"""The Airflow-free core: runs, backends, registry, gate, validation; never imports Airflow."""
