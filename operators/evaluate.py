@@ -1,7 +1,8 @@
 """Score a training run's final checkpoint on the held-out split (ringflow.training.evaluate).
 
-The metrics land in `eval.json` in the run folder (evaluate_run writes it), where the promote task reads
-them. Torch is imported only when the task runs: DAG files importing this module stay light.
+The metrics land in `eval.json` in the run folder (training/evaluate.py writes it, `ringflow evaluate` runs the
+same step), where the promote task reads them. Torch is imported only when the task runs: DAG files
+importing this module stay light.
 
 For an s3:// run the training code reads its S3 settings from the environment (RINGFLOW_S3_ENDPOINT,
 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); the operator takes them from the Airflow connection and sets
@@ -10,38 +11,27 @@ them only for the duration of the call.
 from __future__ import annotations
 
 import contextlib
-import urllib.parse
 from typing import Any, Iterator, Sequence
 
 from airflow.sdk import BaseOperator
 
 from ringflow.operators.connections import DEFAULT_CONN_ID, s3_settings_from_connection
 from ringflow.operators.tracking import MlflowTracking
-from ringflow.training.runs import store_layout
-from ringflow.training.scoped_environ import scoped_environ
+
+
+def connection_settings(conn_id: str | None):
+    """The S3 settings of `conn_id`, asked only when needed; None: no connection, the environment's stay."""
+    return None if conn_id is None else (lambda: s3_settings_from_connection(conn_id))
 
 
 @contextlib.contextmanager
 def s3_env_for(uri: str, conn_id: str | None) -> Iterator[None]:
-    """Within the block, the process environment carries the S3 settings of `conn_id` if `uri` is on S3;
-    the previous values come back afterwards, so no credential outlives the call. conn_id None: no
-    connection, the environment's own S3 settings stay (connections.py)."""
-    if urllib.parse.urlsplit(uri).scheme != "s3" or conn_id is None:
+    """Within the block, the process environment carries the S3 settings of `conn_id` if `uri` is on S3
+    (training/evaluate.py's s3_env_for, with the Airflow connection's settings)."""
+    from ringflow.training.evaluate import s3_env_for as scoped  # imports torch
+
+    with scoped(uri, connection_settings(conn_id)):
         yield
-        return
-    with scoped_environ(s3_settings_from_connection(conn_id).to_env()):
-        yield
-
-
-def evaluate(run_uri: str, checkpoint: str | None = None,
-             conn_id: str | None = DEFAULT_CONN_ID) -> dict[str, Any]:
-    """evaluate_run with the S3 settings of `conn_id`; returns eval.json's document plus where it is."""
-    from ringflow.training.evaluate import evaluate_run  # imports torch
-    from ringflow.training.run_layout import EVAL
-
-    with s3_env_for(run_uri, conn_id):
-        doc = evaluate_run(run_uri, checkpoint)
-    return {**doc, "run_uri": run_uri, "eval_uri": store_layout.join(run_uri, EVAL)}
 
 
 class EvaluateModelOperator(BaseOperator):
@@ -64,7 +54,9 @@ class EvaluateModelOperator(BaseOperator):
         self.mlflow_conn_id, self.mlflow_experiment = mlflow_conn_id, mlflow_experiment
 
     def execute(self, context: Any) -> dict[str, Any]:
-        result = evaluate(self.run_uri, self.checkpoint or None, self.conn_id)
+        from ringflow.training.evaluate import evaluate  # imports torch
+
+        result = evaluate(self.run_uri, self.checkpoint or None, connection_settings(self.conn_id))
         metrics = ", ".join(f"{k}={v:.4g}" for k, v in result["metrics"].items())
         self.log.info("checkpoint %s (step %s) on %d held-out rows: %s; written to %s",
                       result["checkpoint"], result["step"], result["rows"], metrics, result["eval_uri"])

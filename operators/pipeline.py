@@ -42,7 +42,8 @@ from airflow.sdk import TaskGroup
 from ringflow.operators.approval import DEFAULT_APPROVAL_TIMEOUT, PromotionApprovalOperator
 from ringflow.operators.connections import DEFAULT_CONN_ID
 from ringflow.operators.evaluate import EvaluateModelOperator
-from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, PromoteModelOperator
+from ringflow.operators.promote import PromoteModelOperator
+from ringflow.training.core.gate import DEFAULT_ALLOWED_VERDICTS
 from ringflow.operators.shard import ShardDatasetOperator
 from ringflow.operators.train import HorovodTrainOperator
 from ringflow.operators.validate import ValidateDatasetOperator
