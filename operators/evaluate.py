@@ -14,9 +14,14 @@ import contextlib
 from typing import Any, Iterator, Sequence
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
 
 from ringflow.operators.connections import DEFAULT_CONN_ID, s3_settings_from_connection
 from ringflow.operators.tracking import MlflowTracking
+
+
+class RunNotEvaluable(AirflowException):
+    """The run has no final checkpoint to score (core's RunNotReady): not trained, or it failed."""
 
 
 def connection_settings(conn_id: str | None):
@@ -54,9 +59,13 @@ class EvaluateModelOperator(BaseOperator):
         self.mlflow_conn_id, self.mlflow_experiment = mlflow_conn_id, mlflow_experiment
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from ringflow.training.core.run_reader import RunNotReady
         from ringflow.training.evaluate import evaluate  # imports torch
 
-        result = evaluate(self.run_uri, self.checkpoint or None, connection_settings(self.conn_id))
+        try:
+            result = evaluate(self.run_uri, self.checkpoint or None, connection_settings(self.conn_id))
+        except RunNotReady as exc:
+            raise RunNotEvaluable(str(exc)) from exc
         metrics = ", ".join(f"{k}={v:.4g}" for k, v in result["metrics"].items())
         self.log.info("checkpoint %s (step %s) on %d held-out rows: %s; written to %s",
                       result["checkpoint"], result["step"], result["rows"], metrics, result["eval_uri"])

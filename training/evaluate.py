@@ -14,11 +14,12 @@ import torch
 
 from ringflow.training.run_folder import RunFolder
 from ringflow.training.config import ModelConfig
+from ringflow.training.core.run_reader import RunNotReady
 from ringflow.training.data import to_tensors
 from ringflow.training.manifest import ManifestError
 from ringflow.training.models import build_model
 from ringflow.training.sharding import read_partition
-from ringflow.training.store import ObjectNotFound, open_store
+from ringflow.training.store import open_store
 from ringflow.training.run_result import read_result
 from ringflow.training.manifest import load_manifest
 from ringflow.training import run_layout
@@ -48,10 +49,10 @@ def evaluate_run(run_uri: str, checkpoint: str | None = None) -> EvalResult:
     if checkpoint is None:
         result = read_result(run_folder)
         if result is None:
-            raise ObjectNotFound(f"{run_folder.uri}: the run has published no result (result.json); "
-                                 "train it first or name a checkpoint")
+            raise RunNotReady(f"{run_folder.uri}: the run has published no result (result.json); "
+                              "train it first or name a checkpoint")
         if not result.succeeded:
-            raise ValueError(f"{run_uri}: the run {result.status} (attempt {result.attempt}) and has no final "
+            raise RunNotReady(f"{run_uri}: the run {result.status} (attempt {result.attempt}) and has no final "
                              "checkpoint; evaluate a checkpoint by name or train it again")
         checkpoint = result.checkpoint
     loaded = checkpoints.load(checkpoint)

@@ -33,7 +33,8 @@ import logging
 import time
 from typing import Any
 
-from ringflow.training.checkpoint import CheckpointManifest, CheckpointStore, LoadedCheckpoint, first_loadable
+from ringflow.training.checkpoint import (CheckpointManifest, CheckpointStore, LoadedCheckpoint, SkippedCheckpoint,
+                                         first_loadable)
 from ringflow.training.health.records import HealthReader, last_seq_in, read_health_in
 from ringflow.training.run_layout import CHECKPOINTS, RESULT
 from ringflow.training.store.base import ObjectNotFound, ObjectStore, PreconditionFailed, Progress, join_key
@@ -322,7 +323,9 @@ class PublishedCheckpoints:
     def verify(self, name: str) -> CheckpointManifest:
         return self._locate(name).verify(name)
 
-    def latest_valid(self, progress: Progress | None = None) -> LoadedCheckpoint | None:
+    def latest_valid(self, progress: Progress | None = None, decode=None,
+                     skipped: list[SkippedCheckpoint] | None = None) -> Any:
+        """As CheckpointStore.latest_valid: the newest published checkpoint that verifies and `decode` accepts."""
         if self._legacy is not None:
-            return self._legacy.latest_valid(progress)
-        return first_loadable(self.names(), lambda name: self.load(name, progress), self.store.uri)
+            return self._legacy.latest_valid(progress, decode, skipped)
+        return first_loadable(self.names(), lambda name: self.load(name, progress), self.store.uri, decode, skipped)

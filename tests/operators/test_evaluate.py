@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from ringflow.operators.evaluate import EvaluateModelOperator, s3_env_for
+from ringflow.operators.evaluate import EvaluateModelOperator, RunNotEvaluable, s3_env_for
 from ringflow.operators.shard import shard_dataset
 
 
@@ -73,9 +73,7 @@ def test_regression_metrics_and_an_explicit_checkpoint(tmp_path):
 
 
 def test_a_run_without_result_fails_clearly(tmp_path):
-    from ringflow.training.store import ObjectNotFound
-
-    with pytest.raises(ObjectNotFound, match="result.json"):
+    with pytest.raises(RunNotEvaluable, match="result.json"):
         EvaluateModelOperator(task_id="evaluate", run_uri=str(tmp_path / "empty")).execute({})
 
 
@@ -86,7 +84,7 @@ def test_a_failed_run_has_no_checkpoint_to_score(tmp_path):
 
     write_result(LocalFolderStore(tmp_path / "run"), RunResult(
         status="failed", attempt="a1", step=4, epoch=0, world_size=2, verdict=Verdict("NONFINITE", "NaN")))
-    with pytest.raises(ValueError, match="the run failed .attempt a1. and has no final checkpoint"):
+    with pytest.raises(RunNotEvaluable, match="the run failed .attempt a1. and has no final checkpoint"):
         EvaluateModelOperator(task_id="evaluate", run_uri=str(tmp_path / "run")).execute({})
 
 
