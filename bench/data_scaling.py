@@ -77,7 +77,8 @@ def suite(features: int) -> dict:
 def child(step: str, data: Path, shards: Path, features: int, batch: int) -> dict:
     os.environ.setdefault("RINGFLOW_STORE", str(shards.parent / "store"))
     if step == "validate":
-        from ringflow.operators.validate import load_suite, validate_dataset
+        from ringflow.training.core.validation.stream import validate_dataset
+        from ringflow.training.core.validation.suite import load_suite
         from ringflow.training.formats.datasets import open_dataset
         baseline = rss_mb()
         started = time.perf_counter()

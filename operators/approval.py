@@ -27,8 +27,9 @@ from typing import Any, Mapping, Sequence
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 
-from ringflow.operators.connections import DEFAULT_S3_CONN_ID, open_store_for
-from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, Gate, GateArguments, read_evaluated_run, run_folder_in
+from ringflow.operators.connections import DEFAULT_S3_CONN_ID
+from ringflow.operators.promote import GateArguments, evaluated_run
+from ringflow.training.core.gate import DEFAULT_ALLOWED_VERDICTS, Gate
 from ringflow.training.core.registry.model_registry import ModelRegistry, Pointer
 
 DEFAULT_APPROVAL_TIMEOUT = dt.timedelta(hours=24)
@@ -163,11 +164,9 @@ def read_answer(event: Mapping[str, Any]) -> Answer:
 def read_request(store_uri: str, run_uri: str, conn_id: str | None, model_name: str, gate: Gate,
                  timeout: dt.timedelta | None) -> ApprovalRequest:
     """The request from the run folder (result.json, eval.json) and the registry's production pointer."""
-    store = open_store_for(store_uri, conn_id)
-    result, metrics = read_evaluated_run(run_folder_in(store, store_uri, run_uri))
-    return ApprovalRequest(model_name=model_name, run_uri=run_uri, metrics=metrics,
-                           verdict=result.verdict.status if result.verdict else None,
-                           verdict_reason=result.verdict.reason if result.verdict else "", gate=gate,
+    store, run = evaluated_run(store_uri, run_uri, conn_id)
+    return ApprovalRequest(model_name=model_name, run_uri=run_uri, metrics=dict(run.metrics), verdict=run.verdict,
+                           verdict_reason=run.result.verdict.reason if run.result.verdict else "", gate=gate,
                            production=ModelRegistry(store).production(model_name), timeout=timeout)
 
 

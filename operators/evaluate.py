@@ -1,6 +1,7 @@
 """Score a training run's final checkpoint on the held-out split (ringflow.training.core.evaluate).
 
-The metrics land in `eval.json` in the run folder (evaluate_run writes it through the RunFolder), where the
+The metrics land in `eval.json` in the run folder (training/core/evaluate.py writes it through the RunFolder; `ringflow evaluate`
+runs the same step), where the
 promote task reads them. Torch is imported only when the task runs: DAG files importing this module stay
 light. An s3:// run folder, and the shards its checkpoint names, are read with the S3 settings of the task's
 connection (connections.open_run_folder): nothing is put in the process environment.
@@ -10,19 +11,30 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
 
 from ringflow.operators.connections import DEFAULT_S3_CONN_ID, open_run_folder
 from ringflow.operators.tracking import MlflowTracking
 
 
+
+class RunNotEvaluable(AirflowException):
+    """The run has no final checkpoint to score (core's RunNotReady): not trained, or it failed."""
+
+
 def evaluate(run_uri: str, checkpoint: str | None = None,
              conn_id: str | None = DEFAULT_S3_CONN_ID) -> dict[str, Any]:
-    """evaluate_run on the run folder opened with `conn_id`; returns eval.json's document plus where it is."""
+    """training/core/evaluate.py's evaluate_run on the run folder opened with `conn_id`; returns eval.json's
+    document plus where it is."""
     from ringflow.training.core.evaluate import evaluate_run  # imports torch
+    from ringflow.training.core.run_reader import RunNotReady
 
     run = open_run_folder(run_uri, conn_id)
-    doc = evaluate_run(run, checkpoint)
-    return {**doc, "run_uri": run_uri, "eval_uri": run.eval_uri}
+    try:
+        result = evaluate_run(run, checkpoint)
+    except RunNotReady as exc:
+        raise RunNotEvaluable(str(exc)) from exc
+    return {**result.to_dict(), "run_uri": run_uri, "eval_uri": run.eval_uri}
 
 
 class EvaluateModelOperator(BaseOperator):

@@ -14,7 +14,8 @@ import math
 from typing import Any, Mapping, Sequence
 
 from ringflow.operators.approval import DEFAULT_APPROVAL_TIMEOUT, check_timeout
-from ringflow.operators.promote import DEFAULT_ALLOWED_VERDICTS, build_gate, is_template
+from ringflow.operators.promote import is_template
+from ringflow.training.core.gate import DEFAULT_ALLOWED_VERDICTS, build_gate
 from ringflow.operators.train import check_overrides
 from ringflow.training.formats.engines import ENGINES
 from ringflow.training.formats.engines import CONTROLLERS, DEFAULT_CONTROLLER

@@ -1,24 +1,15 @@
-"""Promote a trained checkpoint to production when the run earned it, or roll production back.
-
-The run folder (inside the registry's store) holds what the earlier tasks wrote:
-
-    result.json   the train task's RunResult (ringflow.training.formats.run_result): status, final checkpoint, verdict
-    eval.json     {"metrics": {"accuracy": 0.95, "loss": 0.2}, ...}
-    checkpoints/  the checkpoints (ringflow.training.formats.checkpoint layout)
+"""Promote a trained checkpoint to production when the run earned it, or roll production back: the Airflow
+adapters of ringflow.training.core.promotion (the gate, the reads of result.json and eval.json, the registry's
+compare-and-swap) and of the registry's rollback. `ringflow promote` and `ringflow rollback` run the same steps.
 
 A gate that says "no" is a normal outcome, not an error: the task succeeds and returns
 `{"promoted": False, "reason": ...}` (set `fail_on_gate=True` to fail it instead). A run that did not
-succeed, or files that are missing, are errors: there is nothing sound to decide on.
-
-Other promotions of the same model may run at the same time (two DAGs sharing a model). The gate is
-checked once before copying anything (a clearly worse run costs no copy), and again by the registry
-against the production pointer it is about to replace, after every lost race for it: a run is never
-compared with a pointer that has since changed.
+succeed, or files that are missing, are errors (RunNotReady, raised as AirflowException): there is nothing
+sound to decide on.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
@@ -26,133 +17,32 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ringflow.operators.connections import DEFAULT_S3_CONN_ID, open_store_for
 from ringflow.operators.tracking import MlflowTracking
+from ringflow.training.core.gate import DEFAULT_ALLOWED_VERDICTS, Gate, build_gate
+from ringflow.training.core.promotion import promote_run
+from ringflow.training.core.run_reader import EvaluatedRun, RunNotReady, read_evaluated_run, run_folder_in
+from ringflow.training.core.registry.model_registry import ModelRegistry, ProductionMoved
 from ringflow.training.core.tracking.settings import DEFAULT_ALIAS
-from ringflow.training.core.registry.model_registry import ModelRegistry, Pointer, ProductionMoved, run_key_in
-from ringflow.training.formats.run_folder import EvalUnreadable, RunFolder
-from ringflow.training.formats.run_result import ResultError, RunResult
-from ringflow.training.store.base import ObjectStore
-
-DEFAULT_ALLOWED_VERDICTS = ("HEALTHY", "DEGRADED")
-MODES = ("max", "min")
 
 
 class PromotionGateFailed(AirflowException):
     """The run did not pass the promotion gate and `fail_on_gate` is set."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Gate:
-    """When a candidate may replace production.
-
-    metric: the name in eval.json's "metrics"; mode: "max" (higher is better) or "min".
-    threshold: an absolute bar the metric must reach (>= for max, <= for min), or None.
-    compare_to_production: also require "no worse than the model in production".
-    allowed_verdicts: health verdicts of the training run that may be promoted (None: any).
-    """
-
-    metric: str = "accuracy"
-    mode: str = "max"
-    threshold: float | None = None
-    compare_to_production: bool = True
-    allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.metric, str) or not self.metric:
-            raise ValueError(f"gate metric is {self.metric!r}; name a metric of eval.json, e.g. 'accuracy' or 'mse'")
-        if self.mode not in MODES:
-            raise ValueError(f"gate mode is {self.mode!r}; use 'max' (higher is better) or 'min' (lower is better)")
-        threshold = self.threshold
-        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
-                                      or math.isnan(threshold)):
-            raise ValueError(f"gate threshold is {threshold!r}; use a number, or None for no absolute bar")
-
-    def _no_worse(self, value: float, bar: float) -> bool:
-        return value >= bar if self.mode == "max" else value <= bar
-
-    def check(self, verdict: str | None, metrics: dict[str, Any], production: Pointer | None) -> str | None:
-        """None if the candidate passes, else the reason it does not, in words."""
-        if self.allowed_verdicts is not None and verdict is None:
-            return ("the training run has no health verdict (trained with health.enabled false?); turn health "
-                    "monitoring on, or set allowed_verdicts=None to promote without a health gate")
-        if self.allowed_verdicts is not None and verdict not in self.allowed_verdicts:
-            return (f"the training run's health verdict is {verdict!r}, not one of {list(self.allowed_verdicts)}; "
-                    f"look at the run's health report before promoting it by hand")
-        value = metrics[self.metric]
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
-            return f"metric {self.metric!r} is {value!r}, not a number"
-        word = ">=" if self.mode == "max" else "<="
-        if self.threshold is not None and not self._no_worse(value, self.threshold):
-            return f"{self.metric} {value:g} does not reach the threshold ({word} {self.threshold:g})"
-        if self.compare_to_production and production is not None:
-            current = production.metrics.get(self.metric)
-            if not isinstance(current, (int, float)) or isinstance(current, bool):
-                return (f"production version {production.version} has no numeric {self.metric!r} metric to compare "
-                        f"with; set compare_to_production=False (with a threshold) to promote anyway")
-            if not self._no_worse(value, current):
-                return (f"{self.metric} {value:g} is worse than production version {production.version} "
-                        f"({current:g}; {self.mode} is better)")
-        return None
-
-
-def build_gate(*, metric: Any = "accuracy", mode: Any = "max", threshold: Any = None,
-               compare_to_production: bool = True,
-               allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS) -> Gate:
-    """The Gate from the operator's arguments as they rendered: a threshold from a template is text
-    ("0.9"; "", "None" or "null" for none)."""
-    if isinstance(threshold, str):
-        text = threshold.strip()
-        try:
-            threshold = None if text in ("", "None", "null") else float(text)
-        except ValueError:
-            raise ValueError(f"gate threshold rendered to {threshold!r}; use a number, or leave it empty for "
-                             f"no absolute bar") from None
-    return Gate(metric=str(metric).strip() if isinstance(metric, str) else metric,
-                mode=str(mode).strip() if isinstance(mode, str) else mode, threshold=threshold,
-                compare_to_production=compare_to_production,
-                allowed_verdicts=tuple(allowed_verdicts) if allowed_verdicts is not None else None)
+class RunNotPromotable(AirflowException):
+    """The run cannot be judged (core's RunNotReady): not trained, not succeeded, not evaluated."""
 
 
 def is_template(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
-def run_folder_in(store: ObjectStore, store_uri: str, run_uri: str) -> RunFolder:
-    """The run folder `run_uri` inside the registry's store (opened once, with its connection): the
-    registry copies a checkpoint server-side, so the run must be inside it (run_key_in refuses one that
-    is not)."""
-    return RunFolder(store.child(run_key_in(store_uri, run_uri)), uri=run_uri)
-
-
-def read_run_result(run: RunFolder) -> RunResult:
-    """The run's published result (RunFolder.read_result: the current attempt's); AirflowException when the
-    train task left none (or a broken one)."""
+def evaluated_run(store_uri: str, run_uri: str, conn_id: str | None) -> tuple[Any, EvaluatedRun]:
+    """(the registry's store, the run as promote reads it); RunNotPromotable when it cannot be judged."""
+    store = open_store_for(store_uri, conn_id)
     try:
-        result = run.read_result()
-    except ResultError as exc:
-        raise AirflowException(str(exc)) from exc
-    if result is None:
-        raise AirflowException(f"{run.uri_of('result.json')} does not exist (no attempt published one): the "
-                               f"train task did not finish this run")
-    return result
-
-
-def read_evaluated_run(run: RunFolder) -> tuple[RunResult, dict[str, Any]]:
-    """The result and eval metrics of a run that may be promoted (what promote and its approval read), or
-    AirflowException saying why it may not: training did not succeed, or the evaluate task did not run."""
-    result = read_run_result(run)
-    if not result.succeeded:
-        raise AirflowException(
-            f"run {run.uri} has status {result.status!r} (attempt {result.attempt}, verdict "
-            f"{result.verdict.status if result.verdict else None}): only a succeeded run with a checkpoint "
-            "can be promoted"
-        )
-    try:
-        evaluation = run.read_eval()
-    except EvalUnreadable as exc:
-        raise AirflowException(str(exc)) from exc
-    if evaluation is None:
-        raise AirflowException(f"{run.eval_uri} does not exist: the evaluate task did not run")
-    return result, evaluation["metrics"]
+        return store, read_evaluated_run(run_folder_in(store, store_uri, run_uri))
+    except RunNotReady as exc:
+        raise RunNotPromotable(str(exc)) from exc
 
 
 class GateArguments:
@@ -209,49 +99,28 @@ class PromoteModelOperator(GateArguments, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         gate = self.gate
         store = open_store_for(self.store_uri, self.conn_id)
-        run = run_folder_in(store, self.store_uri, self.run_uri)
-        result, metrics = read_evaluated_run(run)
-        if gate.metric not in metrics:
-            raise AirflowException(
-                f"{run.eval_uri} has no metric {gate.metric!r} (metrics: {sorted(metrics)}); "
-                "set metric= to one it has"
-            )
-        registry = ModelRegistry(store)
-        production = registry.production(self.name)
-        verdict = result.verdict.status if result.verdict else None
-        outcome = {"metric": gate.metric, "value": metrics[gate.metric], "verdict": verdict,
-                   "checkpoint": result.checkpoint, "previous": production.version if production else None}
-
-        # A first look, so a run that is clearly worse costs no copy. Not the decision: production
-        # may change before this promotion lands, so the registry asks the gate again (below).
-        reason = gate.check(verdict, metrics, production)
-        if reason is not None:
-            return self._refused(result, reason, {**outcome, "version": None, "new_version": False})
-
-        promotion = registry.promote(self.name, run_uri=self.run_uri, checkpoint=result.checkpoint, metrics=metrics,
-                                     decide=lambda current: gate.check(verdict, metrics, current))
-        outcome.update(previous=promotion.previous, version=promotion.version, new_version=promotion.new_version)
-        if not promotion.promoted:
-            return self._refused(result, promotion.reason or "", outcome)
-        self.log.info("model %r version %d is in production (revision %s, previous: %s, new version: %s)",
-                      self.name, promotion.version, promotion.pointer.revision if promotion.pointer else None,
-                      promotion.previous, promotion.new_version)
+        try:
+            outcome = promote_run(store, self.store_uri, self.run_uri, self.name, gate)
+        except RunNotReady as exc:
+            raise RunNotPromotable(str(exc)) from exc
+        doc = outcome.to_dict()
+        if not outcome.promoted:
+            message = outcome.refusal(self.name)
+            self.log.warning("%s", message)
+            if self.fail_on_gate:
+                raise PromotionGateFailed(message)
+            return doc
+        self.log.info("model %r version %d is in production (previous: %s, new version: %s)",
+                      self.name, outcome.version, outcome.previous, outcome.new_version)
         tracking = MlflowTracking.optional(self.mlflow_conn_id, alias=self.mlflow_alias,
                                            experiment=self.mlflow_experiment, conn_id=self.conn_id)
         if tracking is not None:  # after the store's pointer moved: MLflow follows ringflow's registry
-            outcome["mlflow_version"] = tracking.register(context, run_uri=self.run_uri, checkpoint=result.checkpoint,
-                                                          model_name=self.name, store_version=promotion.version,
-                                                          metrics=metrics, run_folder=run)
-        return {**outcome, "promoted": True, "reason": "passed the gate"}
-
-    def _refused(self, result: RunResult, reason: str, outcome: dict[str, Any]) -> dict[str, Any]:
-        message = f"not promoting {result.checkpoint} of {self.run_uri} as model {self.name!r}: {reason}"
-        if outcome.get("version") is not None:
-            message += f" (its files stay in the registry as version {outcome['version']}, not in production)"
-        self.log.warning("%s", message)
-        if self.fail_on_gate:
-            raise PromotionGateFailed(message)
-        return {**outcome, "promoted": False, "reason": reason}
+            checkpoint = outcome.run.result.checkpoint
+            doc["mlflow_version"] = tracking.register(context, run_uri=self.run_uri, checkpoint=checkpoint,
+                                                      model_name=self.name, store_version=outcome.version,
+                                                      metrics=dict(outcome.run.metrics),
+                                                      run_folder=run_folder_in(store, self.store_uri, self.run_uri))
+        return doc
 
 
 class RollbackModelOperator(BaseOperator):

@@ -151,3 +151,10 @@ def test_mlflow_is_imported_only_when_a_pipeline_is_given_an_mlflow_connection()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_parsing_a_dag_loads_no_data_stack():
+    """The scheduler parses DAG files over and over: the pipeline factory must not load pandas, numpy, pyarrow
+    or Great Expectations (the validate operator imports the core's engine when its task runs)."""
+    assert imported_after(["ringflow.operators.pipeline", "ringflow.operators.sweep"],
+                          ("pandas", "numpy", "pyarrow", "great_expectations")) == []

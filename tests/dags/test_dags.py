@@ -209,7 +209,7 @@ def test_the_tasks_turn_the_form_into_a_job_and_a_gate(dagbag, store):
     """What the form's Params render to in the task arguments, and what the tasks make of it when they run:
     the job config, the run folder, the gate."""
     from ringflow.training.core.runs import store_layout
-    from ringflow.operators.promote import build_gate
+    from ringflow.training.core.gate import build_gate
     from ringflow.operators.train import build_job_config, worker_count
 
     dag = dagbag.dags["ringflow_retrain"]

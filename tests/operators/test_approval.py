@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from evaluated_runs import make_run
+
 from ringflow.operators.approval import (
     ApprovalRequest,
     PromotionApprovalOperator,
@@ -16,11 +18,9 @@ from ringflow.operators.approval import (
     read_answer,
     read_request,
 )
-from ringflow.operators.promote import Gate, PromoteModelOperator
-from ringflow.training.formats.checkpoint import CheckpointStore
-from ringflow.training.health.verdict import Verdict
+from ringflow.operators.promote import PromoteModelOperator
+from ringflow.training.core.gate import Gate
 from ringflow.training.core.registry.model_registry import Pointer
-from ringflow.training.formats.run_result import RunResult, write_result
 from ringflow.training.store import LocalFolderStore
 
 DAY = dt.timedelta(hours=24)
@@ -114,16 +114,6 @@ def test_the_answer_names_who_gave_it(event, approved, by, timed_out, message):
 def test_an_answer_that_is_not_one_option_is_an_error(chosen):
     with pytest.raises(ValueError, match="exactly one of"):
         read_answer({"chosen_options": chosen, "responded_by_user": {"id": "a", "name": "a"}})
-
-
-def make_run(store, run_id, accuracy, verdict="HEALTHY"):
-    """A run folder as the train and evaluate tasks leave it (as in test_promote.py)."""
-    run = store.child(f"runs/{run_id}")
-    ckpt = CheckpointStore(run).save(40, {"state.pt": f"weights of {run_id}".encode()}, {})
-    write_result(run, RunResult(status="succeeded", attempt=f"{run_id}-a1", step=40, epoch=1, world_size=2,
-                                checkpoint=ckpt, verdict=Verdict(verdict, "as judged")))
-    run.put_bytes("eval.json", json.dumps({"metrics": {"accuracy": accuracy, "loss": 1 - accuracy}}).encode())
-    return run_id
 
 
 def test_the_request_is_read_from_the_run_folder_and_the_registry(tmp_path):

@@ -7,43 +7,10 @@ import os
 
 import pytest
 
-from ringflow.operators.evaluate import EvaluateModelOperator
+from evaluated_runs import make_trained_run as make_run
+
+from ringflow.operators.evaluate import EvaluateModelOperator, RunNotEvaluable
 from ringflow.operators.shard import shard_dataset
-
-
-def make_run(run_folder, manifest_uri: str, steps: int, s3=None) -> str:
-    """Train the default MLP for `steps` full-batch steps on partition 0 and save it as the final checkpoint
-    (s3: the S3 settings the shards are read with)."""
-    import torch
-
-    from ringflow.training.formats.checkpoint import CheckpointStore
-    from ringflow.training.formats.config import ModelConfig
-    from ringflow.training.rank.data import to_tensors
-    from ringflow.training.formats.manifest import load_manifest
-    from ringflow.training.rank.models import build_model
-    from ringflow.training.core.sharding import read_partition
-    from ringflow.training.formats.run_result import RunResult, write_result
-    from ringflow.training.rank.training_state import STATE_FILE, TrainingState
-
-    manifest, shard_store = load_manifest(manifest_uri, s3=s3)
-    schema = manifest.schema
-    torch.manual_seed(0)
-    model, loss_fn = build_model(ModelConfig(), len(schema.features), schema.num_outputs, schema.task)
-    x, y = to_tensors(read_partition(shard_store, manifest.partitions[0]), schema)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss_fn(model(x), y).backward()
-        optimizer.step()
-    state = TrainingState(model=model.state_dict(), optimizer=optimizer.state_dict(), cursor=(1, 0), step=steps,
-                          torch_rng=torch.get_rng_state())
-    meta = {"step": steps, "manifest_uri": manifest_uri, "model": {"kind": "mlp", "hidden": [64, 64], "dropout": 0.0,
-                                                                   "factory": None, "kwargs": {}},
-            "schema": {"num_features": len(schema.features), "num_outputs": schema.num_outputs, "task": schema.task}}
-    name = CheckpointStore(run_folder).save(steps, {STATE_FILE: state.to_bytes()}, meta)
-    write_result(run_folder, RunResult(status="succeeded", attempt="a1", step=steps, epoch=1, world_size=1,
-                                      checkpoint=name))
-    return name
 
 
 def test_scores_the_final_checkpoint_and_writes_eval_json(tmp_path):
@@ -73,9 +40,7 @@ def test_regression_metrics_and_an_explicit_checkpoint(tmp_path):
 
 
 def test_a_run_without_result_fails_clearly(tmp_path):
-    from ringflow.training.store import ObjectNotFound
-
-    with pytest.raises(ObjectNotFound, match="result.json"):
+    with pytest.raises(RunNotEvaluable, match="result.json"):
         EvaluateModelOperator(task_id="evaluate", run_uri=str(tmp_path / "empty")).execute({})
 
 
@@ -86,7 +51,7 @@ def test_a_failed_run_has_no_checkpoint_to_score(tmp_path):
 
     write_result(LocalFolderStore(tmp_path / "run"), RunResult(
         status="failed", attempt="a1", step=4, epoch=0, world_size=2, verdict=Verdict("NONFINITE", "NaN")))
-    with pytest.raises(ValueError, match="the run failed .attempt a1. and has no final checkpoint"):
+    with pytest.raises(RunNotEvaluable, match="the run failed .attempt a1. and has no final checkpoint"):
         EvaluateModelOperator(task_id="evaluate", run_uri=str(tmp_path / "run")).execute({})
 
 

@@ -7,27 +7,14 @@ import json
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from evaluated_runs import make_run
 from promotion_race import race
 
 import ringflow.operators.promote as promote_module
 from ringflow.operators.connections import S3ConnectionError, open_store_for, s3_settings_from_connection
 from ringflow.operators.promote import PromoteModelOperator, PromotionGateFailed, RollbackModelOperator
-from ringflow.training.formats.checkpoint import CheckpointStore
-from ringflow.training.health.verdict import Verdict
 from ringflow.training.core.registry.model_registry import ModelRegistry, RegistryError
-from ringflow.training.formats.run_result import RunResult, write_result
 from ringflow.training.store import LocalFolderStore, S3Store, StoreConfigError
-
-
-def make_run(store, run_id, accuracy, *, status="succeeded", verdict="HEALTHY", step=40):
-    """A run folder as the train and evaluate tasks leave it."""
-    run = store.child(f"runs/{run_id}")
-    ckpt = CheckpointStore(run).save(step, {"state.pt": f"weights of {run_id}".encode()}, {})
-    write_result(run, RunResult(status=status, attempt=f"{run_id}-a1", step=step, epoch=1, world_size=2,
-                                checkpoint=ckpt if status == "succeeded" else None,
-                                verdict=Verdict(verdict, "as judged") if verdict else None))
-    run.put_bytes("eval.json", json.dumps({"metrics": {"accuracy": accuracy, "loss": 1 - accuracy}}).encode())
-    return run_id
 
 
 @pytest.fixture
@@ -303,28 +290,6 @@ def test_missing_connection_and_missing_conn_id(monkeypatch, tmp_path):
     assert isinstance(open_store_for("s3://bucket/ml", None), S3Store)  # opened lazily: no request yet
     # Local stores need no connection at all.
     assert isinstance(open_store_for(str(tmp_path), None), LocalFolderStore)
-
-
-@pytest.mark.parametrize("args, expect", [
-    ({}, ("accuracy", "max", None)),
-    ({"metric": "mse", "mode": "min", "threshold": 0.5}, ("mse", "min", 0.5)),
-    # what templates render to: text
-    ({"metric": " loss ", "mode": "min", "threshold": "0.3"}, ("loss", "min", 0.3)),
-    ({"threshold": "None"}, ("accuracy", "max", None)),
-    ({"threshold": ""}, ("accuracy", "max", None)),
-    ({"threshold": "null"}, ("accuracy", "max", None)),
-    ({"mode": "median"}, "gate mode is 'median'; use 'max'"),
-    ({"metric": ""}, "gate metric is ''; name a metric of eval.json"),
-    ({"threshold": "high"}, "gate threshold rendered to 'high'; use a number"),
-    ({"threshold": float("nan")}, "gate threshold is nan"),
-])
-def test_build_gate(args, expect):
-    if isinstance(expect, str):
-        with pytest.raises(ValueError, match=expect):
-            promote_module.build_gate(**args)
-    else:
-        gate = promote_module.build_gate(**args)
-        assert (gate.metric, gate.mode, gate.threshold) == expect
 
 
 def test_the_gate_is_built_when_the_task_runs(local):

@@ -1,9 +1,18 @@
-"""`ringflow`: run training jobs on this machine.
+"""`ringflow`: the pipeline's steps from a shell, the same core functions the Airflow operators run.
 
+  ringflow validate DATASET --suite SUITE [--target T]   # a Great Expectations suite, streamed
   ringflow shard DATASET OUT --workers N --batch-size B [--target target] [--seed S]
   ringflow train CONFIG --np N [--engine horovod|ddp] [--controller gloo|mpi]
   ringflow health RUN_URI                   # the verdict on a run's last attempt, by its own thresholds
+  ringflow evaluate RUN_URI [--checkpoint NAME]          # eval.json of the final checkpoint
+  ringflow promote RUN_URI --registry URI --model NAME [--metric M --mode max|min --threshold X ...]
+  ringflow rollback --registry URI --model NAME [--to VERSION]
   ringflow demo [--workdir DIR]             # digits end to end: shard, train on 2 workers
+
+Bad input (a missing file, a malformed suite, data training cannot use, a run not ready to promote) is
+answered with one line on stderr naming the problem and the fix, and the exit code of exit_codes.py: CONFIG
+for what the command was given, ERROR for a step that ran and failed (a dataset that breaks its suite, a
+promotion the gate refuses). S3 settings come from the environment (RINGFLOW_S3_ENDPOINT, AWS_*).
 """
 from __future__ import annotations
 
@@ -17,22 +26,69 @@ import tempfile
 from ringflow.training.formats import exit_codes
 from ringflow.training.formats.config import ConfigError
 from ringflow.training.formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, ENGINES
+from ringflow.training.core.gate import DEFAULT_ALLOWED_VERDICTS
+
+
+def refuse(problem: BaseException | str, code: int) -> int:
+    """Say what is wrong on one line of stderr (the problem and the fix, no traceback); return `code`."""
+    print(f"[ringflow] {' '.join(str(problem).split())}", file=sys.stderr)
+    return code
+
+
+def bad_input_errors() -> tuple[type[BaseException], ...]:
+    """What a command's input can be wrong with, each error's message naming the problem and the fix. Imported
+    when a command failed, so a command loads only what it uses (torch, GX) while it runs."""
+    from ringflow.training.formats.checkpoint import CheckpointCorrupt
+    from ringflow.training.core.gate import GateError
+    from ringflow.training.core.run_reader import RunNotReady
+    from ringflow.training.formats.eval_result import EvalResultError
+    from ringflow.training.formats.manifest import ManifestError
+    from ringflow.training.core.registry.model_registry import RegistryError
+    from ringflow.training.formats.run_folder import RunFolderError
+    from ringflow.training.formats.run_result import ResultError
+    from ringflow.training.store import ObjectNotFound, StoreConfigError
+
+    errors = (ConfigError, ManifestError, ObjectNotFound, StoreConfigError, RunNotReady, GateError, RegistryError,
+              EvalResultError, ResultError, RunFolderError, CheckpointCorrupt)
+    for module, name in (("ringflow.training.formats.datasets", "DatasetError"),
+                         ("ringflow.training.core.validation.suite", "SuiteError"),
+                         ("ringflow.training.rank.training_state", "UnsafeCheckpoint")):
+        if module in sys.modules:  # only a module that ran can have raised it
+            errors += (getattr(sys.modules[module], name),)
+    return errors
+
+
+def data_problem_errors() -> tuple[type[BaseException], ...]:
+    """A step that ran on good input and found the data unusable: ERROR, not CONFIG."""
+    if "ringflow.training.core.input_gate" not in sys.modules:
+        return ()
+    return (sys.modules["ringflow.training.core.input_gate"].UntrainableData,)
+
+
+def cmd_validate(args) -> int:
+    from ringflow.training.core.validation.stream import validate_dataset
+    from ringflow.training.core.validation.suite import load_suite
+    from ringflow.training.formats.datasets import open_dataset
+
+    suite = load_suite(args.suite)
+    with open_dataset(args.dataset) as dataset:  # streamed, as the operator does
+        summary = validate_dataset(dataset, suite, target=args.target)
+    print(json.dumps(summary.report(args.dataset)))
+    if not summary.success:  # the report, one finding a line: the step's result, not a traceback
+        print(summary.message(args.dataset), file=sys.stderr)
+        return exit_codes.ERROR
+    return exit_codes.OK
 
 
 def cmd_shard(args) -> int:
     from ringflow.training.formats.datasets import open_dataset
-    from ringflow.training.core.input_gate import UntrainableData
     from ringflow.training.core.sharding import write_shards
     from ringflow.training.store import open_store
 
-    try:
-        with open_dataset(args.dataset) as dataset:  # streamed: memory does not grow with the dataset
-            manifest = write_shards(dataset, open_store(args.out), target=args.target,
-                                    num_partitions=args.workers, batch_size=args.batch_size, seed=args.seed,
-                                    eval_fraction=args.eval_fraction, source_uri=args.dataset)
-    except UntrainableData as exc:  # a person's data problem: the message, not a traceback
-        print(f"[ringflow] {exc}", file=sys.stderr)
-        return exit_codes.ERROR
+    with open_dataset(args.dataset) as dataset:  # streamed: memory does not grow with the dataset
+        manifest = write_shards(dataset, open_store(args.out), target=args.target,
+                                num_partitions=args.workers, batch_size=args.batch_size, seed=args.seed,
+                                eval_fraction=args.eval_fraction, source_uri=args.dataset)
     print(json.dumps({"partitions": manifest.num_partitions, "rows_per_partition": manifest.partitions[0].rows,
                       "eval_rows": manifest.eval.rows if manifest.eval else 0,
                       "fingerprint": manifest.fingerprint}))
@@ -42,11 +98,8 @@ def cmd_shard(args) -> int:
 def cmd_train(args) -> int:
     from ringflow.training.core.launcher import run_local
 
-    try:
-        code = run_local(args.config, args.np, args.controller, engine=args.engine)
-    except ConfigError as exc:
-        print(f"[ringflow] {exc}", file=sys.stderr)
-        return exit_codes.CONFIG
+    code = run_local(args.config, args.np, args.controller, engine=args.engine,
+                     verify_all_shard_bytes=args.verify_shards)
     print(f"[ringflow] job exited with {code} ({exit_codes.MEANING.get(code, 'failed')})", flush=True)
     return code
 
@@ -73,6 +126,38 @@ def cmd_health(args) -> int:
     return 0 if not verdict.is_fatal(cfg.stop_on_degraded) else 1
 
 
+def cmd_evaluate(args) -> int:
+    from ringflow.training.core.evaluate import evaluate
+
+    print(json.dumps(evaluate(args.run, args.checkpoint), indent=1))  # S3 settings: the environment's
+    return exit_codes.OK
+
+
+def cmd_promote(args) -> int:
+    from ringflow.training.core.gate import build_gate
+    from ringflow.training.core.promotion import promote_run
+    from ringflow.training.store import open_store
+
+    gate = build_gate(metric=args.metric, mode=args.mode, threshold=args.threshold,
+                      compare_to_production=not args.ignore_production,
+                      allowed_verdicts=None if args.any_verdict else args.allowed_verdicts)
+    outcome = promote_run(open_store(args.registry), args.registry, args.run, args.model, gate)
+    print(json.dumps(outcome.to_dict(), indent=1))
+    if not outcome.promoted:  # a normal outcome, but a script's `&& deploy` must not go on
+        return refuse(outcome.refusal(args.model), exit_codes.ERROR)
+    return exit_codes.OK
+
+
+def cmd_rollback(args) -> int:
+    from ringflow.training.core.registry.model_registry import ModelRegistry
+    from ringflow.training.store import open_store
+
+    pointer = ModelRegistry(open_store(args.registry)).rollback(args.model, to_version=args.to,
+                                                                from_version=args.from_version)
+    print(json.dumps(dataclasses.asdict(pointer), indent=1))
+    return exit_codes.OK
+
+
 def cmd_demo(args) -> int:
     from ringflow.training.formats.datasets import load_builtin
     from ringflow.training.core.launcher import run_local
@@ -96,6 +181,12 @@ def cmd_demo(args) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ringflow", description="data-parallel training jobs on this machine")
     sub = p.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("validate", help="check a dataset against a Great Expectations suite (nothing written)")
+    v.add_argument("dataset", help="builtin:<name>, or a .parquet/.csv path or URI")
+    v.add_argument("--suite", required=True, help='suite JSON file: {"name": ..., "expectations": [...]}')
+    v.add_argument("--target", default="target", help="the target column; the others are features, checked "
+                                                       "to hold finite numbers whatever the suite says")
+    v.set_defaults(func=cmd_validate)
     s = sub.add_parser("shard", help="split a dataset into per-worker partitions")
     s.add_argument("dataset", help="builtin:digits (or digits_images, diabetes, wine), or a .parquet/.csv path or URI")
     s.add_argument("out", help="folder or s3:// URI for the partitions and manifest.json")
@@ -113,10 +204,38 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--controller", choices=CONTROLLERS, default=DEFAULT_CONTROLLER,
                    help=f"Horovod controller (default {DEFAULT_CONTROLLER}: fastest in bench/throughput.py); "
                         f"the ddp engine has none and ignores it")
+    t.add_argument("--verify-shards", action="store_true",
+                   help="before launching, read every shard and check each row group's sha256 (default: sizes and "
+                        "footers only; the ranks check every row group as they read it)")
     t.set_defaults(func=cmd_train)
     h = sub.add_parser("health", help="print the health verdict of a run")
     h.add_argument("run", help="the run's folder or URI (the job config's run_uri)")
     h.set_defaults(func=cmd_health)
+    e = sub.add_parser("evaluate", help="score a run's final checkpoint on the held-out split (writes eval.json)")
+    e.add_argument("run", help="the run's folder or URI (the job config's run_uri)")
+    e.add_argument("--checkpoint", help="a published checkpoint's name (default: the one result.json names)")
+    e.set_defaults(func=cmd_evaluate)
+    pr = sub.add_parser("promote", help="copy an evaluated run's checkpoint into the registry and point "
+                                        "production at it, if the gate allows")
+    pr.add_argument("run", help="the run's folder or URI, inside the registry's store")
+    pr.add_argument("--registry", required=True, help="the registry's store (folder or s3:// URI)")
+    pr.add_argument("--model", required=True, help="the model's name in the registry")
+    pr.add_argument("--metric", default="accuracy", help="the metric of eval.json the gate compares")
+    pr.add_argument("--mode", default="max", help="max (higher is better) or min")
+    pr.add_argument("--threshold", help="an absolute bar the metric must reach (default: none)")
+    pr.add_argument("--ignore-production", action="store_true",
+                    help="do not require the run to be no worse than the model in production")
+    pr.add_argument("--allowed-verdicts", nargs="+", default=list(DEFAULT_ALLOWED_VERDICTS),
+                    help=f"health verdicts that may be promoted (default: {' '.join(DEFAULT_ALLOWED_VERDICTS)})")
+    pr.add_argument("--any-verdict", action="store_true", help="promote whatever the health verdict")
+    pr.set_defaults(func=cmd_promote)
+    rb = sub.add_parser("rollback", help="point production back at the previous version (or --to VERSION)")
+    rb.add_argument("--registry", required=True, help="the registry's store (folder or s3:// URI)")
+    rb.add_argument("--model", required=True, help="the model's name in the registry")
+    rb.add_argument("--to", type=int, help="the version to put back in production (default: the previous one)")
+    rb.add_argument("--from-version", type=int,
+                    help="roll back only if production is still this version (default: whichever is in it)")
+    rb.set_defaults(func=cmd_rollback)
     d = sub.add_parser("demo", help="shard digits and train on 2 local workers")
     d.add_argument("--workdir")
     d.set_defaults(func=cmd_demo)
@@ -125,7 +244,14 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except Exception as exc:
+        if isinstance(exc, data_problem_errors()):  # the step ran and the data cannot be used
+            return refuse(exc, exit_codes.ERROR)
+        if isinstance(exc, bad_input_errors()):
+            return refuse(exc, exit_codes.CONFIG)
+        raise  # not bad input: a bug, whose traceback is wanted
 
 
 if __name__ == "__main__":

@@ -1,20 +1,27 @@
-"""Score a run's final checkpoint on the held-out split; write `eval.json` beside the run."""
+"""Score a run's final checkpoint on the held-out split; write `eval.json` beside the run (EvalResult).
+
+`evaluate_run` is the step on an open RunFolder (the Airflow operator opens it with its connection's S3
+settings); `evaluate` opens it from a URI, as `ringflow evaluate` does. The shards the checkpoint names are read
+with the run folder's own S3 settings: nothing is put in the process environment.
+"""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
 from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.formats.config import ModelConfig
+from ringflow.training.core.run_reader import RunNotReady
 from ringflow.training.rank.data import to_tensors
 from ringflow.training.formats.manifest import ManifestError
 from ringflow.training.rank.models import build_model
 from ringflow.training.core.sharding import read_partition
-from ringflow.training.store import ObjectNotFound
 from ringflow.training.formats.manifest import load_manifest
 from ringflow.training.rank.training_state import STATE_FILE, TrainingState
-
+from ringflow.training.formats.eval_result import EvalResult
+from ringflow.training.store.s3 import S3Settings
 
 
 def metrics_for(task: str, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
@@ -29,7 +36,7 @@ def metrics_for(task: str, outputs: torch.Tensor, targets: torch.Tensor) -> dict
             "r2": float(1 - mse / variance) if variance > 0 else 0.0, "loss": float(mse)}
 
 
-def evaluate_run(run: RunFolder, checkpoint: str | None = None) -> dict:
+def evaluate_run(run: RunFolder, checkpoint: str | None = None) -> EvalResult:
     """Metrics of `checkpoint` (default: the one the published result names) on the manifest's eval split,
     written to the run folder's eval.json (RunFolder.write_eval); the shards are read with the run folder's
     own S3 settings."""
@@ -37,11 +44,11 @@ def evaluate_run(run: RunFolder, checkpoint: str | None = None) -> dict:
     if checkpoint is None:
         result = run.read_result()
         if result is None:
-            raise ObjectNotFound(f"{run.uri}: the run has published no result (result.json); "
-                                 "train it first or name a checkpoint")
+            raise RunNotReady(f"{run.uri}: the run has published no result (result.json); "
+                              "train it first or name a checkpoint")
         if not result.succeeded:
-            raise ValueError(f"{run.uri}: the run {result.status} (attempt {result.attempt}) and has no final "
-                             "checkpoint; evaluate a checkpoint by name or train it again")
+            raise RunNotReady(f"{run.uri}: the run {result.status} (attempt {result.attempt}) and has no final "
+                              "checkpoint; evaluate a checkpoint by name or train it again")
         checkpoint = result.checkpoint
     loaded = checkpoints.load(checkpoint)
     meta = loaded.manifest.meta
@@ -59,7 +66,14 @@ def evaluate_run(run: RunFolder, checkpoint: str | None = None) -> dict:
     x, y = to_tensors(read_partition(shard_store, manifest.eval), manifest.schema)
     with torch.no_grad():
         metrics = metrics_for(schema["task"], model(x), y)
-    doc = {"metrics": metrics, "checkpoint": checkpoint, "step": loaded.manifest.step, "rows": len(x),
-           "task": schema["task"], "evaluated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    run.write_eval(doc)
-    return doc
+    result = EvalResult(metrics=metrics, checkpoint=checkpoint, step=loaded.manifest.step, rows=len(x),
+                        task=schema["task"], evaluated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    run.write_eval(result)
+    return result
+
+
+def evaluate(run_uri: str, checkpoint: str | None = None, s3: S3Settings | None = None) -> dict[str, Any]:
+    """evaluate_run on the run folder at `run_uri`, opened with `s3` (None: the environment's S3 settings, as
+    `ringflow evaluate` has them); eval.json's document plus where it is."""
+    run = RunFolder.open(run_uri, s3)
+    return {**evaluate_run(run, checkpoint).to_dict(), "run_uri": run_uri, "eval_uri": run.eval_uri}

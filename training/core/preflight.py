@@ -38,18 +38,26 @@ def check_job(cfg: JobConfig, manifest: ShardManifest, num_workers: int, *, chec
         find_factory(cfg.model.factory)
 
 
-def preflight(config_uri: str, num_workers: int) -> JobConfig:
-    """Read the job config and its manifest, and `check_job` them (what `ringflow train` runs first)."""
+def preflight(config_uri: str, num_workers: int, verify_all_shard_bytes: bool = False) -> JobConfig:
+    """Read the job config and its manifest, `check_job` them, and check the shards are what the manifest
+    describes (core/shard_check.py: sizes and footers; every byte with `verify_all_shard_bytes`): what
+    `ringflow train` runs first."""
+    from ringflow.training.core.shard_check import ShardChanged, verify_shards
     from ringflow.training.formats.manifest import ManifestError, load_manifest
     from ringflow.training.store import ObjectNotFound
 
     cfg = load_job_config(config_uri)
     try:
-        manifest, _ = load_manifest(cfg.manifest_uri)
+        manifest, shard_store = load_manifest(cfg.manifest_uri)
     except ObjectNotFound as exc:
         raise ConfigError("manifest_uri", f"{cfg.manifest_uri} does not exist",
                           "run the shard step first or fix the path") from exc
     except ManifestError as exc:
         raise ConfigError("manifest_uri", str(exc), "re-run the shard step") from exc
     check_job(cfg, manifest, num_workers)
+    try:
+        verify_shards(manifest, shard_store, full=verify_all_shard_bytes)
+    except ShardChanged as exc:
+        raise ConfigError("manifest_uri", str(exc),
+                          "re-run the shard step (ringflow shard) and train on the manifest it writes") from exc
     return cfg

@@ -110,6 +110,10 @@ def shuffled_positions(rows: np.ndarray, num_rows: int, seed: int) -> np.ndarray
     return x.astype(np.int64)
 
 
+class TooFewRows(ManifestError):
+    """The dataset cannot fill one minibatch on each worker (or has no rows at all)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardPlan:
     """How many rows go where. Destinations 0..partitions-1 are the partitions, `partitions` is eval."""
@@ -124,8 +128,10 @@ class ShardPlan:
             raise ManifestError("num_partitions and batch_size must be >= 1")
         if not 0 <= self.eval_fraction < 1:
             raise ManifestError(f"eval_fraction is {self.eval_fraction}; use a fraction in [0, 1)")
+        if self.rows == 0:
+            raise TooFewRows("the dataset has no rows; check the export that wrote it (or the path), then shard again")
         if self.batches == 0:
-            raise ManifestError(
+            raise TooFewRows(
                 f"{self.rows - self.eval_rows} training rows cannot fill one minibatch of {self.batch_size} on "
                 f"each of {self.partitions} workers; lower batch_size or the worker count, or use more data")
 

@@ -45,6 +45,14 @@ class CheckpointWarning(UserWarning):
     """A checkpoint was skipped while looking for one to resume from."""
 
 
+@dataclasses.dataclass(frozen=True)
+class SkippedCheckpoint:
+    """A checkpoint a resume passed over, and why (corrupt, unsafe, missing): recorded in the run's result."""
+
+    name: str
+    reason: str
+
+
 def checkpoint_name(step: int) -> str:
     return f"ckpt-{step:09d}"
 
@@ -251,11 +259,13 @@ class CheckpointStore:
             self._checked_bytes(manifest, file)
         return manifest
 
-    def latest_valid(self, progress: Progress | None = None) -> LoadedCheckpoint | None:
-        """The newest complete checkpoint whose files verify; None if there is none.
+    def latest_valid(self, progress: Progress | None = None, decode: Callable[[LoadedCheckpoint], Any] = None,
+                     skipped: list[SkippedCheckpoint] | None = None) -> Any:
+        """The newest complete checkpoint whose files verify (and that `decode` accepts: what it returns);
+        None if there is none.
 
-        A corrupt one is skipped loudly (warning), because resuming silently from an older step
-        would otherwise look like lost training progress with no explanation.
+        A corrupt one is skipped loudly (warning, and in `skipped`), because resuming silently from an older
+        step would otherwise look like lost training progress with no explanation.
         """
         complete, incomplete = self._scan()
         newest_complete = step_of(complete[0]) if complete else -1
@@ -263,18 +273,25 @@ class CheckpointStore:
             if step_of(name) > newest_complete:
                 log.info("ignoring checkpoint %s in %s: no %s, its save did not finish",
                          name, self.store.uri, MANIFEST_NAME)
-        return first_loadable(complete, lambda name: self.load(name, progress), self.store.uri)
+        return first_loadable(complete, lambda name: self.load(name, progress), self.store.uri, decode, skipped)
 
 
-def first_loadable(names, load: Callable[[str], LoadedCheckpoint], where: str) -> LoadedCheckpoint | None:
-    """The first of `names` (newest first) that `load` reads and verifies; a corrupt one is skipped loudly."""
+def first_loadable(names, load: Callable[[str], LoadedCheckpoint], where: str,
+                   decode: Callable[[LoadedCheckpoint], Any] | None = None,
+                   skipped: list[SkippedCheckpoint] | None = None) -> Any:
+    """The first of `names` (newest first) that `load` reads and verifies and `decode` accepts (its result;
+    the LoadedCheckpoint without one). A corrupt one (CheckpointCorrupt, which an unsafe state.pt is too,
+    raised by `decode`) is skipped loudly, and appended to `skipped`."""
     for name in names:
         try:
-            return load(name)
+            loaded = load(name)
+            return decode(loaded) if decode is not None else loaded
         except (CheckpointCorrupt, ObjectNotFound) as exc:
             message = f"skipping checkpoint {name} in {where}: {exc}"
             log.warning(message)
             warnings.warn(message, CheckpointWarning, stacklevel=2)
+            if skipped is not None:
+                skipped.append(SkippedCheckpoint(name, str(exc)))
     return None
 
 

@@ -46,13 +46,17 @@ _VARIABLE_WIDTH_GUESS = 32
 DIGITS_IMAGE_SHAPE = (1, 8, 8)
 
 
+class DatasetError(ValueError):
+    """A dataset that cannot be read as a table: the message names the file, the problem and the fix."""
+
+
 def load_builtin(name: str) -> pd.DataFrame:
     """scikit-learn's bundled tabular datasets as one table: feature columns plus `target`."""
     from sklearn import datasets
 
     loaders = {"digits": datasets.load_digits, "diabetes": datasets.load_diabetes, "wine": datasets.load_wine}
     if name not in loaders:
-        raise ValueError(f"unknown built-in dataset {name!r}; use one of {BUILTIN}")
+        raise DatasetError(f"unknown built-in dataset {name!r}; use one of {BUILTIN}")
     frame = loaders[name](as_frame=True).frame
     frame.columns = [str(c).replace(" ", "_") for c in frame.columns]
     return frame
@@ -74,7 +78,7 @@ def builtin_table(name: str) -> pa.Table:
 def check_table_name(uri: str) -> None:
     """Fail before any read when a dataset file is neither Parquet nor CSV."""
     if not uri.endswith((".parquet", ".csv")):
-        raise ValueError(f"dataset {uri!r}: use a .parquet or .csv file, or builtin:<name>")
+        raise DatasetError(f"dataset {uri!r}: use a .parquet or .csv file, or builtin:<name>")
 
 
 # -- tensor-valued columns -------------------------------------------------------------------------------
@@ -190,8 +194,11 @@ class Dataset:
         for path in self.arrow.files:
             with filesystem.open_input_file(path) as source:
                 if self._is_parquet:
-                    parquet = pq.ParquetFile(source, buffer_size=READ_BUFFER_BYTES, pre_buffer=False)
-                    yield from _one_ahead(parquet.iter_batches(batch_size=size, columns=names, use_threads=False))
+                    try:
+                        parquet = pq.ParquetFile(source, buffer_size=READ_BUFFER_BYTES, pre_buffer=False)
+                        yield from _one_ahead(parquet.iter_batches(batch_size=size, columns=names, use_threads=False))
+                    except (pa.ArrowInvalid, OSError) as exc:  # a row group cut short or overwritten
+                        raise unreadable(path, "Parquet", exc) from exc
                     continue
                 try:
                     reader = pv.open_csv(source, read_options=pv.ReadOptions(
@@ -282,7 +289,15 @@ def _leaf_count(type_: pa.DataType) -> int:
 _CSV_COLUMN = re.compile(r"In CSV column #(\d+): ")
 
 
-def csv_type_error(path: str, file_columns: Sequence[str], schema: pa.Schema, exc: Exception) -> ValueError:
+def unreadable(path: str, kind: str, exc: Exception) -> DatasetError:
+    """A file that is not a readable table of its kind (truncated, or not that format at all)."""
+    text = " ".join(str(exc).split())
+    reason = text.rsplit(": ", 1)[-1] if text else type(exc).__name__  # Arrow's innermost cause
+    return DatasetError(f"dataset {path} is not a readable {kind} file ({reason}); it is truncated or not {kind}: "
+                        f"export it again, or copy it again if the copy was cut short")
+
+
+def csv_type_error(path: str, file_columns: Sequence[str], schema: pa.Schema, exc: Exception) -> DatasetError:
     """A clear error for a CSV value that does not fit the type its column was given from the file's first
     rows (Arrow infers the schema from the first block, then converts every block to it)."""
     message = str(exc)
@@ -290,7 +305,7 @@ def csv_type_error(path: str, file_columns: Sequence[str], schema: pa.Schema, ex
     column = file_columns[int(match.group(1))] if match and int(match.group(1)) < len(file_columns) else None
     where = f"column {column!r} ({schema.field(column).type} from the first rows)" if column in schema.names else \
         "a column"
-    return ValueError(f"dataset {path}: {where} holds a value of another type further down: "
+    return DatasetError(f"dataset {path}: {where} holds a value of another type further down: "
                       f"{message.split(': ', 1)[-1] if match else message}; fix that value, or convert the file "
                       "to Parquet with explicit column types")
 
@@ -324,7 +339,10 @@ def as_dataset(data: "Dataset | ds.Dataset | pa.Table | pd.DataFrame", uri: str 
 
 def _file_dataset(path: str, uri: str) -> Dataset:
     fmt = "parquet" if uri.endswith(".parquet") else "csv"
-    return Dataset(uri=uri, arrow=ds.dataset(path, format=fmt))
+    try:
+        return Dataset(uri=uri, arrow=ds.dataset(path, format=fmt))
+    except (pa.ArrowInvalid, OSError) as exc:  # no footer (cut short), or not the format its name says
+        raise unreadable(uri, "Parquet" if fmt == "parquet" else "CSV", exc) from exc
 
 
 @contextlib.contextmanager
@@ -334,7 +352,7 @@ def open_dataset(uri: str, open_store: Callable[[str], Any] | None = None) -> It
     if uri.startswith("builtin:"):
         name = uri.split(":", 1)[1]
         if name not in BUILTIN:
-            raise ValueError(f"unknown built-in dataset {name!r}; use one of {BUILTIN}")
+            raise DatasetError(f"unknown built-in dataset {name!r}; use one of {BUILTIN}")
         yield as_dataset(builtin_table(name), uri)
         return
     from ringflow.training.store import LocalFolderStore, open_store as default_open, split_uri

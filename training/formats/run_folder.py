@@ -38,7 +38,9 @@ import logging
 import time
 from typing import Any
 
-from ringflow.training.formats.checkpoint import CheckpointManifest, CheckpointStore, LoadedCheckpoint, first_loadable
+from ringflow.training.formats.eval_result import EvalResult
+from ringflow.training.formats.checkpoint import (CheckpointManifest, CheckpointStore, LoadedCheckpoint, SkippedCheckpoint,
+                                                 first_loadable)
 from ringflow.training.health.heartbeat import Heartbeat, read_heartbeat
 from ringflow.training.health.records import HealthReader, last_seq_in, read_health_in
 from ringflow.training.formats.run_layout import CHECKPOINTS, EVAL, HEALTH_PLOT, RESULT
@@ -66,10 +68,6 @@ class Fenced(RuntimeError):
 
 class RunFolderError(ValueError):
     """run.json is not a pointer this ringflow can read."""
-
-
-class EvalUnreadable(ValueError):
-    """eval.json is there but is not an evaluation this ringflow can read; the message says what to rerun."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,27 +284,18 @@ class RunFolder:
     def health_plot_uri(self) -> str:
         return self.uri_of(HEALTH_PLOT)
 
-    def read_eval(self) -> dict[str, Any] | None:
-        """eval.json, the evaluate task's document ({"metrics": {...}, "checkpoint", "step", ...}); None when
-        the evaluate task has written none. One without a metrics object raises EvalUnreadable.
-        MERGE: becomes formats/eval_result.EvalResult (the typed eval) where that branch has it."""
+    def read_eval(self) -> EvalResult | None:
+        """eval.json (the evaluate task's EvalResult); None when the evaluate task has written none;
+        EvalResultError, saying to evaluate again, when it is unreadable."""
         try:
             raw = self.store.get_bytes(EVAL)
         except ObjectNotFound:
             return None
-        try:
-            doc = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise EvalUnreadable(f"{self.eval_uri} is not valid JSON ({exc}); rerun the evaluate task") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict):
-            raise EvalUnreadable(f"{self.eval_uri} has no 'metrics' object; rerun the evaluate task")
-        return doc
+        return EvalResult.from_json(raw, self.eval_uri)
 
-    def write_eval(self, doc: dict[str, Any]) -> str:
-        """Write eval.json (MERGE: takes an EvalResult); returns its URI."""
-        if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict):
-            raise EvalUnreadable(f"an evaluation to write to {self.eval_uri} needs a 'metrics' object; got {doc!r}")
-        self.store.put_bytes(EVAL, json.dumps(doc, indent=1).encode())
+    def write_eval(self, result: EvalResult) -> str:
+        """Write eval.json; returns its URI."""
+        self.store.put_bytes(EVAL, result.to_json())
         return self.eval_uri
 
     def write_health_plot(self, path: str) -> str:
@@ -432,7 +421,9 @@ class PublishedCheckpoints:
     def verify(self, name: str) -> CheckpointManifest:
         return self._locate(name).verify(name)
 
-    def latest_valid(self, progress: Progress | None = None) -> LoadedCheckpoint | None:
+    def latest_valid(self, progress: Progress | None = None, decode=None,
+                     skipped: list[SkippedCheckpoint] | None = None) -> Any:
+        """As CheckpointStore.latest_valid: the newest published checkpoint that verifies and `decode` accepts."""
         if self._legacy is not None:
-            return self._legacy.latest_valid(progress)
-        return first_loadable(self.names(), lambda name: self.load(name, progress), self.store.uri)
+            return self._legacy.latest_valid(progress, decode, skipped)
+        return first_loadable(self.names(), lambda name: self.load(name, progress), self.store.uri, decode, skipped)

@@ -4,6 +4,7 @@
      "step": 340, "epoch": 5, "loss": 0.12, "checkpoint": "ckpt-000000340" | null,
      "verdict": {"status": "HEALTHY", "reason": "…", "evidence": {…}} | null,
      "resumed_from": "ckpt-…" | null, "world_size": 2,
+     "skipped_checkpoints": [{"name": "ckpt-…", "reason": "…"}],   # newer ones the resume passed over
      "samples_per_sec_after_warmup": 5100.0 | null, "health_monitor_share_after_warmup": 0.013 | null,
      "checkpoint_blocked_seconds": 0.4 | null}
 
@@ -24,6 +25,7 @@ import math
 from typing import Any, Mapping
 
 from ringflow.training.formats import exit_codes
+from ringflow.training.formats.checkpoint import SkippedCheckpoint
 from ringflow.training.health.verdict import Verdict
 from ringflow.training.formats.run_layout import RESULT
 from ringflow.training.store.base import ObjectStore
@@ -65,6 +67,8 @@ class RunResult:
     samples_per_sec_after_warmup: float | None = None
     health_monitor_share_after_warmup: float | None = None
     checkpoint_blocked_seconds: float | None = None
+    # Newer checkpoints the resume passed over (corrupt, unsafe), and why: the step it went back to is explained.
+    skipped_checkpoints: tuple[SkippedCheckpoint, ...] = ()
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -101,6 +105,7 @@ class RunResult:
     def to_dict(self) -> dict[str, Any]:
         doc = {"format": FORMAT} | {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         doc["verdict"] = self.verdict.to_dict() if self.verdict else None
+        doc["skipped_checkpoints"] = [dataclasses.asdict(s) for s in self.skipped_checkpoints]
         return json.loads(json.dumps(_strict(doc), default=str))  # plain JSON: evidence may hold tuples
 
     def to_json(self) -> bytes:
@@ -123,7 +128,9 @@ class RunResult:
                        resumed_from=doc.get("resumed_from"),
                        samples_per_sec_after_warmup=_float(doc.get("samples_per_sec_after_warmup")),
                        health_monitor_share_after_warmup=_float(doc.get("health_monitor_share_after_warmup")),
-                       checkpoint_blocked_seconds=_float(doc.get("checkpoint_blocked_seconds")))
+                       checkpoint_blocked_seconds=_float(doc.get("checkpoint_blocked_seconds")),
+                       skipped_checkpoints=tuple(SkippedCheckpoint(str(s["name"]), str(s["reason"]))
+                                                 for s in doc.get("skipped_checkpoints") or ()))
         except ResultError as exc:
             raise ResultError(f"{where}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:

@@ -20,11 +20,14 @@ from typing import Any
 
 import torch
 
+from ringflow.training.formats.checkpoint import CheckpointCorrupt
+
 STATE_FILE = "state.pt"
 
 
-class UnsafeCheckpoint(ValueError):
-    """state.pt holds something other than tensors and plain data: refused, nothing in it was run."""
+class UnsafeCheckpoint(CheckpointCorrupt):
+    """state.pt holds something other than tensors and plain data: refused, nothing in it was run. A kind of
+    corrupt checkpoint: a resume skips it for the newest one that is safe (checkpoint.first_loadable)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +154,15 @@ def all_finite(tensor: torch.Tensor) -> bool:
     return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
 
+def what_was_refused(exc: BaseException) -> str:
+    """torch's words for what the unpickler refused ("unsupported GLOBAL posix.system ..."), without its hint
+    to load the file again with weights_only=False: that would run the planted code."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    named = [line for line in lines if "weights_only" not in line and "Weights only" not in line
+             and "torch.load" not in line]
+    return (named[0] if named else "an object the unpickler does not allow")[:200]
+
+
 def load_plain(data: bytes, where: str) -> dict[str, Any]:
     """Unpickle `data` allowing tensors and plain data only; anything else is refused before it runs."""
     try:
@@ -158,9 +170,9 @@ def load_plain(data: bytes, where: str) -> dict[str, Any]:
     except pickle.UnpicklingError as exc:
         raise UnsafeCheckpoint(
             f"refused to load {where}: it holds objects other than tensors and plain data, which could run "
-            f"code when unpickled; nothing in it was run. Someone or something other than ringflow wrote "
-            f"it: check who can write the bucket, then delete that checkpoint or resume from another "
-            f"({str(exc).splitlines()[0][:200]})") from None
+            f"code when unpickled; nothing in it was run ({what_was_refused(exc)}). Someone or something other "
+            f"than ringflow wrote it: check who can write the bucket, then delete that checkpoint; a resume "
+            f"skips it for the newest safe one") from None
     if not isinstance(doc, dict):
         raise UnsafeCheckpoint(f"{where} holds a {type(doc).__name__}, not a training state; resume from another checkpoint")
     return doc

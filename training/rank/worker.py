@@ -33,7 +33,7 @@ from ringflow.training.rank.callbacks.health import HealthMonitoring
 from ringflow.training.rank.callbacks.liveness import Liveness
 from ringflow.training.rank.callbacks.logging import ProgressLog, say
 from ringflow.training.rank.callbacks.throughput import Throughput
-from ringflow.training.formats.checkpoint import CheckpointStore
+from ringflow.training.formats.checkpoint import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint
 from ringflow.training.rank.checkpoint_writer import AsyncCheckpointWriter, WrittenCheckpoint
 from ringflow.training.rank.fence_guard import FenceGuard
 from ringflow.training.formats.run_folder import RunFolder
@@ -110,6 +110,7 @@ class Trainer:
         self.cfg, self.engine = cfg, engine
         self.rank, self.size = engine.rank, engine.size
         self.step, self.cursor, self.resumed_from, self.last_loss = 0, Cursor(), None, float("nan")
+        self.skipped_checkpoints: list[SkippedCheckpoint] = []
         self.loop: TrainingLoop | None = None
         self.throughput: Throughput | None = None
         self.checkpointing: Checkpointing | None = None
@@ -192,12 +193,19 @@ class Trainer:
 
     def _resume(self) -> None:
         # Every rank reads the checkpoint itself; the broadcast that follows makes rank 0's copy the truth.
-        loaded = store_call(self.progress, "read of the newest checkpoint", self.run_folder,
-                            lambda moved: self.published().latest_valid(progress=moved))
-        if loaded is None:
+        def decode(loaded: LoadedCheckpoint) -> tuple[LoadedCheckpoint, TrainingState]:
+            # An unsafe state.pt (UnsafeCheckpoint, a CheckpointCorrupt) is skipped like a corrupt file.
+            return loaded, TrainingState.from_bytes(loaded.files[STATE_FILE],
+                                                    f"{self.run_folder.uri} {loaded.manifest.name}/{STATE_FILE}")
+
+        def newest_safe(moved):
+            self.skipped_checkpoints = []  # a retried read starts over
+            return self.published().latest_valid(progress=moved, decode=decode, skipped=self.skipped_checkpoints)
+
+        found = store_call(self.progress, "read of the newest checkpoint", self.run_folder, newest_safe)
+        if found is None:
             return
-        state = TrainingState.from_bytes(loaded.files[STATE_FILE],
-                                         f"{self.run_folder.uri} {loaded.manifest.name}/{STATE_FILE}")
+        loaded, state = found
         self.model.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)
         scaler = self.engine.precision.scaler
@@ -230,7 +238,7 @@ class Trainer:
         throughput = self.throughput
         return RunResult(status=status, attempt=self.attempt, step=at.step, epoch=at.cursor.epoch,
                          world_size=self.size, checkpoint=checkpoint, verdict=verdict, loss=at.last_loss,
-                         resumed_from=self.resumed_from,
+                         resumed_from=self.resumed_from, skipped_checkpoints=tuple(self.skipped_checkpoints),
                          samples_per_sec_after_warmup=throughput.samples_per_sec if throughput else None,
                          health_monitor_share_after_warmup=throughput.monitor_share if throughput else None,
                          checkpoint_blocked_seconds=(self.checkpointing.blocked_seconds

@@ -60,12 +60,29 @@ def test_factory_check_can_be_left_to_the_job():
 
 
 def test_preflight_reads_the_config_and_the_manifest(tmp_path):
-    (tmp_path / "manifest.json").write_text(manifest().to_json())
+    import dataclasses
+    import hashlib
+
+    written = manifest()
+    for p in written.partitions:  # shards whose bytes the manifest describes (a v2 entry: the file's sha256)
+        (tmp_path / p.key).write_bytes(f"partition {p.index}".encode())
+    written = dataclasses.replace(written, partitions=tuple(
+        dataclasses.replace(p, sha256=hashlib.sha256((tmp_path / p.key).read_bytes()).hexdigest(),
+                            size=(tmp_path / p.key).stat().st_size)
+        for p in written.partitions))
+    (tmp_path / "manifest.json").write_text(written.to_json())
     path = tmp_path / "job.json"
     path.write_text(json.dumps({"manifest_uri": str(tmp_path / "manifest.json"), "run_uri": "/r"}))
     assert preflight(str(path), 2).batch_size == 32
     with pytest.raises(ConfigError, match="re-shard for 3 workers"):
         preflight(str(path), 3)
+    (tmp_path / "part-1.parquet").write_bytes(b"partition X")  # changed after sharding, same size
+    assert preflight(str(path), 2).batch_size == 32  # a v2 entry has no footer hash: the ranks find it
+    with pytest.raises(ConfigError, match="shard 'part-1.parquet' fails its checksum.*re-run the shard step"):
+        preflight(str(path), 2, verify_all_shard_bytes=True)
+    (tmp_path / "part-1.parquet").write_bytes(b"partition")  # truncated: its size alone shows it
+    with pytest.raises(ConfigError, match="shard 'part-1.parquet' has 9 bytes, the manifest says 11"):
+        preflight(str(path), 2)
     path.write_text(json.dumps({"manifest_uri": str(tmp_path / "missing.json"), "run_uri": "/r"}))
     with pytest.raises(ConfigError, match="does not exist; run the shard step first"):
         preflight(str(path), 2)

@@ -7,10 +7,12 @@ import pytest
 
 from ringflow.training.health.heartbeat import Heartbeat
 from ringflow.training.health.records import HealthLog, record
-from ringflow.training.formats.run_folder import EvalUnreadable, RunFolder
+from ringflow.training.formats.eval_result import EvalResult, EvalResultError
+from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.formats.run_result import ResultError, RunResult
 
-EVAL = {"metrics": {"accuracy": 0.9, "loss": 0.3}, "checkpoint": "ckpt-000000010", "step": 10}
+EVAL = EvalResult(metrics={"accuracy": 0.9, "loss": 0.3}, checkpoint="ckpt-000000010", step=10, rows=100,
+                  task="classification", evaluated_at="2026-01-01T00:00:00Z")
 
 
 def result(attempt, status="succeeded"):
@@ -45,14 +47,11 @@ def test_eval_round_trips_and_a_broken_one_says_to_rerun_evaluate(object_store):
     run = RunFolder(object_store)
     assert run.write_eval(EVAL) == run.eval_uri and run.eval_uri.endswith("/eval.json")
     assert run.read_eval() == EVAL
-    assert json.loads(object_store.get_bytes("eval.json")) == EVAL
-    for raw, says in ((b"[1, 2]", "no 'metrics' object"), (b"{", "not valid JSON"),
-                      (b'{"metrics": 3}', "no 'metrics' object")):
+    assert json.loads(object_store.get_bytes("eval.json")) == EVAL.to_dict()
+    for raw, says in ((b"[1, 2]", "holds a list"), (b"{", "is not JSON"), (b'{"metrics": 3}', "no 'checkpoint'")):
         object_store.put_bytes("eval.json", raw)
-        with pytest.raises(EvalUnreadable, match=f"{says}.*rerun the evaluate task"):
+        with pytest.raises(EvalResultError, match=f"eval.json.*{says}.*evaluate the run again"):
             run.read_eval()
-    with pytest.raises(EvalUnreadable, match="needs a 'metrics' object"):
-        run.write_eval({"accuracy": 0.9})
 
 
 def test_health_records_heartbeat_and_plot(object_store, tmp_path):

@@ -114,9 +114,15 @@ def test_resume_refuses_a_planted_checkpoint_whose_manifest_was_fixed_up(jobs, t
     assert checkpoints.save(newest.step, {STATE_FILE: _planted_state(marker)}, dict(newest.manifest.meta)) == name
     cfg["epochs"] = 2
     code, out = jobs.run(cfg)
-    assert code != 0, out
-    assert "refused to load" in out and "ckpt-" in out
+    # Skipped like a corrupt checkpoint: the job resumes from the newest safe one (or the start) and says why.
+    assert code == 0, out
+    assert "refused to load" in out and "weights_only" not in out
     assert not marker.exists()
+    from ringflow.training.formats.run_result import read_result
+
+    result = read_result(LocalFolderStore(cfg["run_uri"]))
+    assert result.succeeded and result.skipped_checkpoints[0].name == name and result.resumed_from != name
+    assert "refused to load" in result.skipped_checkpoints[0].reason
 
 
 def test_a_host_copy_into_an_earlier_one_writes_over_its_memory_and_holds_the_new_values():
@@ -156,3 +162,44 @@ def test_all_finite_is_exact_however_the_sum_turns_out(values, finite):
     from ringflow.training.rank.training_state import all_finite
 
     assert all_finite(torch.tensor(values, dtype=torch.float32)) is finite
+
+
+def test_the_refusal_names_what_was_refused_and_never_suggests_weights_only_false(tmp_path):
+    with pytest.raises(UnsafeCheckpoint) as excinfo:
+        TrainingState.from_bytes(_planted_state(tmp_path / "pwned"), "s3://b/run/ckpt-000000010/state.pt")
+    message = str(excinfo.value)
+    assert "weights_only" not in message and "Re-running" not in message
+    assert "GLOBAL" in message and "delete that checkpoint" in message
+
+
+def _decode(loaded):
+    return loaded, TrainingState.from_bytes(loaded.files[STATE_FILE], loaded.manifest.name)
+
+
+@pytest.mark.parametrize("published", [False, True], ids=["today's layout", "run.json"])
+def test_a_resume_skips_an_unsafe_newest_checkpoint_like_a_corrupt_one_and_records_why(tmp_path, published):
+    """The newest safe checkpoint is used; the planted one is skipped, runs nothing, and is named with its
+    reason, as a corrupt one is (what the worker puts in the result's skipped_checkpoints)."""
+    from ringflow.training.formats.checkpoint import CheckpointWarning
+    from ringflow.training.formats.run_folder import RunFolder
+    from ringflow.training.formats.run_result import RunResult
+
+    store, marker = LocalFolderStore(tmp_path / "run"), tmp_path / "pwned"
+    if published:
+        attempt = RunFolder(store).claim("a1")
+        checkpoints = CheckpointStore(attempt.store, keep_last=None)
+    else:
+        checkpoints = CheckpointStore(store, keep_last=None)
+    for step, data in ((10, _real_state().to_bytes()), (20, b"not a torch file"), (30, _planted_state(marker))):
+        name = checkpoints.save(step, {STATE_FILE: data}, {})
+        if published:
+            attempt.publish_checkpoint(name, keep_last=None)
+    skipped = []
+    with pytest.warns(CheckpointWarning):
+        loaded, state = RunFolder(store).checkpoints().latest_valid(decode=_decode, skipped=skipped)
+    assert loaded.manifest.name == "ckpt-000000010" and state.step == 17 and not marker.exists()
+    assert [s.name for s in skipped] == ["ckpt-000000030", "ckpt-000000020"]
+    assert "refused to load" in skipped[0].reason
+    result = RunResult(status="succeeded", attempt="a1", step=17, epoch=2, world_size=1, checkpoint="c",
+                       resumed_from=loaded.manifest.name, skipped_checkpoints=tuple(skipped))
+    assert RunResult.from_json(result.to_json()).skipped_checkpoints == tuple(skipped)
