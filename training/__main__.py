@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from ringflow.training.formats import exit_codes
-from ringflow.training.formats.config import ConfigError, load_job_config
+from .formats import exit_codes
+from .formats.config import ConfigError, load_job_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"[ringflow] {exc}", file=sys.stderr)
         return exit_codes.CONFIG
-    from ringflow.training.rank.worker import main as run_worker
+    from .rank.worker import main as run_worker
 
     return run_worker(cfg)
 

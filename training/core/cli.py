@@ -23,10 +23,10 @@ import os
 import sys
 import tempfile
 
-from ringflow.training.formats import exit_codes
-from ringflow.training.formats.config import ConfigError
-from ringflow.training.formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, ENGINES
-from ringflow.training.core.gate import DEFAULT_ALLOWED_VERDICTS
+from ..formats import exit_codes
+from ..formats.config import ConfigError
+from ..formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, ENGINES
+from .gate import DEFAULT_ALLOWED_VERDICTS
 
 
 def refuse(problem: BaseException | str, code: int) -> int:
@@ -38,15 +38,15 @@ def refuse(problem: BaseException | str, code: int) -> int:
 def bad_input_errors() -> tuple[type[BaseException], ...]:
     """What a command's input can be wrong with, each error's message naming the problem and the fix. Imported
     when a command failed, so a command loads only what it uses (torch, GX) while it runs."""
-    from ringflow.training.formats.checkpoint import CheckpointCorrupt
-    from ringflow.training.core.gate import GateError
-    from ringflow.training.core.run_reader import RunNotReady
-    from ringflow.training.formats.eval_result import EvalResultError
-    from ringflow.training.formats.manifest import ManifestError
-    from ringflow.training.core.registry.model_registry import RegistryError
-    from ringflow.training.formats.run_folder import RunFolderError
-    from ringflow.training.formats.run_result import ResultError
-    from ringflow.training.store import ObjectNotFound, StoreConfigError
+    from ..formats.checkpoint import CheckpointCorrupt
+    from .gate import GateError
+    from .run_reader import RunNotReady
+    from ..formats.eval_result import EvalResultError
+    from ..formats.manifest import ManifestError
+    from .registry.model_registry import RegistryError
+    from ..formats.run_folder import RunFolderError
+    from ..formats.run_result import ResultError
+    from ..store import ObjectNotFound, StoreConfigError
 
     errors = (ConfigError, ManifestError, ObjectNotFound, StoreConfigError, RunNotReady, GateError, RegistryError,
               EvalResultError, ResultError, RunFolderError, CheckpointCorrupt)
@@ -66,9 +66,9 @@ def data_problem_errors() -> tuple[type[BaseException], ...]:
 
 
 def cmd_validate(args) -> int:
-    from ringflow.training.core.validation.stream import validate_dataset
-    from ringflow.training.core.validation.suite import load_suite
-    from ringflow.training.formats.datasets import open_dataset
+    from .validation.stream import validate_dataset
+    from .validation.suite import load_suite
+    from ..formats.datasets import open_dataset
 
     suite = load_suite(args.suite)
     with open_dataset(args.dataset) as dataset:  # streamed, as the operator does
@@ -81,9 +81,9 @@ def cmd_validate(args) -> int:
 
 
 def cmd_shard(args) -> int:
-    from ringflow.training.formats.datasets import open_dataset
-    from ringflow.training.core.sharding import write_shards
-    from ringflow.training.store import open_store
+    from ..formats.datasets import open_dataset
+    from .sharding import write_shards
+    from ..store import open_store
 
     with open_dataset(args.dataset) as dataset:  # streamed: memory does not grow with the dataset
         manifest = write_shards(dataset, open_store(args.out), target=args.target,
@@ -96,7 +96,7 @@ def cmd_shard(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from ringflow.training.core.launcher import run_local
+    from .launcher import run_local
 
     code = run_local(args.config, args.np, args.controller, engine=args.engine,
                      verify_all_shard_bytes=args.verify_shards)
@@ -105,12 +105,12 @@ def cmd_train(args) -> int:
 
 
 def cmd_health(args) -> int:
-    from ringflow.training.formats.config import HealthConfig
-    from ringflow.training.health.heartbeat import read_heartbeat
-    from ringflow.training.health.records import read_health
-    from ringflow.training.formats.run_folder import RunFolder
-    from ringflow.training.health.verdict import judge, thresholds
-    from ringflow.training.store import open_store
+    from ..formats.config import HealthConfig
+    from ..health.heartbeat import read_heartbeat
+    from ..health.records import read_health
+    from ..formats.run_folder import RunFolder
+    from ..health.verdict import judge, thresholds
+    from ..store import open_store
 
     store = open_store(args.run)
     records = read_health(store)
@@ -127,16 +127,16 @@ def cmd_health(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from ringflow.training.core.evaluate import evaluate
+    from .evaluate import evaluate
 
     print(json.dumps(evaluate(args.run, args.checkpoint), indent=1))  # S3 settings: the environment's
     return exit_codes.OK
 
 
 def cmd_promote(args) -> int:
-    from ringflow.training.core.gate import build_gate
-    from ringflow.training.core.promotion import promote_run
-    from ringflow.training.store import open_store
+    from .gate import build_gate
+    from .promotion import promote_run
+    from ..store import open_store
 
     gate = build_gate(metric=args.metric, mode=args.mode, threshold=args.threshold,
                       compare_to_production=not args.ignore_production,
@@ -149,8 +149,8 @@ def cmd_promote(args) -> int:
 
 
 def cmd_rollback(args) -> int:
-    from ringflow.training.core.registry.model_registry import ModelRegistry
-    from ringflow.training.store import open_store
+    from .registry.model_registry import ModelRegistry
+    from ..store import open_store
 
     pointer = ModelRegistry(open_store(args.registry)).rollback(args.model, to_version=args.to,
                                                                 from_version=args.from_version)
@@ -159,10 +159,10 @@ def cmd_rollback(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from ringflow.training.formats.datasets import load_builtin
-    from ringflow.training.core.launcher import run_local
-    from ringflow.training.core.sharding import write_shards
-    from ringflow.training.store import open_store
+    from ..formats.datasets import load_builtin
+    from .launcher import run_local
+    from .sharding import write_shards
+    from ..store import open_store
 
     workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="ringflow-demo-"))
     shards = os.path.join(workdir, "shards")

@@ -11,17 +11,17 @@ from typing import Any
 
 import torch
 
-from ringflow.training.formats.run_folder import RunFolder
-from ringflow.training.formats.config import ModelConfig
-from ringflow.training.core.run_reader import RunNotReady
-from ringflow.training.rank.data import to_tensors
-from ringflow.training.formats.manifest import ManifestError
-from ringflow.training.rank.models import build_model
-from ringflow.training.core.sharding import read_partition
-from ringflow.training.formats.manifest import load_manifest
-from ringflow.training.rank.training_state import STATE_FILE, TrainingState
-from ringflow.training.formats.eval_result import EvalResult
-from ringflow.training.store.s3 import S3Settings
+from ..formats.run_folder import RunFolder
+from ..formats.config import ModelConfig
+from .run_reader import RunNotReady
+from ..rank.data import to_tensors
+from ..formats.manifest import ManifestError
+from ..rank.models import build_model
+from .sharding import read_partition
+from ..formats.manifest import load_manifest
+from ..rank.training_state import STATE_FILE, TrainingState
+from ..formats.eval_result import EvalResult
+from ..store.s3 import S3Settings
 
 
 def metrics_for(task: str, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:

@@ -23,10 +23,10 @@ import dataclasses
 import json
 from typing import Any, Mapping
 
-from ringflow.training.formats import exit_codes
-from ringflow.training.core.backends.base import FAILED, STATES, SUCCEEDED, TERMINAL
-from ringflow.training.health.verdict import DIVERGED, HEALTHY, NONFINITE, Verdict
-from ringflow.training.formats.run_result import RunResult
+from ..formats import exit_codes
+from .backends.base import FAILED, STATES, SUCCEEDED, TERMINAL
+from ..health.verdict import DIVERGED, HEALTHY, NONFINITE, Verdict
+from ..formats.run_result import RunResult
 
 SUCCEED, RETRY, FAIL, WATCH = "succeed", "retry", "fail", "watch"
 ACTIONS = (SUCCEED, RETRY, FAIL, WATCH)

@@ -9,7 +9,7 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
-from ringflow.training.core.registry.model_registry import Pointer
+from .registry.model_registry import Pointer
 
 DEFAULT_ALLOWED_VERDICTS = ("HEALTHY", "DEGRADED")
 MODES = ("max", "min")

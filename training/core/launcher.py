@@ -11,18 +11,18 @@ import sys
 import uuid
 from typing import Callable
 
-from ringflow.training.core.backends.base import FAILED, SUCCEEDED
-from ringflow.training.core.backends.processes.stop import (
+from .backends.base import FAILED, SUCCEEDED
+from .backends.processes.stop import (
     KILL_WAIT_SECONDS, ProcessesRemain, grace_from_env, stop_leftovers, stop_processes,
 )
-from ringflow.training.core.backends.processes.tracker import RELEASE_WAIT_SECONDS, ProcessTracker
-from ringflow.training.core.backends.processes.tracking import mode_from_env, start_tracking
-from ringflow.training.formats.config import JobConfig
-from ringflow.training.core.failure_policy import Observation, decide
-from ringflow.training.rank.engines import ENGINE_ENV, engine_name
-from ringflow.training.formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, engine_spec
-from ringflow.training.core.preflight import preflight
-from ringflow.training.rank.worker_env import ATTEMPT_ENV
+from .backends.processes.tracker import RELEASE_WAIT_SECONDS, ProcessTracker
+from .backends.processes.tracking import mode_from_env, start_tracking
+from ..formats.config import JobConfig
+from .failure_policy import Observation, decide
+from ..rank.engines import ENGINE_ENV, engine_name
+from ..formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, engine_spec
+from .preflight import preflight
+from ..rank.worker_env import ATTEMPT_ENV
 
 
 
@@ -142,8 +142,8 @@ def _say(message: str) -> None:
 
 
 def _result_of(cfg: JobConfig, attempt: str):
-    from ringflow.training.formats.run_result import ResultError, read_result
-    from ringflow.training.store import open_store
+    from ..formats.run_result import ResultError, read_result
+    from ..store import open_store
 
     try:
         return read_result(open_store(cfg.run_uri), attempt)

@@ -7,9 +7,9 @@ before it hands the job to the local or the MPIJob backend. Torch-free, so Airfl
 """
 from __future__ import annotations
 
-from ringflow.training.formats.config import ConfigError, JobConfig, load_job_config
-from ringflow.training.formats.manifest import ShardManifest
-from ringflow.training.formats.model_factory import find_factory
+from ..formats.config import ConfigError, JobConfig, load_job_config
+from ..formats.manifest import ShardManifest
+from ..formats.model_factory import find_factory
 
 
 def check_job(cfg: JobConfig, manifest: ShardManifest, num_workers: int, *, check_factory: bool = True) -> None:
@@ -42,9 +42,9 @@ def preflight(config_uri: str, num_workers: int, verify_all_shard_bytes: bool = 
     """Read the job config and its manifest, `check_job` them, and check the shards are what the manifest
     describes (core/shard_check.py: sizes and footers; every byte with `verify_all_shard_bytes`): what
     `ringflow train` runs first."""
-    from ringflow.training.core.shard_check import ShardChanged, verify_shards
-    from ringflow.training.formats.manifest import ManifestError, load_manifest
-    from ringflow.training.store import ObjectNotFound
+    from .shard_check import ShardChanged, verify_shards
+    from ..formats.manifest import ManifestError, load_manifest
+    from ..store import ObjectNotFound
 
     cfg = load_job_config(config_uri)
     try:

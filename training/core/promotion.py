@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ringflow.training.core.gate import Gate
-from ringflow.training.core.registry.model_registry import ModelRegistry
-from ringflow.training.core.run_reader import EvaluatedRun, RunNotReady, read_evaluated_run, run_folder_in
-from ringflow.training.store.base import ObjectStore
+from .gate import Gate
+from .registry.model_registry import ModelRegistry
+from .run_reader import EvaluatedRun, RunNotReady, read_evaluated_run, run_folder_in
+from ..store.base import ObjectStore
 
 
 @dataclasses.dataclass(frozen=True)

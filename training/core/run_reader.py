@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
-from ringflow.training.core.registry.model_registry import run_key_in
-from ringflow.training.formats.eval_result import EvalResult, EvalResultError
-from ringflow.training.formats.run_folder import RunFolder
-from ringflow.training.formats.run_result import ResultError, RunResult
-from ringflow.training.store.base import ObjectStore
+from .registry.model_registry import run_key_in
+from ..formats.eval_result import EvalResult, EvalResultError
+from ..formats.run_folder import RunFolder
+from ..formats.run_result import ResultError, RunResult
+from ..store.base import ObjectStore
 
 
 class RunNotReady(ValueError):

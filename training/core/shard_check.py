@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import hashlib
 
-from ringflow.training.formats.manifest import ManifestError, PartitionEntry, ShardManifest
-from ringflow.training.store.base import ObjectNotFound, ObjectStore
+from ..formats.manifest import ManifestError, PartitionEntry, ShardManifest
+from ..store.base import ObjectNotFound, ObjectStore
 
 # How much of a file without a byte-range index is read at a time.
 CHUNK_BYTES = 8 * 2**20

@@ -39,16 +39,16 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ringflow.training.formats.datasets import (
+from ..formats.datasets import (
     ContentHash, Dataset, as_dataset, column_shape, row_bytes, tensor_matrix,
 )
-from ringflow.training.core.input_gate import InputGate, check_trainable, feature_columns
-from ringflow.training.formats.manifest import (
+from .input_gate import InputGate, check_trainable, feature_columns
+from ..formats.manifest import (
     MANIFEST_NAME, ColumnSpec, ManifestError, PartitionEntry, ShardManifest, ShardSchema, sha256_hex,
 )
-from ringflow.training.core.memory_budget import available_memory
-from ringflow.training.formats.partition_index import index_parquet_file
-from ringflow.training.store.base import ObjectNotFound, ObjectStore
+from .memory_budget import available_memory
+from ..formats.partition_index import index_parquet_file
+from ..store.base import ObjectNotFound, ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 
-from ringflow.training.core.gate import Gate
-from ringflow.training.formats.eval_result import EvalResultError
-from ringflow.training.formats.run_folder import RunFolder
-from ringflow.training.formats.run_result import ResultError
+from .gate import Gate
+from ..formats.eval_result import EvalResultError
+from ..formats.run_folder import RunFolder
+from ..formats.run_result import ResultError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ import re
 import warnings
 from typing import Any, Callable, Mapping
 
-from ringflow.training.store.base import ObjectNotFound, ObjectStore, Progress, check_key, join_key
+from ..store.base import ObjectNotFound, ObjectStore, Progress, check_key, join_key
 
 FORMAT = "ringflow.checkpoint/v1"
 MANIFEST_NAME = "MANIFEST.json"

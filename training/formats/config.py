@@ -11,8 +11,8 @@ import re
 from typing import Any, Mapping
 
 # The data-parallel engines and their facts: the one table (formats/engines.py).
-from ringflow.training.formats.engines import DEFAULT_ENGINE, ENGINES
-from ringflow.training.formats.engines import TABLE as ENGINE_TABLE
+from .engines import DEFAULT_ENGINE, ENGINES
+from .engines import TABLE as ENGINE_TABLE
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -352,7 +352,7 @@ def _build(cls: type, doc: Mapping[str, Any], path: str) -> Any:
 def load_job_config(source: str) -> JobConfig:
     """Read a config from a JSON file path or a file:// / s3:// URI."""
     if source.startswith("s3://"):
-        from ringflow.training.store import open_store, split_uri
+        from ..store import open_store, split_uri
 
         parent, name = split_uri(source)
         text = open_store(parent).get_bytes(name).decode()

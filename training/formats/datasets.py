@@ -355,7 +355,7 @@ def open_dataset(uri: str, open_store: Callable[[str], Any] | None = None) -> It
             raise DatasetError(f"unknown built-in dataset {name!r}; use one of {BUILTIN}")
         yield as_dataset(builtin_table(name), uri)
         return
-    from ringflow.training.store import LocalFolderStore, open_store as default_open, split_uri
+    from ..store import LocalFolderStore, open_store as default_open, split_uri
 
     check_table_name(uri)
     parent, name = split_uri(uri)
@@ -363,7 +363,7 @@ def open_dataset(uri: str, open_store: Callable[[str], Any] | None = None) -> It
     if isinstance(store, LocalFolderStore):
         path = store.root / name
         if not path.is_file():
-            from ringflow.training.store import ObjectNotFound
+            from ..store import ObjectNotFound
             raise ObjectNotFound(f"dataset {uri!r} does not exist")
         yield _file_dataset(str(path), uri)
         return

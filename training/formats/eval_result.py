@@ -15,7 +15,7 @@ import json
 import math
 from typing import Any, Mapping
 
-from ringflow.training.formats.run_layout import EVAL
+from .run_layout import EVAL
 
 FORMAT = "ringflow.eval/v1"
 TASKS = ("classification", "regression")

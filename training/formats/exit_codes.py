@@ -4,7 +4,7 @@ The job's outcome travels as its RunResult (run_result.py); an exit status is on
 it. `horovodrun` and `mpirun` collapse any rank's failure to 1, so the launcher restores the job's own
 code from the result (`RunResult.exit_code`), and the backends describe a code with `meaning`.
 """
-from ringflow.training.health.verdict import DEGRADED, DIVERGED, FENCED, NONFINITE, STALLED, STORE_UNAVAILABLE
+from ..health.verdict import DEGRADED, DIVERGED, FENCED, NONFINITE, STALLED, STORE_UNAVAILABLE
 
 OK = 0
 ERROR = 1

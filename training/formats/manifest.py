@@ -262,7 +262,7 @@ class ShardManifest:
 def split_manifest_uri(uri: str, s3=None):
     """(the store the manifest and its partitions live in, the manifest's key in it); an s3:// one opened
     with `s3` (S3Settings; None: the environment's)."""
-    from ringflow.training.store import open_store, split_uri
+    from ..store import open_store, split_uri
 
     parent, name = split_uri(uri)
     return open_store(parent, s3=s3), name

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from ringflow.training.formats.config import ConfigError
+from .config import ConfigError
 
 
 def find_factory(path: str) -> Callable:

@@ -18,7 +18,7 @@ import struct
 
 import pyarrow.parquet as pq
 
-from ringflow.training.formats.manifest import ByteRange, ManifestError
+from .manifest import ByteRange, ManifestError
 
 _MAGIC = b"PAR1"
 _TAIL = 8  # the footer's length (4 bytes, little-endian) and the magic

@@ -38,15 +38,15 @@ import logging
 import time
 from typing import Any
 
-from ringflow.training.formats.eval_result import EvalResult
-from ringflow.training.formats.checkpoint import (CheckpointManifest, CheckpointStore, LoadedCheckpoint, SkippedCheckpoint,
+from .eval_result import EvalResult
+from .checkpoint import (CheckpointManifest, CheckpointStore, LoadedCheckpoint, SkippedCheckpoint,
                                                  first_loadable)
-from ringflow.training.health.heartbeat import Heartbeat, read_heartbeat
-from ringflow.training.health.records import HealthReader, last_seq_in, read_health_in
-from ringflow.training.formats.run_layout import CHECKPOINTS, EVAL, HEALTH_PLOT, RESULT
-from ringflow.training.formats.run_result import RunResult
-from ringflow.training.store import S3Settings, open_store
-from ringflow.training.store.base import ObjectNotFound, ObjectStore, PreconditionFailed, Progress, join_key
+from ..health.heartbeat import Heartbeat, read_heartbeat
+from ..health.records import HealthReader, last_seq_in, read_health_in
+from .run_layout import CHECKPOINTS, EVAL, HEALTH_PLOT, RESULT
+from .run_result import RunResult
+from ..store import S3Settings, open_store
+from ..store.base import ObjectNotFound, ObjectStore, PreconditionFailed, Progress, join_key
 
 POINTER = "run.json"
 ATTEMPTS = "attempts"

@@ -24,11 +24,11 @@ import json
 import math
 from typing import Any, Mapping
 
-from ringflow.training.formats import exit_codes
-from ringflow.training.formats.checkpoint import SkippedCheckpoint
-from ringflow.training.health.verdict import Verdict
-from ringflow.training.formats.run_layout import RESULT
-from ringflow.training.store.base import ObjectStore
+from . import exit_codes
+from .checkpoint import SkippedCheckpoint
+from ..health.verdict import Verdict
+from .run_layout import RESULT
+from ..store.base import ObjectStore
 
 FORMAT = "ringflow.result/v1"
 SUCCEEDED, FAILED = "succeeded", "failed"
@@ -147,13 +147,13 @@ class RunResult:
 
 def write_result(store: ObjectStore, result: RunResult) -> None:
     """result.json at the top of `store` (RunFolder.write_result)."""
-    from ringflow.training.formats.run_folder import RunFolder
+    from .run_folder import RunFolder
 
     RunFolder(store).write_result(result)
 
 
 def read_result(store: ObjectStore, attempt: str | None = None) -> RunResult | None:
     """The run folder's published result (RunFolder.read_result), for callers that hold a store."""
-    from ringflow.training.formats.run_folder import RunFolder
+    from .run_folder import RunFolder
 
     return RunFolder(store).read_result(attempt)

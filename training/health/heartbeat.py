@@ -26,11 +26,11 @@ import threading
 import time
 from typing import Any, Callable
 
-from ringflow.training.health.progress import Progress
-from ringflow.training.health.store_ops import StoreOpReading
-from ringflow.training.health.verdict import stall_limit
-from ringflow.training.formats.run_layout import HEARTBEAT
-from ringflow.training.store.base import ObjectNotFound, ObjectStore
+from .progress import Progress
+from .store_ops import StoreOpReading
+from .verdict import stall_limit
+from ..formats.run_layout import HEARTBEAT
+from ..store.base import ObjectNotFound, ObjectStore
 
 RUNNING, ENDED = "running", "ended"
 # Rank 0 prints this line when an attempt begins, so a watcher learns from the job's own log which

@@ -16,9 +16,9 @@ a fast store and no heartbeat is silence, judged like the job's.
 """
 from __future__ import annotations
 
-from ringflow.training.health.heartbeat import Heartbeat, ENDED
-from ringflow.training.health.progress import ProgressReading
-from ringflow.training.health.verdict import Verdict, stall_limit, stalled, store_unavailable
+from .heartbeat import Heartbeat, ENDED
+from .progress import ProgressReading
+from .verdict import Verdict, stall_limit, stalled, store_unavailable
 
 # A heartbeat this many intervals old is late: the writer is dead or frozen, or the store does not take
 # its writes. One interval of slack absorbs a slow write and the poll.

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Iterator
 
-from ringflow.training.health.store_ops import StoreOp, StoreOpReading
+from .store_ops import StoreOp, StoreOpReading
 
 RENDEZVOUS, FETCH, VERIFY, RESTORE, FIRST_STEP, TRAINING = (
     "rendezvous", "fetch", "verify", "restore", "first step", "training")

@@ -18,9 +18,9 @@ import threading
 import time
 from typing import Any, Callable
 
-from ringflow.training.store.base import ObjectNotFound, ObjectStore
+from ..store.base import ObjectNotFound, ObjectStore
 
-from ringflow.training.formats.run_layout import HEALTH as HEALTH_KEY, HEALTH_SEGMENTS
+from ..formats.run_layout import HEALTH as HEALTH_KEY, HEALTH_SEGMENTS
 
 
 def _strict(value: Any) -> Any:
@@ -62,7 +62,7 @@ def _segment_keys(store: ObjectStore) -> list[str]:
 def read_health(store: ObjectStore) -> list[dict[str, Any]]:
     """All of a run's visible records in order: each attempt's the run folder's pointer names, as far as
     they are visible (run_folder.py), or, in a folder of today's layout, its own."""
-    from ringflow.training.formats.run_folder import RunFolder
+    from ..formats.run_folder import RunFolder
 
     return RunFolder(store).read_health()
 

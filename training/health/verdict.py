@@ -26,7 +26,7 @@ import statistics
 from collections import Counter, deque
 from typing import Any, Iterable, Mapping
 
-from ringflow.training.formats.config import HealthConfig
+from ..formats.config import HealthConfig
 
 HEALTHY, DEGRADED, STALLED, DIVERGED, NONFINITE = "HEALTHY", "DEGRADED", "STALLED", "DIVERGED", "NONFINITE"
 # The store, not the job: a store operation the job had to wait for moved nothing for

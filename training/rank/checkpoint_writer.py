@@ -33,10 +33,10 @@ import threading
 import time
 from typing import Any, Callable
 
-from ringflow.training.formats.checkpoint import CheckpointStore, checkpoint_name
-from ringflow.training.health.progress import Progress
-from ringflow.training.health.store_ops import StoreOp
-from ringflow.training.rank.training_state import STATE_FILE, TrainingState
+from ..formats.checkpoint import CheckpointStore, checkpoint_name
+from ..health.progress import Progress
+from ..health.store_ops import StoreOp
+from .training_state import STATE_FILE, TrainingState
 
 
 # How much nicer than the training thread the writer's thread runs (Linux: the thread alone; 19 at most).

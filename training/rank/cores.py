@@ -20,8 +20,8 @@ import math
 import os
 from typing import Mapping, Sequence
 
-from ringflow.training.formats.config import BIND_CORES, BIND_CORES_AUTO, is_bind_cores
-from ringflow.training.rank.cpu_limits import cpu_quota_cores, host_cpu_count, usable_cpus
+from ..formats.config import BIND_CORES, BIND_CORES_AUTO, is_bind_cores
+from .cpu_limits import cpu_quota_cores, host_cpu_count, usable_cpus
 
 # torch intra-op threads per rank, instead of one per CPU of its share (bench/throughput.py measures one
 # core per rank with it).

@@ -18,13 +18,13 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from ringflow.training.formats.datasets import tensor_matrix
-from ringflow.training.rank.devices import Placement, to_device
-from ringflow.training.health.progress import VERIFY, Progress
-from ringflow.training.health.store_ops import StoreOp
-from ringflow.training.formats.manifest import ShardManifest, ShardSchema
-from ringflow.training.rank.partition_stream import PartitionSource, open_partition
-from ringflow.training.store.base import ObjectStore
+from ..formats.datasets import tensor_matrix
+from .devices import Placement, to_device
+from ..health.progress import VERIFY, Progress
+from ..health.store_ops import StoreOp
+from ..formats.manifest import ShardManifest, ShardSchema
+from .partition_stream import PartitionSource, open_partition
+from ..store.base import ObjectStore
 
 # Row groups shuffled together: with the shard step's ~4 MiB row groups, a 16 MiB shuffle buffer.
 SHUFFLE_WINDOW = 4

@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 import torch
 
-from ringflow.training.formats.config import PRECISIONS, ConfigError
-from ringflow.training.formats.engines import ENGINES
+from ..formats.config import PRECISIONS, ConfigError
+from ..formats.engines import ENGINES
 
 # autocast's dtype for each precision; fp32 runs without autocast.
 AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}

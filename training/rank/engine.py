@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from ringflow.training.rank.cores import CpuShare
-from ringflow.training.rank.devices import Placement, Precision, choose_placement
+from .cores import CpuShare
+from .devices import Placement, Precision, choose_placement
 
 
 class Engine(abc.ABC):

@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 import sys
 
-from ringflow.training.formats import exit_codes
-from ringflow.training.health.verdict import FENCED
-from ringflow.training.formats.run_folder import Attempt, Fenced, RunFolder
-from ringflow.training.store.base import ObjectStore
+from ..formats import exit_codes
+from ..health.verdict import FENCED
+from ..formats.run_folder import Attempt, Fenced, RunFolder
+from ..store.base import ObjectStore
 
 
 class FenceGuard:

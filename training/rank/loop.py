@@ -30,10 +30,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from ringflow.training.rank.callbacks.base import Callback
-from ringflow.training.rank.data import Cursor, PartitionData
-from ringflow.training.rank.engine import Engine
-from ringflow.training.health.verdict import Verdict
+from .callbacks.base import Callback
+from .data import Cursor, PartitionData
+from .engine import Engine
+from ..health.verdict import Verdict
 
 HOOKS = ("before_backward", "after_backward", "on_gradients_ready", "after_optimizer_step", "on_step_end",
          "on_train_end")

@@ -9,8 +9,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from ringflow.training.formats.config import ConfigError, ModelConfig
-from ringflow.training.formats.model_factory import find_factory
+from ..formats.config import ConfigError, ModelConfig
+from ..formats.model_factory import find_factory
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

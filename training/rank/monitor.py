@@ -11,10 +11,10 @@ from typing import Sequence
 
 import torch
 
-from ringflow.training.formats.config import HealthConfig
-from ringflow.training.rank.engine import Engine
-from ringflow.training.health.records import HealthLog, record
-from ringflow.training.health.verdict import HealthJudge, Verdict
+from ..formats.config import HealthConfig
+from .engine import Engine
+from ..health.records import HealthLog, record
+from ..health.verdict import HealthJudge, Verdict
 
 
 @functools.lru_cache(maxsize=4)

@@ -16,9 +16,9 @@ from typing import Callable, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ringflow.training.formats.manifest import ManifestError, PartitionEntry
-from ringflow.training.formats.partition_index import row_group_span
-from ringflow.training.store.base import ObjectStore, Progress
+from ..formats.manifest import ManifestError, PartitionEntry
+from ..formats.partition_index import row_group_span
+from ..store.base import ObjectStore, Progress
 
 # How a source reports what it read: the bytes moved (store_ops.StoreOp.moved), or None.
 Moved = Progress | None
@@ -90,7 +90,7 @@ class WholePartition(PartitionSource):
     def __init__(self, store: ObjectStore, entry: PartitionEntry, moved: Moved = None,
                  on_verify: Callable[[], None] = lambda: None):
         """moved: gets the bytes downloaded, then the bytes hashed; on_verify: called between the two."""
-        from ringflow.training.store import LocalFolderStore
+        from ..store import LocalFolderStore
 
         self.key, self.store_uri = entry.key, store.uri
         self._tmp = None

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ringflow.training.formats.checkpoint import CheckpointCorrupt
+from ..formats.checkpoint import CheckpointCorrupt
 
 STATE_FILE = "state.pt"
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from ringflow.training.health.liveness import judged_in_job
-from ringflow.training.health.progress import Progress
-from ringflow.training.health.verdict import Verdict
+from ..health.liveness import judged_in_job
+from ..health.progress import Progress
+from ..health.verdict import Verdict
 
 
 class StallWatchdog(threading.Thread):

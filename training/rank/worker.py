@@ -24,35 +24,35 @@ from typing import Sequence
 
 import torch
 
-from ringflow.training.formats import exit_codes
-from ringflow.training.rank.callbacks.base import Callback
-from ringflow.training.rank.callbacks.checkpointing import Checkpointing
-from ringflow.training.rank.callbacks.faults import FaultInjection
-from ringflow.training.rank.callbacks.garbage_collection import ScheduledGarbageCollection
-from ringflow.training.rank.callbacks.health import HealthMonitoring
-from ringflow.training.rank.callbacks.liveness import Liveness
-from ringflow.training.rank.callbacks.logging import ProgressLog, say
-from ringflow.training.rank.callbacks.throughput import Throughput
-from ringflow.training.formats.checkpoint import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint
-from ringflow.training.rank.checkpoint_writer import AsyncCheckpointWriter, WrittenCheckpoint
-from ringflow.training.rank.fence_guard import FenceGuard
-from ringflow.training.formats.run_folder import RunFolder
-from ringflow.training.formats.config import JobConfig
-from ringflow.training.rank.data import Cursor, PartitionData
-from ringflow.training.rank.engine import Engine
-from ringflow.training.rank.engines import start_engine
-from ringflow.training.rank.monitor import SyncHealthMonitor
-from ringflow.training.health.progress import FETCH, RESTORE, Progress
-from ringflow.training.health.records import HealthLog, record
-from ringflow.training.health.store_ops import StoreOp
-from ringflow.training.health.verdict import STALLED, STORE_UNAVAILABLE, Verdict, store_unavailable
-from ringflow.training.rank.loop import TrainingLoop
-from ringflow.training.formats.manifest import ShardManifest, split_manifest_uri
-from ringflow.training.rank.models import build_model
-from ringflow.training.formats.run_result import FAILED, SUCCEEDED, ResultError, RunResult, read_result
-from ringflow.training.store import ObjectStore, StoreConfigError, StoreUnavailable, open_store
-from ringflow.training.rank.training_state import STATE_FILE, TrainingState
-from ringflow.training.rank.worker_env import ATTEMPT_ENV, launcher_rank, launcher_world_size
+from ..formats import exit_codes
+from .callbacks.base import Callback
+from .callbacks.checkpointing import Checkpointing
+from .callbacks.faults import FaultInjection
+from .callbacks.garbage_collection import ScheduledGarbageCollection
+from .callbacks.health import HealthMonitoring
+from .callbacks.liveness import Liveness
+from .callbacks.logging import ProgressLog, say
+from .callbacks.throughput import Throughput
+from ..formats.checkpoint import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint
+from .checkpoint_writer import AsyncCheckpointWriter, WrittenCheckpoint
+from .fence_guard import FenceGuard
+from ..formats.run_folder import RunFolder
+from ..formats.config import JobConfig
+from .data import Cursor, PartitionData
+from .engine import Engine
+from .engines import start_engine
+from .monitor import SyncHealthMonitor
+from ..health.progress import FETCH, RESTORE, Progress
+from ..health.records import HealthLog, record
+from ..health.store_ops import StoreOp
+from ..health.verdict import STALLED, STORE_UNAVAILABLE, Verdict, store_unavailable
+from .loop import TrainingLoop
+from ..formats.manifest import ShardManifest, split_manifest_uri
+from .models import build_model
+from ..formats.run_result import FAILED, SUCCEEDED, ResultError, RunResult, read_result
+from ..store import ObjectStore, StoreConfigError, StoreUnavailable, open_store
+from .training_state import STATE_FILE, TrainingState
+from .worker_env import ATTEMPT_ENV, launcher_rank, launcher_world_size
 
 
 def make_optimizer(cfg: JobConfig, model: torch.nn.Module, world_size: int) -> torch.optim.Optimizer:

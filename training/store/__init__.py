@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import urllib.parse
 
-from ringflow.training.store.base import (InvalidKey, ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed, StoreConfigError,
+from .base import (InvalidKey, ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed, StoreConfigError,
                    StoreUnavailable)
-from ringflow.training.store.local import LocalFolderStore
-from ringflow.training.store.s3 import S3Settings, S3Store
+from .local import LocalFolderStore
+from .s3 import S3Settings, S3Store
 
 __all__ = [
     "InvalidKey",

@@ -22,7 +22,7 @@ import secrets
 import shutil
 from typing import Callable, Iterator
 
-from ringflow.training.store.base import (InvalidKey, ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed, Progress, check_key,
+from .base import (InvalidKey, ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed, Progress, check_key,
                    check_prefix, check_range, join_key, short_range)
 
 # Temporary files end with this, so `list` can skip the leftovers of a writer that crashed, and keys

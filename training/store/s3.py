@@ -39,7 +39,7 @@ from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore.parsers import ResponseParserError
 from s3transfer.subscribers import BaseSubscriber
 
-from ringflow.training.store.base import (ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed, Progress, StoreConfigError,
+from .base import (ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed, Progress, StoreConfigError,
                    StoreUnavailable, check_key, check_prefix, check_range, join_key, short_range)
 
 ENDPOINT_VAR = "RINGFLOW_S3_ENDPOINT"

@@ -10,11 +10,11 @@ import asyncio
 import dataclasses
 from typing import Any, ClassVar
 
-from ringflow.training.formats import exit_codes
-from ringflow.training.core.backends.connections import Connections
-from ringflow.training.core.backends.job_spec import JobSpec
-from ringflow.training.formats.engines import LOCAL, MPIJOB, TRAINJOB
-from ringflow.training.formats.run_result import RunResult
+from ...formats import exit_codes
+from .connections import Connections
+from .job_spec import JobSpec
+from ...formats.engines import LOCAL, MPIJOB, TRAINJOB
+from ...formats.run_result import RunResult
 
 PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED = "pending", "running", "restarting", "succeeded", "failed"
 STATES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED)
@@ -62,7 +62,7 @@ def with_result(status: JobStatus, result: RunResult | None) -> JobStatus:
     between made of them. A result of another attempt must not be passed (run_result.read_result(store,
     attempt) returns None for it). Pure."""
     # Imported here: the policy reads this module's job states.
-    from ringflow.training.core.failure_policy import Observation, decide
+    from ..failure_policy import Observation, decide
 
     if result is None or not status.finished:
         return status

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ringflow.training.core.backends.kubernetes.client import ClusterConfig
-    from ringflow.training.store import S3Settings
+    from .kubernetes.client import ClusterConfig
+    from ...store import S3Settings
 
 
 class Connections(Protocol):

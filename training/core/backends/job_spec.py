@@ -5,7 +5,7 @@ import dataclasses
 import re
 from typing import Any
 
-from ringflow.training.formats.engines import CONTROLLERS, DEFAULT_CONTROLLER
+from ...formats.engines import CONTROLLERS, DEFAULT_CONTROLLER
 
 _DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 

@@ -26,21 +26,21 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ringflow.training.core.backends.base import (
+from .base import (
     FAILED, RUNNING, SUCCEEDED, Backend, JobNotFound, JobStatus, LogChunk, exit_reason,
 )
-from ringflow.training.core.backends.connections import Connections, require
-from ringflow.training.core.backends.job_spec import JobSpec
-from ringflow.training.formats.engines import LOCAL
-from ringflow.training.core.backends.processes import proc
-from ringflow.training.core.backends.processes.proc import Process
-from ringflow.training.core.backends.processes.stop import (
+from .connections import Connections, require
+from .job_spec import JobSpec
+from ...formats.engines import LOCAL
+from .processes import proc
+from .processes.proc import Process
+from .processes.stop import (
     DEFAULT_GRACE_SECONDS, KILL_WAIT_SECONDS, ProcessesRemain, stop_processes,
 )
-from ringflow.training.core.backends.processes.subreaper import ProcessTree
-from ringflow.training.core.backends.processes.supervise import EXIT_CODE_FILE, PROCESSES_FILE
-from ringflow.training.core.backends.processes.tracker import RELEASE_WAIT_SECONDS, ProcessTracker
-from ringflow.training.core.backends.processes.tracking import AUTO, check_mode, reopen
+from .processes.subreaper import ProcessTree
+from .processes.supervise import EXIT_CODE_FILE, PROCESSES_FILE
+from .processes.tracker import RELEASE_WAIT_SECONDS, ProcessTracker
+from .processes.tracking import AUTO, check_mode, reopen
 
 log = logging.getLogger(__name__)
 # How long launch() waits for the supervisor to record how it tracks the job (a Python start-up, normally

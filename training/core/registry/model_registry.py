@@ -46,10 +46,10 @@ import tempfile
 import urllib.parse
 from typing import Any, Callable
 
-from ringflow.training.formats.checkpoint import MANIFEST_NAME as CHECKPOINT_MANIFEST
-from ringflow.training.formats.checkpoint import CheckpointCorrupt, CheckpointManifest
-from ringflow.training.formats.run_folder import RunFolder
-from ringflow.training.store.base import ObjectNotFound, ObjectStore, PreconditionFailed, join_key
+from ...formats.checkpoint import MANIFEST_NAME as CHECKPOINT_MANIFEST
+from ...formats.checkpoint import CheckpointCorrupt, CheckpointManifest
+from ...formats.run_folder import RunFolder
+from ...store.base import ObjectNotFound, ObjectStore, PreconditionFailed, join_key
 
 log = logging.getLogger(__name__)
 

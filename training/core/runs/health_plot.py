@@ -100,8 +100,8 @@ def _mark(ax, steps, bad, restarts) -> None:
 
 def _health_config(records):
     """The thresholds the run was judged by while it ran (its last `start` record), else the defaults."""
-    from ringflow.training.formats.config import HealthConfig
-    from ringflow.training.health.verdict import thresholds
+    from ...formats.config import HealthConfig
+    from ...health.verdict import thresholds
 
     return thresholds(records) or HealthConfig()
 
@@ -124,7 +124,7 @@ def draw_health(records: list[dict], title: str | None = None):
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    from ringflow.training.health.verdict import judge
+    from ...health.verdict import judge
 
     records = list(records)
     health = _health_config(records)

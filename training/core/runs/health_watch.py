@@ -12,14 +12,14 @@ from typing import Any
 
 import time
 
-from ringflow.training.formats.config import HealthConfig
-from ringflow.training.health.heartbeat import attempt_in_log, read_heartbeat
-from ringflow.training.health.liveness import LATE_AFTER_INTERVALS, judged_outside
-from ringflow.training.health.records import HealthReader
-from ringflow.training.health.verdict import HealthJudge
-from ringflow.training.formats.run_folder import RunFolder
-from ringflow.training.core.runs.store_probe import StoreProbe
-from ringflow.training.store.base import ObjectStore
+from ...formats.config import HealthConfig
+from ...health.heartbeat import attempt_in_log, read_heartbeat
+from ...health.liveness import LATE_AFTER_INTERVALS, judged_outside
+from ...health.records import HealthReader
+from ...health.verdict import HealthJudge
+from ...formats.run_folder import RunFolder
+from .store_probe import StoreProbe
+from ...store.base import ObjectStore
 
 
 class HealthWatch:

@@ -23,8 +23,8 @@ import re
 import urllib.parse
 from typing import Any
 
-from ringflow.training.core.registry.model_registry import POINTER_FILE
-from ringflow.training.formats.manifest import MANIFEST_NAME
+from ..registry.model_registry import POINTER_FILE
+from ...formats.manifest import MANIFEST_NAME
 
 STORE_ENV = "RINGFLOW_STORE"
 DEFAULT_FOLDER = "ringflow-data"

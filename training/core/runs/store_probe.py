@@ -12,8 +12,8 @@ import json
 import threading
 import time
 
-from ringflow.training.formats.run_layout import WATCHER_PROBE
-from ringflow.training.store.base import ObjectStore
+from ...formats.run_layout import WATCHER_PROBE
+from ...store.base import ObjectStore
 
 
 class StoreProbe:

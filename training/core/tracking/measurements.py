@@ -11,7 +11,7 @@ import math
 import time
 from typing import Any, Iterable, Mapping
 
-from ringflow.training.formats.run_result import RunResult
+from ...formats.run_result import RunResult
 
 STEP_RECORD = "step"
 

@@ -15,14 +15,14 @@ import logging
 import tempfile
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from ringflow.training.formats.run_folder import RunFolder
-from ringflow.training.formats.manifest import ShardManifest
-from ringflow.training.store.base import ObjectStore
-from ringflow.training.store import split_uri
-from ringflow.training.core.tracking import served_model
-from ringflow.training.core.tracking.mlflow_runs import client_for, ensure_run
-from ringflow.training.core.tracking.settings import TrackingSettings, tracking_env
-from ringflow.training.rank.training_state import STATE_FILE
+from ...formats.run_folder import RunFolder
+from ...formats.manifest import ShardManifest
+from ...store.base import ObjectStore
+from ...store import split_uri
+from . import served_model
+from .mlflow_runs import client_for, ensure_run
+from .settings import TrackingSettings, tracking_env
+from ...rank.training_state import STATE_FILE
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -19,13 +19,13 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ringflow.training.formats.run_folder import RunFolder
-from ringflow.training.formats.run_result import RunResult
-from ringflow.training.store.base import ObjectNotFound
-from ringflow.training.core.tracking import measurements
-from ringflow.training.core.tracking.measurements import Measurement
-from ringflow.training.core.tracking.params import flatten_params
-from ringflow.training.core.tracking.settings import TrackingSettings, tracking_env
+from ...formats.run_folder import RunFolder
+from ...formats.run_result import RunResult
+from ...store.base import ObjectNotFound
+from . import measurements
+from .measurements import Measurement
+from .params import flatten_params
+from .settings import TrackingSettings, tracking_env
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

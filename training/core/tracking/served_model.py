@@ -20,8 +20,8 @@ import json
 import os
 from typing import Any, Mapping
 
-from ringflow.training.formats.manifest import ShardSchema
-from ringflow.training.rank.training_state import STATE_FILE
+from ...formats.manifest import ShardSchema
+from ...rank.training_state import STATE_FILE
 
 MODEL_META = "ringflow-model.json"
 FORMAT = "ringflow.served-model/v1"
@@ -54,7 +54,7 @@ class ServedModel:
         import pyarrow as pa
         import torch
 
-        from ringflow.training.rank.data import to_tensors
+        from ...rank.data import to_tensors
 
         table = model_input if isinstance(model_input, pa.Table) else pa.Table.from_pandas(
             pd.DataFrame(model_input), preserve_index=False)
@@ -79,9 +79,9 @@ class ServedModel:
 
 def load(folder: str) -> ServedModel:
     """The model in a data folder written by write_model_data."""
-    from ringflow.training.formats.config import ModelConfig
-    from ringflow.training.rank.models import build_model
-    from ringflow.training.rank.training_state import TrainingState
+    from ...formats.config import ModelConfig
+    from ...rank.models import build_model
+    from ...rank.training_state import TrainingState
 
     with open(os.path.join(folder, MODEL_META)) as fh:
         meta = json.load(fh)

@@ -12,7 +12,7 @@ import re
 import urllib.parse
 from typing import Iterator
 
-from ringflow.training.core.scoped_environ import scoped_environ
+from ..scoped_environ import scoped_environ
 
 DEFAULT_ALIAS = "champion"
 # MLflow refuses these as aliases: "latest" names the newest version, v<N>/version<N> name version N.

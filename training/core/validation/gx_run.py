@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ringflow.training.core.validation.outcome import MAX_EXAMPLES, Outcome, add_gx_results, failures_of
-from ringflow.training.core.validation.suite import build_suite
-from ringflow.training.core.validation.summary import ValidationSummary
+from .outcome import MAX_EXAMPLES, Outcome, add_gx_results, failures_of
+from .suite import build_suite
+from .summary import ValidationSummary
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -51,7 +51,7 @@ def summarize(result: Any, suite_name: str, df: pd.DataFrame, target: str | None
     """GX's result on one in-memory DataFrame as a ValidationSummary. With `target`, the feature and target
     columns (as sharding picks them: `features`, else every other column) are also checked to hold finite
     numbers (input_gate)."""
-    from ringflow.training.core.input_gate import find_problems
+    from ..input_gate import find_problems
 
     outcomes: dict[str, Outcome] = {}
     add_gx_results(outcomes, result)

@@ -6,8 +6,8 @@ import json
 import math
 from typing import Any, Mapping
 
-from ringflow.training.core.validation.scopes import EVERY_ROW
-from ringflow.training.core.validation.summary import Failure
+from .scopes import EVERY_ROW
+from .summary import Failure
 
 MAX_EXAMPLES = 5
 

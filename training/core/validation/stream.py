@@ -14,14 +14,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ringflow.training.core.validation.gx_run import RESULT_FORMAT, gx_context
-from ringflow.training.core.validation.outcome import Outcome, add_gx_results, failures_of, outcome_key
-from ringflow.training.core.validation.scopes import (
+from .gx_run import RESULT_FORMAT, gx_context
+from .outcome import Outcome, add_gx_results, failures_of, outcome_key
+from .scopes import (
     EVERY_ROW, RINGFLOW_EXPECTATIONS, ROW_COUNT, SAMPLE, SCHEMA, expectation_columns, expectation_scope,
     row_count_passes)
-from ringflow.training.core.validation.suite import build_suite
-from ringflow.training.core.validation.summary import ValidationSummary
-from ringflow.training.core.validation.tensors import tensor_outcome
+from .suite import build_suite
+from .summary import ValidationSummary
+from .tensors import tensor_outcome
 
 # The sample aggregate expectations run on: at most this many rows, and this many bytes of them.
 SAMPLE_ROWS = 100_000
@@ -48,9 +48,9 @@ def validate_dataset(dataset: Any, suite: Mapping[str, Any], target: str | None 
     import great_expectations as gx
     import pyarrow as pa
 
-    from ringflow.training.formats.datasets import as_dataset, row_bytes
-    from ringflow.training.core.input_gate import InputGate, feature_columns
-    from ringflow.training.core.sharding import shuffled_positions
+    from ...formats.datasets import as_dataset, row_bytes
+    from ..input_gate import InputGate, feature_columns
+    from ..sharding import shuffled_positions
 
     dataset = as_dataset(dataset)
     exps = suite["expectations"]

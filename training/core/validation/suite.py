@@ -12,7 +12,7 @@ import os
 import pathlib
 from typing import Any, Mapping, Sequence
 
-from ringflow.training.core.validation.scopes import RINGFLOW_EXPECTATIONS, TENSOR_RANGE, TENSOR_SHAPE
+from .scopes import RINGFLOW_EXPECTATIONS, TENSOR_RANGE, TENSOR_SHAPE
 
 EXPECTATIONS_URL = "https://greatexpectations.io/expectations/"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ringflow.training.core.validation.scopes import EVERY_ROW, SAMPLE
+from .scopes import EVERY_ROW, SAMPLE
 
 if TYPE_CHECKING:
-    from ringflow.training.core.input_gate import ColumnProblem
+    from ..input_gate import ColumnProblem
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,13 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from ringflow.training.core.validation.outcome import MAX_EXAMPLES, Outcome
-from ringflow.training.core.validation.scopes import TENSOR_SHAPE
+from .outcome import MAX_EXAMPLES, Outcome
+from .scopes import TENSOR_SHAPE
 
 
 def tensor_outcome(outcome: Outcome, batch: Any, offset: int) -> None:
     """ringflow's tensor expectations on one Arrow record batch."""
-    from ringflow.training.formats.datasets import column_shape, tensor_matrix
+    from ...formats.datasets import column_shape, tensor_matrix
 
     kwargs, column = outcome.kwargs, outcome.kwargs["column"]
     if column not in batch.schema.names:

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ringflow.training.health.verdict import Verdict
+from ...health.verdict import Verdict
 
 if TYPE_CHECKING:
-    from ringflow.training.rank.loop import StepTiming, TrainingLoop
+    from ..loop import StepTiming, TrainingLoop
 
 
 class Callback:

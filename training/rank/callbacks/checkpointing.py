@@ -26,14 +26,14 @@ from typing import Any, Mapping
 
 import torch
 
-from ringflow.training.formats import exit_codes
-from ringflow.training.rank.callbacks.base import Callback
-from ringflow.training.rank.checkpoint_writer import AsyncCheckpointWriter, NonFiniteState
-from ringflow.training.formats.checkpoint import checkpoint_name
-from ringflow.training.health.progress import Progress
-from ringflow.training.health.verdict import NONFINITE, Verdict, store_unavailable
-from ringflow.training.store.base import StoreConfigError, StoreUnavailable
-from ringflow.training.rank.training_state import TrainingState
+from ...formats import exit_codes
+from .base import Callback
+from ..checkpoint_writer import AsyncCheckpointWriter, NonFiniteState
+from ...formats.checkpoint import checkpoint_name
+from ...health.progress import Progress
+from ...health.verdict import NONFINITE, Verdict, store_unavailable
+from ...store.base import StoreConfigError, StoreUnavailable
+from ..training_state import TrainingState
 
 
 def training_state(loop) -> TrainingState:

@@ -8,8 +8,8 @@ import time
 
 import torch
 
-from ringflow.training.rank.callbacks.base import Callback
-from ringflow.training.formats.config import JobConfig
+from .base import Callback
+from ...formats.config import JobConfig
 
 
 class FaultInjection(Callback):

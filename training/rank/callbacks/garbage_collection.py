@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gc
 
-from ringflow.training.rank.callbacks.base import Callback
+from .base import Callback
 
 
 class ScheduledGarbageCollection(Callback):

@@ -15,11 +15,11 @@ from typing import Any, Callable
 
 import torch
 
-from ringflow.training.rank.callbacks.base import Callback
-from ringflow.training.formats.config import HealthConfig
-from ringflow.training.rank.monitor import SyncHealthMonitor, first_nonfinite_on_device, gradient_norm
-from ringflow.training.health.records import HealthLog, record
-from ringflow.training.health.verdict import Verdict
+from .base import Callback
+from ...formats.config import HealthConfig
+from ..monitor import SyncHealthMonitor, first_nonfinite_on_device, gradient_norm
+from ...health.records import HealthLog, record
+from ...health.verdict import Verdict
 
 
 class HealthMonitoring(Callback):

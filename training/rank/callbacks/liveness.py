@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ringflow.training.rank.callbacks.base import Callback
-from ringflow.training.formats.config import HealthConfig
-from ringflow.training.health.heartbeat import ATTEMPT_LINE, ENDED, HeartbeatWriter
-from ringflow.training.health.progress import FIRST_STEP, Progress
-from ringflow.training.health.verdict import Verdict
-from ringflow.training.rank.watchdog import StallWatchdog
-from ringflow.training.store.base import ObjectStore
+from .base import Callback
+from ...formats.config import HealthConfig
+from ...health.heartbeat import ATTEMPT_LINE, ENDED, HeartbeatWriter
+from ...health.progress import FIRST_STEP, Progress
+from ...health.verdict import Verdict
+from ..watchdog import StallWatchdog
+from ...store.base import ObjectStore
 
 
 class Liveness(Callback):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from ringflow.training.rank.callbacks.base import Callback
+from .base import Callback
 
 
 def say(message: str) -> None:

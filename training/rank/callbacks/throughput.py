@@ -14,8 +14,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ringflow.training.rank.callbacks.base import Callback
-from ringflow.training.rank.engine import Engine
+from .base import Callback
+from ..engine import Engine
 
 WARMUP_STEPS = 10
 

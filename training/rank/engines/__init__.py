@@ -9,11 +9,11 @@ import importlib
 import os
 from typing import TYPE_CHECKING, Mapping
 
-from ringflow.training.formats.config import ConfigError, JobConfig
-from ringflow.training.formats.engines import ENGINES, TABLE
+from ...formats.config import ConfigError, JobConfig
+from ...formats.engines import ENGINES, TABLE
 
 if TYPE_CHECKING:
-    from ringflow.training.rank.engine import Engine
+    from ..engine import Engine
 
 # Set by `ringflow train --engine` for every rank: it overrides the config's `engine` for that launch, so
 # the rank starts the engine its launcher (horovodrun or torchrun) was chosen for.

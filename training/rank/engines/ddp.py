@@ -17,11 +17,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ringflow.training.formats.config import DdpConfig, JobConfig
-from ringflow.training.rank.cores import claim_cpu_share, local_rank_from_env
-from ringflow.training.rank.devices import Placement, place_rank
-from ringflow.training.rank.engine import Engine, share_host_cores
-from ringflow.training.rank.training_state import on_cpu
+from ...formats.config import DdpConfig, JobConfig
+from ..cores import claim_cpu_share, local_rank_from_env
+from ..devices import Placement, place_rank
+from ..engine import Engine, share_host_cores
+from ..training_state import on_cpu
 
 # What torchrun sets for every rank; without them there is no process group to join.
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 
-from ringflow.training.formats.config import HorovodConfig, JobConfig
-from ringflow.training.rank.cores import claim_cpu_share, local_rank_from_env
-from ringflow.training.rank.devices import Placement, place_rank
-from ringflow.training.rank.engine import Engine, share_host_cores
-from ringflow.training.rank.training_state import on_cpu
+from ...formats.config import HorovodConfig, JobConfig
+from ..cores import claim_cpu_share, local_rank_from_env
+from ..devices import Placement, place_rank
+from ..engine import Engine, share_host_cores
+from ..training_state import on_cpu
 
 # Where the launchers Horovod runs under say which rank this is on its host, before hvd.init() can.
 LOCAL_RANK_ENV = (

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ringflow.training.core.backends.base import JobStatus
-from ringflow.training.core.backends.connections import Connections
-from ringflow.training.core.backends.job_spec import JobSpec
-from ringflow.training.core.backends.kubernetes import labels as L
-from ringflow.training.core.backends.kubernetes.cluster_job import ClusterJobBackend, newest_pod
-from ringflow.training.core.backends.kubernetes.mpijob import API_VERSION, KIND, MPIJobSettings, build_mpijob
-from ringflow.training.core.backends.kubernetes.outcome import MPIJOB_WORDS, outcome_from_status
-from ringflow.training.core.backends.kubernetes.trainjob_backend import TrainJobBackend
+from ..base import JobStatus
+from ..connections import Connections
+from ..job_spec import JobSpec
+from . import labels as L
+from .cluster_job import ClusterJobBackend, newest_pod
+from .mpijob import API_VERSION, KIND, MPIJobSettings, build_mpijob
+from .outcome import MPIJOB_WORDS, outcome_from_status
+from .trainjob_backend import TrainJobBackend
 from ringflow.training.formats.engines import MPIJOB
 
 

@@ -26,8 +26,8 @@ import random
 import time
 from typing import Any, Callable
 
-from ringflow.training.core.backends.connections import Connections, require
-from ringflow.training.core.backends.kubernetes import mpijob, trainjob  # the CRDs, each defined once
+from ..connections import Connections, require
+from . import mpijob, trainjob  # the CRDs, each defined once
 
 log = logging.getLogger(__name__)
 _SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"

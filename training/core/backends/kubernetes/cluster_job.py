@@ -12,12 +12,12 @@ import logging
 import time
 from typing import Any, ClassVar
 
-from ringflow.training.core.backends.base import Backend, JobNotFound, JobStatus, LogChunk
-from ringflow.training.core.backends.job_spec import JobSpec
-from ringflow.training.core.backends.kubernetes import labels as L
-from ringflow.training.core.backends.connections import Connections
-from ringflow.training.core.backends.kubernetes.client import KubernetesApiError, KubernetesClient
-from ringflow.training.core.backends.kubernetes.job_parts import build_configmap, configmap_name
+from ..base import Backend, JobNotFound, JobStatus, LogChunk
+from ..job_spec import JobSpec
+from . import labels as L
+from ..connections import Connections
+from .client import KubernetesApiError, KubernetesClient
+from .job_parts import build_configmap, configmap_name
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import json
 import re
 from typing import Any
 
-from ringflow.training.core.backends.job_spec import JobSpec, JobSpecError
-from ringflow.training.core.backends.kubernetes import labels as L
+from ..job_spec import JobSpec, JobSpecError
+from . import labels as L
 from ringflow.training.store.s3 import ACCESS_KEY_VAR, ENDPOINT_VAR, SECRET_KEY_VAR
 
 CONFIG_MOUNT_PATH = "/etc/ringflow"

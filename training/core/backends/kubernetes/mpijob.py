@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ringflow.training.core.backends.job_spec import JobSpec, JobSpecError
-from ringflow.training.core.backends.kubernetes import job_parts as P
-from ringflow.training.core.backends.kubernetes import labels as L
-from ringflow.training.core.backends.kubernetes.job_parts import (CONFIG_FILE, CONFIG_MOUNT_PATH, FORWARDED_ENV,
+from ..job_spec import JobSpec, JobSpecError
+from . import job_parts as P
+from . import labels as L
+from .job_parts import (CONFIG_FILE, CONFIG_MOUNT_PATH, FORWARDED_ENV,
                                                              S3_ENDPOINT_ENV, S3_SECRET_KEYS, build_configmap,
                                                              configmap_name)
-from ringflow.training.core.backends.kubernetes.settings import MPIJobSettings, Resources, RunPolicy, SettingsError
+from .settings import MPIJobSettings, Resources, RunPolicy, SettingsError
 from ringflow.training.formats.engines import DEFAULT_ENGINE, MPIJOB, EngineError, check_backend
 
 __all__ = [

@@ -16,9 +16,9 @@ import dataclasses
 import re
 from typing import Any
 
-from ringflow.training.core.backends.base import (FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, JobStatus,
+from ..base import (FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, JobStatus,
                                               exit_reason)
-from ringflow.training.core.backends.kubernetes.labels import JOB_ROLE_LABEL
+from .labels import JOB_ROLE_LABEL
 
 # Messages of a pull that will never succeed by itself (wrong name or tag, no credentials).
 _PULL_DEFINITIVE = re.compile(r"not found|manifest unknown|pull access denied|unauthorized|denied|invalid reference",

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ringflow.training.core.backends.job_spec import JobSpec, JobSpecError
-from ringflow.training.core.backends.kubernetes import job_parts as P
-from ringflow.training.core.backends.kubernetes import labels as L
-from ringflow.training.core.backends.kubernetes.settings import SettingsError, TrainJobSettings
+from ..job_spec import JobSpec, JobSpecError
+from . import job_parts as P
+from . import labels as L
+from .settings import SettingsError, TrainJobSettings
 from ringflow.training.formats.engines import DEFAULT_ENGINE, TRAINJOB, EngineError, check_backend
 from ringflow.training.rank.engines import ENGINE_ENV
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ringflow.training.core.backends.base import JobStatus
-from ringflow.training.core.backends.job_spec import JobSpec
-from ringflow.training.core.backends.kubernetes import labels as L
-from ringflow.training.core.backends.kubernetes.cluster_job import ClusterJobBackend, newest_pod
-from ringflow.training.core.backends.kubernetes.client import KubernetesApiError
-from ringflow.training.core.backends.kubernetes.settings import TrainJobSettings
-from ringflow.training.core.backends.kubernetes.trainjob import API_VERSION, KIND, LAUNCHER, NODE, build_trainjob
+from ..base import JobStatus
+from ..job_spec import JobSpec
+from . import labels as L
+from .cluster_job import ClusterJobBackend, newest_pod
+from .client import KubernetesApiError
+from .settings import TrainJobSettings
+from .trainjob import API_VERSION, KIND, LAUNCHER, NODE, build_trainjob
 from ringflow.training.formats.engines import TRAINJOB
-from ringflow.training.core.backends.kubernetes.trainjob_outcome import TRAINJOB_WORDS, outcome_from_trainjob
+from .trainjob_outcome import TRAINJOB_WORDS, outcome_from_trainjob
 
 
 class TrainJobBackend(ClusterJobBackend):

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ringflow.training.core.backends.base import RESTARTING, JobStatus
-from ringflow.training.core.backends.kubernetes import labels as L
-from ringflow.training.core.backends.kubernetes.outcome import (MPIJOB_ROLES, JobWords, PodRoles, ended, pod_name,
+from ..base import RESTARTING, JobStatus
+from . import labels as L
+from .outcome import (MPIJOB_ROLES, JobWords, PodRoles, ended, pod_name,
                                                            read_pods, restarting_in_place, torch_roles,
                                                            true_conditions, waiting_or_running)
-from ringflow.training.core.backends.kubernetes.trainjob import LAUNCHER, NODE, TORCH_MASTER_PORT
+from .trainjob import LAUNCHER, NODE, TORCH_MASTER_PORT
 from ringflow.training.formats.engines import DEFAULT_ENGINE, engine_spec
 
 MPI_ROLES = PodRoles(role_label=L.REPLICATED_JOB_LABEL, launcher=LAUNCHER, workers=(NODE,),

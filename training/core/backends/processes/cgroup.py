@@ -24,9 +24,9 @@ import time
 import uuid
 from typing import Any, ClassVar, Sequence
 
-from ringflow.training.core.backends.processes import proc
-from ringflow.training.core.backends.processes.proc import Process
-from ringflow.training.core.backends.processes.tracker import ProcessTracker, TrackingUnavailable
+from . import proc
+from .proc import Process
+from .tracker import ProcessTracker, TrackingUnavailable
 
 MOUNTINFO = "/proc/self/mountinfo"
 OWN_CGROUPS = "/proc/self/cgroup"

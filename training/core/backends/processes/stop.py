@@ -15,9 +15,9 @@ import signal
 import time
 from typing import Callable, Mapping, Sequence
 
-from ringflow.training.core.backends.processes import proc
-from ringflow.training.core.backends.processes.proc import Process
-from ringflow.training.core.backends.processes.tracker import ProcessTracker
+from . import proc
+from .proc import Process
+from .tracker import ProcessTracker
 
 # Between SIGTERM and SIGKILL, unless the caller says otherwise: the local backend's stop_grace_seconds,
 # which its supervisor hands to the job's own launcher (`ringflow train`) in this variable.

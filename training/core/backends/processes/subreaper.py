@@ -25,9 +25,9 @@ import subprocess
 import uuid
 from typing import Any, Sequence
 
-from ringflow.training.core.backends.processes import proc
-from ringflow.training.core.backends.processes.proc import Process
-from ringflow.training.core.backends.processes.tracker import ProcessTracker, TrackingUnavailable
+from . import proc
+from .proc import Process
+from .tracker import ProcessTracker, TrackingUnavailable
 
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
 # The marks of the process trees a process belongs to, separated by spaces (see the module's docstring).

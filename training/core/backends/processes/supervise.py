@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from ringflow.training.formats import exit_codes
-from ringflow.training.core.backends.processes import proc
-from ringflow.training.core.backends.processes.stop import (
+from . import proc
+from .stop import (
     DEFAULT_GRACE_SECONDS, GRACE_ENV, stop_leftovers, stop_processes,
 )
-from ringflow.training.core.backends.processes.subreaper import reap_adopted
-from ringflow.training.core.backends.processes.tracker import RELEASE_WAIT_SECONDS, TrackingUnavailable
-from ringflow.training.core.backends.processes.tracking import AUTO, TRACKING_ENV, start_tracking
+from .subreaper import reap_adopted
+from .tracker import RELEASE_WAIT_SECONDS, TrackingUnavailable
+from .tracking import AUTO, TRACKING_ENV, start_tracking
 
 PROCESSES_FILE = "processes.json"
 EXIT_CODE_FILE = "exit_code"

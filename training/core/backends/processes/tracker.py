@@ -16,7 +16,7 @@ import abc
 import subprocess
 from typing import Any, ClassVar, Sequence
 
-from ringflow.training.core.backends.processes.proc import Process
+from .proc import Process
 
 # How long whoever stopped a set waits for the kernel to let go of its ended processes before leaving the
 # cgroup behind (status() removes it later): a zombie is reaped by its parent or, orphaned, by init.

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from ringflow.training.core.backends.processes.cgroup import CgroupV1Freezer, CgroupV2
-from ringflow.training.core.backends.processes.proc import Process
-from ringflow.training.core.backends.processes.subreaper import ProcessTree
-from ringflow.training.core.backends.processes.tracker import ProcessTracker, TrackingUnavailable
+from .cgroup import CgroupV1Freezer, CgroupV2
+from .proc import Process
+from .subreaper import ProcessTree
+from .tracker import ProcessTracker, TrackingUnavailable
 
 TRACKING_ENV = "RINGFLOW_PROCESS_TRACKING"
 AUTO = "auto"
