@@ -74,6 +74,16 @@ def _template(labels: dict[str, str], pod_spec: dict[str, Any]) -> dict[str, Any
     return {"metadata": {"labels": dict(labels)}, "spec": pod_spec}
 
 
+def _container(name: str, command: list[str], settings: MPIJobSettings, resources: Any) -> dict[str, Any]:
+    """What the launcher's and the workers' containers share: the image, the command, the resources, the job
+    config mounted, and the last lines of the log as the termination message (outcome.py reads ssh/ORTE errors
+    from the launcher's)."""
+    return {"name": name, "image": settings.image, "imagePullPolicy": settings.image_pull_policy,
+            "command": command[:1], "args": command[1:], "resources": resources.to_k8s(),
+            "securityContext": _security_context(settings), "terminationMessagePolicy": "FallbackToLogsOnError",
+            "volumeMounts": [P.config_mount()]}
+
+
 def build_mpijob(spec: JobSpec, settings: MPIJobSettings) -> dict[str, Any]:
     """The MPIJob for this spec: one launcher running mpirun, spec.num_workers workers running sshd."""
     if not isinstance(settings, MPIJobSettings):
@@ -83,36 +93,15 @@ def build_mpijob(spec: JobSpec, settings: MPIJobSettings) -> dict[str, Any]:
     P.check_env(spec)
     labels = L.job_labels(spec.labels)
     command = mpirun_command(spec, settings)
-    launcher = {
-        "name": "launcher",
-        "image": settings.image,
-        "imagePullPolicy": settings.image_pull_policy,
-        "command": command[:1],
-        "args": command[1:],
-        "env": _launcher_env(spec, settings),
-        "resources": settings.launcher.to_k8s(),
-        "securityContext": _security_context(settings),
-        # mpirun's last lines become the termination message: outcome.py reads ssh/ORTE errors from it.
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [P.config_mount()],
-    }
+    launcher = _container("launcher", command, settings, settings.launcher)
+    launcher["env"] = _launcher_env(spec, settings)
     sshd = ["/usr/sbin/sshd", "-De"]
     if not settings.run_as_root:
         sshd += ["-f", "/home/mpiuser/.sshd_config"]
-    worker = {
-        "name": "worker",
-        "image": settings.image,
-        "imagePullPolicy": settings.image_pull_policy,
-        "command": sshd[:1],
-        "args": sshd[1:],
-        "resources": settings.worker.to_k8s(),
-        "securityContext": _security_context(settings),
-        "ports": [{"name": "ssh", "containerPort": settings.ssh_port, "protocol": "TCP"}],
-        # Ready means sshd answers, so WaitForWorkersReady really waits until mpirun can connect.
-        "readinessProbe": {"tcpSocket": {"port": settings.ssh_port}, "periodSeconds": 2, "failureThreshold": 3},
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [P.config_mount()],
-    }
+    worker = _container("worker", sshd, settings, settings.worker)
+    worker["ports"] = [{"name": "ssh", "containerPort": settings.ssh_port, "protocol": "TCP"}]
+    # Ready means sshd answers, so WaitForWorkersReady really waits until mpirun can connect.
+    worker["readinessProbe"] = {"tcpSocket": {"port": settings.ssh_port}, "periodSeconds": 2, "failureThreshold": 3}
     worker_pod = _pod_spec(spec, settings, worker)
     worker_pod["affinity"] = _worker_affinity(spec, settings)
     return {
