@@ -67,13 +67,20 @@ class SocketBytes:
 
 
 def make_run(store, run_key: str, size: int) -> str:
+    """A run folder as the train and evaluate steps leave it (a checkpoint of `size` random bytes, its typed
+    result and evaluation, written by ringflow's own formats); the checkpoint's name."""
     from ringflow.training.formats.checkpoint import CheckpointStore
+    from ringflow.training.formats.eval_result import EvalResult
+    from ringflow.training.formats.run_folder import RunFolder
+    from ringflow.training.formats.run_result import RunResult
+    from ringflow.training.health.verdict import Verdict
 
-    run = store.child(run_key)
-    name = CheckpointStore(run).save(100, {"state.pt": os.urandom(size)}, {"step": 100})
-    run.put_bytes("result.json", json.dumps({"status": "succeeded", "checkpoint": name,
-                                             "verdict": {"status": "HEALTHY"}}).encode())
-    run.put_bytes("eval.json", json.dumps({"metrics": {"accuracy": 0.9}}).encode())
+    run = RunFolder(store.child(run_key))
+    name = CheckpointStore(run.store).save(100, {"state.pt": os.urandom(size)}, {"step": 100})
+    run.write_result(RunResult(status="succeeded", attempt="bench-a1", step=100, epoch=1, world_size=1,
+                               checkpoint=name, verdict=Verdict("HEALTHY", "as judged")))
+    run.write_eval(EvalResult(metrics={"accuracy": 0.9}, checkpoint=name, step=100, rows=100,
+                              task="classification", evaluated_at="2026-01-01T00:00:00Z"))
     return name
 
 
