@@ -89,7 +89,7 @@ def run_job(root: Path, manifest: str, engine: str, precision: str, np_: int, ba
     from ringflow.training.formats.run_result import read_result
     from ringflow.training.store import LocalFolderStore
     from ringflow.training.rank.training_state import STATE_FILE
-    from ringflow.training.formats.checkpoint import CheckpointStore
+    from ringflow.training.formats.run_folder import RunFolder
     from ringflow.training.rank.worker_env import ATTEMPT_ENV
 
     tag = f"{engine}-{precision}"
@@ -113,7 +113,8 @@ def run_job(root: Path, manifest: str, engine: str, precision: str, np_: int, ba
     if proc.returncode != 0:
         return row | {"status": "failed", "output_tail": (proc.stdout + proc.stderr)[-3000:]}
     result = read_result(LocalFolderStore(str(run)))
-    loaded = CheckpointStore(LocalFolderStore(str(run))).latest_valid()
+    # The checkpoints run.json publishes (under the attempt's folder), as a resume would find them.
+    loaded = RunFolder(LocalFolderStore(str(run))).checkpoints().latest_valid()
     import torch
 
     # No map_location: the devices the tensors were saved from.
