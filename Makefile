@@ -21,21 +21,21 @@ test-fast: setup
 	$(PY) -m pytest -m "not slow"
 
 bench: setup
-	$(PY) bench/throughput.py
-	$(PY) bench/health_overhead.py
-	$(PY) bench/health_overhead.py --engine ddp --out health_overhead-ddp
-	$(PY) bench/checkpoint_overhead.py
-	$(PY) bench/checkpoint_profile.py
-	$(PY) bench/bind_cores.py
-	$(PY) bench/shard_throughput.py
-	$(PY) bench/promotion.py
-	$(PY) bench/orchestration_overhead.py
-	$(PY) bench/data_scaling.py
-	$(PY) bench/watcher_cost.py
-	$(PY) bench/data_memory.py  # last: it needs root (memory cgroups)
+	$(PY) -m bench.throughput
+	$(PY) -m bench.health_overhead
+	$(PY) -m bench.health_overhead --engine ddp --out health_overhead-ddp
+	$(PY) -m bench.checkpoint_overhead
+	$(PY) -m bench.checkpoint_profile
+	$(PY) -m bench.bind_cores
+	$(PY) -m bench.shard_throughput
+	$(PY) -m bench.promotion
+	$(PY) -m bench.orchestration_overhead
+	$(PY) -m bench.data_scaling
+	$(PY) -m bench.watcher_cost
+	$(PY) -m bench.data_memory  # last: it needs root (memory cgroups)
 
 # The GPU path in minutes where a GPU exists (one short job per engine; bench/results/gpu_check.md); without
 # one it says so and exits 0.
 .PHONY: bench-gpu
 bench-gpu: setup
-	$(PY) bench/gpu_check.py
+	$(PY) -m bench.gpu_check

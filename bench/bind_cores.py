@@ -13,8 +13,9 @@ float over all of them, for ringflow and for the plain peers, at np=1 and np=2. 
 At np=1 a rank's share is every usable CPU, the mask it started with: its ratios are the noise of the
 method. Results are rewritten after every job, so a stopped run keeps what it measured.
 
-    .venv/bin/python bench/bind_cores.py [--jobs 3] [--repeats 6] [--steps 1600] [--in-job-steps 1200] [--block 100]
+    .venv/bin/python -m bench.bind_cores [--jobs 3] [--repeats 6] [--steps 1600] [--in-job-steps 1200] [--block 100]
                                          [--only NAME ...] [--skip-in-job] [--skip-separate] [--out bind_cores]
+                                         [--results-dir DIR]
 
 Results: bench/results/<out>.json and <out>.md.
 """
@@ -24,15 +25,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import bind_in_job  # noqa: E402
-import throughput  # noqa: E402  (its model, environment, shards and job runners)
-from results_file import write_results  # noqa: E402
+from . import bind_in_job, throughput  # throughput: its job runners
+from .common import BATCH, FEATURES, HIDDEN, environment, quartiles, shards, shown_environment, spread
+from .results_file import add_results_arguments, write_results
 
 # ringflow with checkpoints off (bind_in_job.SETTINGS), as the plain peers never checkpoint: binding is what
 # differs. Each runner's rate (throughput's runners also give the monitor's share, not used here).
@@ -49,15 +47,15 @@ PEERS = {"ringflow horovod": "horovod + mpi", "ringflow ddp": "torch DDP + gloo"
 ENGINES, NPS = ("horovod", "ddp"), (1, 2)
 
 
-def spread(values: list[float], digits: int = 3) -> str:
-    return throughput.spread(values, digits) if values else "—"
+def spread_text(values: list[float], digits: int = 3) -> str:
+    return spread(values, digits) if values else "—"
 
 
-def quartiles(values: list[float]) -> str:
+def quartiles_text(values: list[float]) -> str:
     if len(values) < 2:
-        return spread(values)
-    q = statistics.quantiles(values, n=4)
-    return f"{statistics.median(values):.3f} ({q[0]:.3f}–{q[2]:.3f})"
+        return spread_text(values)
+    median, lower, upper = quartiles(values)
+    return f"{median:.3f} ({lower:.3f}–{upper:.3f})"
 
 
 def in_job_lines(results: dict[str, dict[str, list[float]]], args) -> list[str]:
@@ -71,9 +69,11 @@ def in_job_lines(results: dict[str, dict[str, list[float]]], args) -> list[str]:
              "| ringflow / plain, bound | ringflow / plain, not bound | block pairs |",
              "|---|---|---|---|---|---|---|---|"]
     for key, r in results.items():
-        lines.append(f"| {key} | {quartiles(r['ringflow_bound_vs_not'])} | {quartiles(r['ringflow_bound_vs_not_cpu'])} | "
-                     f"{quartiles(r['plain_bound_vs_not'])} | {quartiles(r['plain_bound_vs_not_cpu'])} | "
-                     f"{quartiles(r['ringflow_vs_plain_bound'])} | {quartiles(r['ringflow_vs_plain_not_bound'])} | "
+        lines.append(f"| {key} | {quartiles_text(r['ringflow_bound_vs_not'])} | "
+                     f"{quartiles_text(r['ringflow_bound_vs_not_cpu'])} | "
+                     f"{quartiles_text(r['plain_bound_vs_not'])} | {quartiles_text(r['plain_bound_vs_not_cpu'])} | "
+                     f"{quartiles_text(r['ringflow_vs_plain_bound'])} | "
+                     f"{quartiles_text(r['ringflow_vs_plain_not_bound'])} | "
                      f"{len(r['ringflow_bound_vs_not'])} |")
     return lines
 
@@ -94,17 +94,17 @@ def separate_lines(rates: dict, args) -> tuple[list[dict], dict[str, list[float]
              for ours, theirs in PEERS.items() if ours in rates and theirs in rates
              for np_ in NPS for bind in (True, False) if rates[theirs][np_][bind]}
     lines = ["## In separate jobs", "",
-             f"Every job runs with {json.dumps(throughput.shown_environment())}, {args.steps} steps after warm-up; "
+             f"Every job runs with {json.dumps(shown_environment())}, {args.steps} steps after warm-up; "
              f"up to {args.repeats} repeats, bound and not bound back to back in each, the order alternating.", "",
              "| configuration | np | bound samples/s | not bound samples/s | bound / not bound, per repeat | "
              "ratio of the medians |", "|---|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['config']} | {row['np']} | {spread(row['bound_runs'], 0)} | "
-                     f"{spread(row['not_bound_runs'], 0)} | {spread(row['bound_vs_not'])} | "
+        lines.append(f"| {row['config']} | {row['np']} | {spread_text(row['bound_runs'], 0)} | "
+                     f"{spread_text(row['not_bound_runs'], 0)} | {spread_text(row['bound_vs_not'])} | "
                      f"{row['ratio_of_medians']:.3f} |")
     if peers:
         lines += ["", "ringflow / its plain peer, per repeat then median (min–max): " +
-                  "; ".join(f"{k}: {spread(v)}" for k, v in peers.items())]
+                  "; ".join(f"{k}: {spread_text(v)}" for k, v in peers.items())]
     return rows, peers, lines
 
 
@@ -120,7 +120,7 @@ def main() -> None:
     p.add_argument("--only", nargs="+", choices=list(CONFIGS), help="separate-job configurations (default: all)")
     p.add_argument("--skip-in-job", action="store_true")
     p.add_argument("--skip-separate", action="store_true")
-    p.add_argument("--out", default="bind_cores", help="results file name under bench/results/")
+    add_results_arguments(p, "bind_cores")
     args = p.parse_args()
     from ringflow.training.formats.config import JobConfig
 
@@ -132,7 +132,7 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="ringflow-bench-bind-"))
     for np_ in NPS:
-        throughput.shards(root, np_)
+        shards(root, np_)
     usable, quota = usable_cpus(), cpu_quota_cores()
     shares = {n: [decide_cpu_share(usable, quota, host_cpu_count(), r, n, True).describe(r, n) for r in range(n)]
               for n in NPS}
@@ -142,10 +142,10 @@ def main() -> None:
     rates = {name: {n: {True: [], False: []} for n in NPS} for name in configs}
 
     def save(final: bool = False) -> None:
-        lines = [f"Model: MLP {throughput.FEATURES}->{throughput.HIDDEN}->10, {throughput.BATCH} rows per worker per "
+        lines = [f"Model: MLP {FEATURES}->{HIDDEN}->10, {BATCH} rows per worker per "
                  f"step, one torch thread per rank. This host: CPUs {usable}, CPU quota "
                  f"{quota if quota is not None else 'none'}, shared with other work: the 1-minute load average after "
-                 f"each job was {spread(loads, 1)} (median, min–max) on {len(usable)} CPUs. Bound, each rank's "
+                 f"each job was {spread_text(loads, 1)} (median, min–max) on {len(usable)} CPUs. Bound, each rank's "
                  f"share:", ""]
         lines += [f"- np={n}: " + "; ".join(s) for n, s in shares.items()] + [""]
         if in_job:
@@ -154,19 +154,19 @@ def main() -> None:
         if rows:
             lines += more
         summary = {"cpus": list(usable), "cpu_quota_cores": quota, "cores": os.cpu_count(),
-                   "shares": shares, "load_averages": loads, "environment": throughput.shown_environment(),
+                   "shares": shares, "load_averages": loads, "environment": shown_environment(),
                    "in_job": {"steps": args.in_job_steps, "block": args.block, "ratios": in_job,
                               "medians": {k: {name: statistics.median(v) for name, v in r.items() if v}
                                           for k, r in in_job.items()}},
                    "separate": {"steps": args.steps, "rows": rows, "ringflow_vs_peer": peers}}
-        write_results(args.out, summary, lines, echo=final)
+        write_results(args, summary, lines, echo=final)
 
     if not args.skip_in_job:
         for job in range(args.jobs):  # interleaved, so drifting machine load hits every row alike
             for engine in ENGINES:
                 for np_ in NPS:
                     blocks = bind_in_job.run_job(root, engine, np_, args.in_job_steps, args.block,
-                                                 throughput.environment())
+                                                 environment())
                     loads.append(os.getloadavg()[0])
                     for name, values in bind_in_job.job_ratios(blocks).items():
                         in_job.setdefault(f"{engine} np={np_}", {}).setdefault(name, []).extend(values)

@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import loop_vs_plain  # noqa: E402  (its rank worker, job runner and block comparison)
-from checkpoint_gate import CHECKPOINTS_OFF  # noqa: E402
+from . import loop_vs_plain  # its rank worker, job runner and block comparison
+from .checkpoint_gate import CHECKPOINTS_OFF
 
 # Checkpoints off: the plain loop, and the plain peers of bind_cores.py's separate jobs, never checkpoint, and
 # binding is what is measured.
@@ -59,8 +56,8 @@ class BindingSwitch:
 
 
 def run_job(root: Path, engine: str, np_: int, steps: int, block: int, env: dict) -> list:
-    """One job, bind_cores true, its ranks running this file; rank 0's blocks."""
-    return loop_vs_plain.run_job(root, engine, np_, steps, block, env, script=__file__,
+    """One job, bind_cores true, its ranks running this module; rank 0's blocks."""
+    return loop_vs_plain.run_job(root, engine, np_, steps, block, env, module=__spec__.name,
                                  settings=SETTINGS | {"bind_cores": True})
 
 

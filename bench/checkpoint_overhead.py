@@ -16,7 +16,8 @@ against checkpoints (a few milliseconds). The warm-up (two blocks) takes a check
 are not the first. The jobs' own `checkpoint` health records say what each checkpoint cost: the snapshot on
 the training thread, the wait for the previous upload, the background write, and its bytes.
 
-    .venv/bin/python bench/checkpoint_overhead.py [--jobs 3] [--blocks 17] [--batch 16] [--out NAME]
+    .venv/bin/python -m bench.checkpoint_overhead [--jobs 3] [--blocks 17] [--batch 16] [--out NAME]
+                                                  [--results-dir DIR]
 
 Results: bench/results/<out>.json and .md (linked from the README).
 """
@@ -26,18 +27,15 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from checkpoint_gate import DEFAULT_INTERVAL, gate_checkpoints  # noqa: E402
-from loop_vs_plain import neighbours  # noqa: E402
-from rank_script import rank_script_command, train_and_report  # noqa: E402
-from results_file import write_results  # noqa: E402
-from throughput import environment, quartiles  # noqa: E402
+from .checkpoint_gate import DEFAULT_INTERVAL, gate_checkpoints
+from .common import environment, quartiles, write_random_shards
+from .loop_vs_plain import neighbours
+from .rank_script import rank_script_command, train_and_report
+from .results_file import add_results_arguments, write_results
 
 FEATURES, HIDDEN, CLASSES = 1024, [4096, 4096, 1024], 10
 BLOCK_STEPS = DEFAULT_INTERVAL  # one checkpoint a block at the defaults
@@ -94,8 +92,6 @@ def worker(config_path: str, out: str) -> None:
 
 
 def shards(root: Path, batch: int) -> str:
-    from random_shards import write_random_shards
-
     # One epoch is one block: BLOCK_STEPS minibatches.
     return write_random_shards(root / "shards", partitions=1, rows_per_partition=BLOCK_STEPS * batch,
                                features=FEATURES, classes=CLASSES, batch=batch)
@@ -115,7 +111,7 @@ def run_job(root: Path, manifest: str, blocks: int, batch: int, env: dict) -> tu
            "model": {"hidden": HIDDEN}, "epochs": WARMUP_BLOCKS + blocks}
     cfg_path, out = root / f"{tag}.json", root / f"blocks-{tag}.json"
     cfg_path.write_text(json.dumps(cfg))
-    command = rank_script_command("horovod", str(cfg_path), 1, str(Path(__file__).resolve()),
+    command = rank_script_command("horovod", str(cfg_path), 1, __spec__.name,
                                   ["--worker", str(cfg_path), "--blocks-out", str(out)])
     proc = subprocess.run(command, capture_output=True, text=True, env=env | {ENGINE_ENV: "horovod"}, timeout=7200)
     if proc.returncode != 0:
@@ -133,7 +129,7 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=3)
     p.add_argument("--blocks", type=int, default=17, help="blocks after the warm-up (odd: off, on, ..., off)")
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--out", default="checkpoint_overhead", help="results file name under bench/results/")
+    add_results_arguments(p, "checkpoint_overhead")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--blocks-out", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -202,7 +198,7 @@ def main() -> None:
              "- rank 0's training thread in checkpoints (result.json `checkpoint_blocked_seconds`, whole job, the "
              "final checkpoint's wait included): " + ", ".join(f"{job['checkpoint_blocked_seconds']:.2f} s" for job in jobs),
              f"- target: <= {TARGET:.0%}"]
-    write_results(args.out, summary, lines)
+    write_results(args, summary, lines)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ in interleaved repeats in one process (one torch thread).
 - what is left as it was: the sha256 of the file (checkpoint.py) and its copy into a local run folder
   (LocalFolderStore.put_file, fsync included).
 
-    .venv/bin/python bench/checkpoint_profile.py [--repeats 5] [--out NAME]
+    .venv/bin/python -m bench.checkpoint_profile [--repeats 5] [--out NAME] [--results-dir DIR]
 
 Results: bench/results/<out>.json and .md.
 """
@@ -20,15 +20,12 @@ import argparse
 import hashlib
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from checkpoint_overhead import CLASSES, FEATURES, HIDDEN  # noqa: E402
-from results_file import write_results  # noqa: E402
+from .checkpoint_overhead import CLASSES, FEATURES, HIDDEN
+from .results_file import add_results_arguments, write_results
 
 
 def timed(call) -> tuple[float, float]:
@@ -42,7 +39,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--out", default="checkpoint_profile")
+    add_results_arguments(p, "checkpoint_profile")
     args = p.parse_args()
     import torch
 
@@ -110,7 +107,7 @@ def main() -> None:
         walls, cpus = [w for w, _ in v], [c for _, c in v]
         lines.append(f"| {name} | {statistics.median(cpus):.3f} ({min(cpus):.3f}–{max(cpus):.3f}) | "
                      f"{statistics.median(walls):.3f} ({min(walls):.3f}–{max(walls):.3f}) |")
-    write_results(args.out, summary, lines)
+    write_results(args, summary, lines)
 
 
 if __name__ == "__main__":

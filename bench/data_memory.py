@@ -19,8 +19,8 @@ copy and step, and each repeat's ratio is copy seconds / step seconds (> 1: the 
 Run it as root: it creates memory cgroups (v1 or v2), and says so and exits 1 when it cannot. It needs about
 3x the largest table's size of free disk in $TMPDIR.
 
-    .venv/bin/python bench/data_memory.py [--rows 3000000] [--features 64] [--row-groups 12] \\
-        [--scales 1,2] [--limit-mib 512] [--repeats 3]
+    .venv/bin/python -m bench.data_memory [--rows 3000000] [--features 64] [--row-groups 12] \\
+        [--scales 1,2] [--limit-mib 512] [--repeats 3] [--out data_memory] [--results-dir DIR]
 
 Results: bench/results/data_memory.json and bench/results/data_memory.md.
 """
@@ -29,16 +29,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+from .common import REPO, importable, machine, module_command, tests_module, use_throwaway_airflow_home
+from .data_scaling import make_table
+from .results_file import add_results_arguments, write_results
+
 TARGET_RATIO = 0.9
 STEPS = ("shard", "validate")
 COPY = "copy"
@@ -70,8 +70,6 @@ def child(step: str, data: Path, out: Path, features: int) -> dict:
             for g in range(source.num_row_groups):
                 writer.write_table(source.read_row_group(g))
         return {"seconds": time.perf_counter() - started}
-    from airflow_home import use_throwaway_airflow_home
-
     use_throwaway_airflow_home()
     if step == "shard":
         from ringflow.operators.shard import ShardDatasetOperator
@@ -93,8 +91,9 @@ def child(step: str, data: Path, out: Path, features: int) -> dict:
 def run_child(group, step: str, data: Path, out: Path, features: int) -> dict:
     out.mkdir()
     try:
-        measured = group.run([sys.executable, __file__, "--child", step, "--data", str(data), "--out", str(out),
-                              "--features", str(features)], cwd=str(REPO), timeout=1800)
+        measured = group.run(module_command(__spec__.name, "--child", step, "--data", str(data), "--child-out",
+                                            str(out), "--features", str(features)),
+                             env=importable(dict(os.environ)), cwd=str(REPO), timeout=1800)
     finally:
         shutil.rmtree(out, ignore_errors=True)
     entry = measured.summary()
@@ -114,26 +113,22 @@ def main() -> None:
     p.add_argument("--scales", default="1,2")
     p.add_argument("--limit-mib", type=int, default=512)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--child")
-    p.add_argument("--data")
-    p.add_argument("--out")
+    add_results_arguments(p, "data_memory")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--data", help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
     args = p.parse_args()
-    sys.path.insert(0, str(HERE))
     if args.child:
-        print(json.dumps(child(args.child, Path(args.data), Path(args.out), args.features)))
+        print(json.dumps(child(args.child, Path(args.data), Path(args.child_out), args.features)))
         return
-    sys.path.insert(0, str(REPO / "tests"))
-    from data_scaling import make_table
-    from memory_cgroup import CgroupUnavailable, memory_cgroup
-
+    cgroups = tests_module("memory_cgroup")  # the memory tests' own cgroup runner
+    CgroupUnavailable, memory_cgroup = cgroups.CgroupUnavailable, cgroups.memory_cgroup
     limit = args.limit_mib * 2**20
     try:
         with memory_cgroup(limit, "bench-probe"):
             pass
     except CgroupUnavailable as exc:
-        raise SystemExit(f"bench/data_memory.py measures inside memory cgroups and cannot make one here: {exc}")
-    command = ".venv/bin/python bench/data_memory.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("child", "data", "out"))
+        raise SystemExit(f"bench.data_memory measures inside memory cgroups and cannot make one here: {exc}")
     scales = [int(s) for s in args.scales.split(",")]
     tables: dict[str, dict] = {}
     started = time.perf_counter()
@@ -164,10 +159,9 @@ def main() -> None:
                         pair[step]["ratio_vs_copy"] = round(pair[COPY]["seconds"] / pair[step]["seconds"], 3)
             data.unlink()
             tables[f"{scale}x"] = entry
-    summary = {"command": command, "limit_mib": args.limit_mib, "features": args.features, "scales": scales,
+    summary = {"limit_mib": args.limit_mib, "features": args.features, "scales": scales, "repeats": args.repeats,
                "target_ratio": TARGET_RATIO, "total_seconds": round(time.perf_counter() - started, 1),
-               "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},
-               "tables": tables}
+               "machine": machine(), "tables": tables}
     for entry in tables.values():
         entry["summary"] = {}
         for name, runs in entry["runs"].items():
@@ -186,10 +180,7 @@ def main() -> None:
         s["passed"].split("/")[0] == s["passed"].split("/")[1]
         and (name == COPY or (s["median_ratio_vs_copy"] or 0) >= TARGET_RATIO)
         for entry in tables.values() for name, s in entry["summary"].items() if name in STEPS)
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "data_memory.json").write_text(json.dumps(summary, indent=1) + "\n")
-    lines = [f"`{command}`", "",
-             f"Each run in its own process inside a {args.limit_mib} MiB memory cgroup (swap included), on a "
+    lines = [f"Each run in its own process inside a {args.limit_mib} MiB memory cgroup (swap included), on a "
              f"{os.cpu_count()}-core machine; {args.features} float32 features + an int64 target, "
              f"{args.row_groups} row groups. Peaks are the largest over the repeats: anon = the cgroup's "
              "anonymous memory (sampled every 20 ms; what cannot be reclaimed), cgroup = memory.max_usage_in_bytes "
@@ -215,8 +206,7 @@ def main() -> None:
                          f"{seconds} | {speed} |")
     lines += ["", f"Target: shard and validate pass every run and run at >= {TARGET_RATIO}x the plain copy's speed: "
               f"{'met' if summary['meets_target'] else 'NOT met'}."]
-    (HERE / "results" / "data_memory.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args, summary, lines)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ prefetch) against the same minibatches already in memory, in alternating epochs 
 Every measurement is a fresh process (`--child`), so its peak RSS (getrusage ru_maxrss) is that step's alone,
 imports included; "after imports" is the RSS before the step starts.
 
-    .venv/bin/python bench/data_scaling.py [--base-rows 300000] [--features 16] [--sizes 1,4,16]
+    .venv/bin/python -m bench.data_scaling [--base-rows 300000] [--features 16] [--sizes 1,4,16]
+                                           [--out data_scaling] [--results-dir DIR]
 
 Results: bench/results/data_scaling.json and bench/results/data_scaling.md.
 """
@@ -15,16 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+from .common import REPO, importable, machine, module_command, use_throwaway_airflow_home
+from .results_file import add_results_arguments, write_results
+
 TARGET_GROWTH = 1.20
 REPEATS = 5  # alternating streamed/in-memory epochs for the throughput comparison
 INPUT_ROW_GROUP = 65_536  # rows per row group of the generated input (a writer's choice, not the data's size)
@@ -140,9 +140,10 @@ def child(step: str, data: Path, shards: Path, features: int, batch: int) -> dic
 
 
 def run_child(step: str, data: Path, shards: Path, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", step, "--data", str(data), "--shards", str(shards),
-           "--features", str(args.features), "--batch", str(args.batch)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900)
+    cmd = module_command(__spec__.name, "--child", step, "--data", str(data), "--shards", str(shards),
+                         "--features", str(args.features), "--batch", str(args.batch))
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=importable(dict(os.environ)),
+                          timeout=900)
     if proc.returncode:
         raise SystemExit(f"{step} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -154,16 +155,14 @@ def main() -> None:
     p.add_argument("--features", type=int, default=16)
     p.add_argument("--sizes", default="1,4,16")
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--child")
-    p.add_argument("--data")
-    p.add_argument("--shards")
+    add_results_arguments(p, "data_scaling")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--data", help=argparse.SUPPRESS)
+    p.add_argument("--shards", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print(json.dumps(child(args.child, Path(args.data), Path(args.shards), args.features, args.batch)))
         return
-    sys.path.insert(0, str(HERE))
-    from airflow_home import use_throwaway_airflow_home
-
     use_throwaway_airflow_home()
     sizes = [int(s) for s in args.sizes.split(",")]
     runs: dict[str, dict] = {}
@@ -197,11 +196,8 @@ def main() -> None:
         "meets_target": all(g <= TARGET_GROWTH for g in growth.values()),
         "rank_streaming_vs_in_memory_samples_per_s": streaming_ratio,
         "total_seconds": round(time.perf_counter() - started, 1),
-        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},
-        "runs": runs,
+        "machine": machine(), "runs": runs,
     }
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "data_scaling.json").write_text(json.dumps(summary, indent=1) + "\n")
     lines = [f"Peak resident memory (MB, whole process) on a {os.cpu_count()}-core machine; "
              f"{args.features} float32 features + int64 target, base {args.base_rows} rows.", "",
              "| size | rows | raw data MiB | validate | shard | one rank (1 epoch) |", "|---|---|---|---|---|---|"]
@@ -215,8 +211,7 @@ def main() -> None:
               f"epochs: {throughput['ratios']}) of the samples/s of the same minibatches already in memory "
               f"(1 torch thread, the default MLP on {args.features} features: a model so small that data "
               f"loading is the largest share it can ever be)."]
-    (HERE / "results" / "data_scaling.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args, summary, lines)
 
 
 if __name__ == "__main__":

@@ -4,14 +4,15 @@ after warm-up (as the job measures it, result.json), each rank's peak GPU memory
 (torch.cuda.max_memory_allocated), which device each rank trained on, and whether the final checkpoint
 holds CPU tensors only (so it resumes on a machine without a GPU).
 
-    .venv/bin/python bench/gpu_check.py [--np N] [--precisions fp32 bf16 fp16] [--steps 300]   (make bench-gpu)
+    .venv/bin/python -m bench.gpu_check [--np N] [--precisions fp32 bf16 fp16] [--steps 300]   (make bench-gpu)
 
 Six jobs by default (2 engines x 3 precisions), each ~300 steps plus its start (~10-20 s): a few minutes.
 In the GPU training image (CUDA torch, Horovod with NCCL), from a checkout:
-    docker run --rm --gpus all -v "$PWD":/work -w /work --user "$(id -u)" IMAGE python bench/gpu_check.py
+    docker run --rm --gpus all -v "$PWD":/work -w /work --user "$(id -u)" IMAGE python -m bench.gpu_check
 
 Results: bench/results/gpu_check.json and .md. Without a GPU it says so, writes nothing and exits 0;
---cpu runs the same jobs on the CPU to check the script itself (results under --out, default gpu_check-cpu).
+--cpu runs the same jobs on the CPU to check the script itself (results under --out, default gpu_check-cpu;
+--results-dir DIR writes them elsewhere than bench/results/).
 A Horovod without NCCL cannot all-reduce GPU tensors: its jobs are recorded as skipped, with the fix.
 """
 from __future__ import annotations
@@ -28,10 +29,9 @@ import time
 import uuid
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from random_shards import write_random_shards  # noqa: E402
-from rank_script import rank_script_command  # noqa: E402
+from .common import importable, write_random_shards
+from .rank_script import rank_script_command
+from .results_file import RESULTS, write_results
 
 ENGINES = ("horovod", "ddp")
 # Big enough that a GPU step is more than kernel launches: MLP 256 -> [1024, 1024] -> 10.
@@ -89,7 +89,7 @@ def run_job(root: Path, manifest: str, engine: str, precision: str, np_: int, ba
     from ringflow.training.formats.run_result import read_result
     from ringflow.training.store import LocalFolderStore
     from ringflow.training.rank.training_state import STATE_FILE
-    from ringflow.training.formats.checkpoint import CheckpointStore
+    from ringflow.training.formats.run_folder import RunFolder
     from ringflow.training.rank.worker_env import ATTEMPT_ENV
 
     tag = f"{engine}-{precision}"
@@ -100,10 +100,10 @@ def run_job(root: Path, manifest: str, engine: str, precision: str, np_: int, ba
     cfg_path = root / f"{tag}.json"
     cfg_path.write_text(json.dumps(cfg))
     out_prefix = root / f"rank-{tag}"
-    # The launcher's `-m ringflow.training CONFIG` becomes this script's rank mode.
-    command = rank_script_command(engine, str(cfg_path), np_, str(Path(__file__).resolve()),
+    # The launcher's `-m ringflow.training CONFIG` becomes this module's rank mode.
+    command = rank_script_command(engine, str(cfg_path), np_, __spec__.name,
                                   ["--rank", str(cfg_path), "--rank-out", str(out_prefix)])
-    env = rank_environment() | {ATTEMPT_ENV: uuid.uuid4().hex, ENGINE_ENV: engine}
+    env = importable(rank_environment() | {ATTEMPT_ENV: uuid.uuid4().hex, ENGINE_ENV: engine})
     started = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=JOB_TIMEOUT_S)
     wall = time.perf_counter() - started
@@ -113,7 +113,8 @@ def run_job(root: Path, manifest: str, engine: str, precision: str, np_: int, ba
     if proc.returncode != 0:
         return row | {"status": "failed", "output_tail": (proc.stdout + proc.stderr)[-3000:]}
     result = read_result(LocalFolderStore(str(run)))
-    loaded = CheckpointStore(LocalFolderStore(str(run))).latest_valid()
+    # The checkpoints run.json publishes (under the attempt's folder), as a resume would find them.
+    loaded = RunFolder(LocalFolderStore(str(run))).checkpoints().latest_valid()
     import torch
 
     # No map_location: the devices the tensors were saved from.
@@ -127,7 +128,7 @@ def run_job(root: Path, manifest: str, engine: str, precision: str, np_: int, ba
                   "checkpoint_on_cpu": all(t.device.type == "cpu" for t in tensors)}
 
 
-def report(rows: list[dict], machine: dict, args) -> str:
+def report(rows: list[dict], machine: dict, args) -> list[str]:
     lines = [f"GPU check: {machine['gpus']} x {machine['gpu_name']}, torch {machine['torch']}, "
              f"{args.np} rank(s), MLP {FEATURES}->{HIDDEN}->{CLASSES}, {args.batch} rows per rank per step, "
              f"~{args.steps} steps per job.", "",
@@ -142,7 +143,7 @@ def report(rows: list[dict], machine: dict, args) -> str:
     for r in rows:
         if r["status"] != "ok":
             lines += ["", f"{r['engine']} {r['precision']}: {r.get('reason') or r.get('output_tail', '')[-1500:]}"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main() -> int:
@@ -153,7 +154,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--cpu", action="store_true", help="run on the CPU (checks this script, measures nothing GPU)")
-    p.add_argument("--out", help="results file name under bench/results/ (default gpu_check, or gpu_check-cpu)")
+    p.add_argument("--out", help="results file name (default gpu_check, or gpu_check-cpu)")
+    p.add_argument("--results-dir", type=Path, default=RESULTS, help="folder of the results files")
     p.add_argument("--rank", help=argparse.SUPPRESS)
     p.add_argument("--rank-out", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -189,12 +191,8 @@ def main() -> int:
             else:
                 rows.append(run_job(root, manifest, engine, precision, args.np, args.batch, args.steps))
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "output_tail"}), flush=True)
-    name = args.out or ("gpu_check-cpu" if args.cpu else "gpu_check")
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / f"{name}.json").write_text(json.dumps({"machine": machine, "jobs": rows}, indent=1))
-    text = report(rows, machine, args)
-    (HERE / "results" / f"{name}.md").write_text(text)
-    print(text)
+    args.out = args.out or ("gpu_check-cpu" if args.cpu else "gpu_check")
+    write_results(args, {"machine": machine, "jobs": rows}, report(rows, machine, args))
     return 1 if any(r["status"] == "failed" for r in rows) else 0
 
 

@@ -5,8 +5,8 @@ Separate jobs with and without the monitor differ by ±10 % from run to run on t
 the health callback off and on in alternate blocks of steps; a block with it on is compared with the
 blocks on either side (off), under the same load.
 
-    .venv/bin/python bench/health_overhead.py [--engine horovod|ddp] [--jobs 8] [--steps 1600] [--block 100]
-                                              [--health JSON] [--out NAME]
+    .venv/bin/python -m bench.health_overhead [--engine horovod|ddp] [--jobs 8] [--steps 1600] [--block 100]
+                                              [--health JSON] [--out NAME] [--results-dir DIR]
 
 (bench/throughput.py also measures the monitor's cost, for both engines at np=1 and np=2, in its in-job
 comparison with a plain loop.)
@@ -19,14 +19,14 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # the other benchmark modules
-BATCH = 256
+from .common import BATCH, CLASSES, FEATURES, HIDDEN, ROWS_PER_RANK, environment, shards
+from .rank_script import rank_script_command, train_and_report
+from .results_file import add_results_arguments, write_results
+
 WARMUP_STEPS = 20
 
 
@@ -58,7 +58,6 @@ def worker(config_path: str, block: int, out: str) -> None:
     from ringflow.training.formats.config import load_job_config
     from ringflow.training.rank.engines import start_engine
     from ringflow.training.rank.worker import Trainer
-    from rank_script import train_and_report
 
     cfg = load_job_config(config_path)
     engine = start_engine(cfg)  # the one its launcher was chosen for
@@ -75,20 +74,18 @@ def run_job(root: Path, index: int, steps: int, block: int, health: dict,
     from ringflow.training.rank.engines import ENGINE_ENV
     from ringflow.training.formats.run_result import read_result
     from ringflow.training.store import LocalFolderStore
-    from rank_script import rank_script_command
-    from throughput import environment
 
     run = root / f"run-{index}"
     # ringflow's defaults (checkpoints every 50 steps into the run folder, a log line every 10 steps) but for
     # the model, its batch, the health settings under test and the epochs that make `steps`.
     cfg = {"manifest_uri": str(root / "shards2" / "manifest.json"), "run_uri": str(run),
-           "epochs": max(1, round(steps / (8192 // BATCH))), "batch_size": BATCH, "model": {"hidden": [256, 256]},
+           "epochs": max(1, round(steps / (ROWS_PER_RANK // BATCH))), "batch_size": BATCH, "model": {"hidden": HIDDEN},
            "health": health, "engine": engine}
     cfg_path, out = root / f"run-{index}.json", root / f"blocks-{index}.json"
     cfg_path.write_text(json.dumps(cfg))
-    command = rank_script_command(engine, str(cfg_path), 2, str(Path(__file__).resolve()),
+    command = rank_script_command(engine, str(cfg_path), 2, __spec__.name,
                                   ["--worker", str(cfg_path), "--block", str(block), "--blocks-out", str(out)])
-    # What every benchmark job runs with (one core per rank, ringflow's Horovod settings: bench/throughput.py).
+    # What every benchmark job runs with (one core per rank, ringflow's Horovod settings: common.environment).
     proc = subprocess.run(command, capture_output=True, text=True, env=environment() | {ENGINE_ENV: engine},
                           timeout=900)
     if proc.returncode != 0:
@@ -106,15 +103,12 @@ def main() -> None:
                    help="steps per block; at least checksum_every_steps, so every 'on' block holds a checksum")
     p.add_argument("--health", type=json.loads, default={},
                    help='health settings to measure, as JSON (default: ringflow\'s), e.g. \'{"every_steps": 1}\'')
-    p.add_argument("--out", default="health_overhead", help="results file name under bench/results/")
+    add_results_arguments(p, "health_overhead")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--blocks-out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args.worker, args.block, args.blocks_out)
-
-    from results_file import write_results
-    from throughput import shards
 
     root = Path(tempfile.mkdtemp(prefix="ringflow-health-bench-"))
     shards(root, 2)
@@ -141,9 +135,9 @@ def main() -> None:
                "overhead_median": statistics.median(ratios) - 1, "overhead_total": on_total / off_total - 1,
                "overhead_quartiles": [quartiles[0] - 1, quartiles[2] - 1], "target": 0.03,
                "monitor_share_of_jobs": shares}
-    lines = [f"Health monitoring overhead of the {args.engine} engine at np=2 (MLP 128->[256, 256]->10, {BATCH} rows "
-             f"per worker per step, one core per rank, health settings {args.health or 'ringflow defaults'}, every "
-             f"other setting ringflow's default: checkpoints every 50 steps, a log line every 10): {args.jobs} jobs of "
+    lines = [f"Health monitoring overhead of the {args.engine} engine at np=2 (MLP {FEATURES}->{HIDDEN}->{CLASSES}, "
+             f"{BATCH} rows per worker per step, one core per rank, health settings "
+             f"{args.health or 'ringflow defaults'}, every other setting ringflow's default: checkpoints every 50 steps, a log line every 10): {args.jobs} jobs of "
              f"{args.steps} steps, the monitor off and on in alternate blocks of {args.block} steps, each 'on' block "
              f"against the mean of the 'off' blocks on either side. 2 cores shared with other work: read the spreads.",
              "",
@@ -155,7 +149,7 @@ def main() -> None:
              f"in the monitor, over every step after warm-up, the monitor on in half of them): median "
              f"{statistics.median(shares):.2%} ({min(shares):.2%}–{max(shares):.2%} over the jobs)",
              "- target: <= 3%"]
-    write_results(args.out, summary, lines)
+    write_results(args, summary, lines)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ at its first step, after the plain block before it, so the snapshot and the back
 (checkpoint_gate.py). The three settings in turn, with Python's collections every 100 steps (every other
 block), give each setting its share of collections.
 
-    .venv/bin/python bench/loop_vs_plain.py --engine horovod|ddp --np 1|2 [--steps 1600] [--block 50]
+    .venv/bin/python -m bench.loop_vs_plain --engine horovod|ddp --np 1|2 [--steps 1600] [--block 50]
 
 prints one JSON document: the blocks and the ratios. bench/throughput.py runs it and reports.
 """
@@ -26,18 +26,15 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from checkpoint_gate import DEFAULT_INTERVAL, gate_checkpoints  # noqa: E402
-from peer_worker import LEARNING_RATE  # noqa: E402  (the plain loop's, given to ringflow's job too)
-from rank_script import rank_script_command, train_and_report  # noqa: E402
+from .checkpoint_gate import DEFAULT_INTERVAL, gate_checkpoints
+from .common import BATCH, FEATURES, HIDDEN, ROWS_PER_RANK, environment, shards
+from .peer_worker import LEARNING_RATE  # the plain loop's, given to ringflow's job too
+from .rank_script import rank_script_command, train_and_report
 
-FEATURES, HIDDEN, BATCH = 128, [256, 256], 256
 WARMUP_STEPS = DEFAULT_INTERVAL  # ringflow at its defaults, then the blocks
 RF_DEFAULTS, RF_NO_CHECKPOINTS, RF_BARE, PLAIN = ("ringflow at defaults", "ringflow, checkpoints off",
                                                   "ringflow, checkpoints and health off", "plain")
@@ -104,7 +101,8 @@ def worker(config_path: str, block: int, out: str, switch=None) -> None:
     from ringflow.training.formats.config import load_job_config
     from ringflow.training.rank.engines import start_engine
     from ringflow.training.rank.worker import Trainer
-    from peer_worker import plain_ddp, plain_horovod
+
+    from .peer_worker import plain_ddp, plain_horovod
 
     switch = switch or SettingsSwitch()
     cfg = load_job_config(config_path)
@@ -139,21 +137,22 @@ def neighbours(blocks: list, kind: str, against: str, field: int = 1) -> list[fl
 
 
 def run_job(root: Path, engine: str, np_: int, steps: int, block: int, env: dict,
-            script: str = __file__, settings: dict | None = None) -> list:
-    """One job whose ranks run `script --worker CONFIG --block N --blocks-out FILE` (this file's worker, or
-    another bench's); settings: more top-level job config fields. Rank 0's blocks."""
+            module: str = __spec__.name, settings: dict | None = None) -> list:
+    """One job whose ranks run `python -m module --worker CONFIG --block N --blocks-out FILE` (this module's
+    worker, or another bench's); env: from common.environment(); settings: more top-level job config fields.
+    Rank 0's blocks."""
     if block % DEFAULT_INTERVAL:
         raise ValueError(f"block {block}: use a multiple of the default checkpoint interval, {DEFAULT_INTERVAL} steps")
     tag = f"{engine}-{np_}-{time.monotonic_ns()}"
     # ringflow's defaults (checkpoints, health, logging) but for the model, its batch and learning rate (the
     # plain loop's), the epochs that make `steps` and `settings`.
     cfg = {"manifest_uri": str(root / f"shards{np_}" / "manifest.json"), "run_uri": str(root / f"run-{tag}"),
-           "epochs": max(1, round(steps / (8192 // BATCH))), "batch_size": BATCH, "learning_rate": LEARNING_RATE,
+           "epochs": max(1, round(steps / (ROWS_PER_RANK // BATCH))), "batch_size": BATCH, "learning_rate": LEARNING_RATE,
            "model": {"hidden": HIDDEN}, "engine": engine, **(settings or {})}
     cfg_path, out = root / f"{tag}.json", root / f"blocks-{tag}.json"
     cfg_path.write_text(json.dumps(cfg))
-    # The rank runs the script instead of `-m ringflow.training`, under the same launcher and settings.
-    command = rank_script_command(engine, str(cfg_path), np_, str(Path(script).resolve()),
+    # The rank runs the module instead of `-m ringflow.training`, under the same launcher and settings.
+    command = rank_script_command(engine, str(cfg_path), np_, module,
                                   ["--worker", str(cfg_path), "--block", str(block), "--blocks-out", str(out)])
     from ringflow.training.rank.engines import ENGINE_ENV
 
@@ -190,8 +189,6 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         return worker(args.worker, args.block, args.blocks_out)
-    from throughput import environment, shards
-
     root = Path(tempfile.mkdtemp(prefix="ringflow-loop-bench-"))
     shards(root, args.np)
     blocks = run_job(root, args.engine, args.np, args.steps, args.block, environment())

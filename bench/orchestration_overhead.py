@@ -6,7 +6,7 @@ the way `make pipeline` runs it. Overhead = whole-DAG wall time minus the traini
 Run 1 is cold (imports of Great Expectations, torch and the DAG in this process, like `make pipeline`),
 run 2 warm. Each task's own duration is reported too, and the gaps between tasks (scheduling).
 
-    .venv/bin/python bench/orchestration_overhead.py [--runs 2] [--epochs 5]
+    .venv/bin/python -m bench.orchestration_overhead [--runs 2] [--epochs 5] [--out NAME] [--results-dir DIR]
 
 Results: bench/results/orchestration_overhead.json and bench/results/orchestration_overhead.md.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -23,8 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+from .common import REPO, machine
+from .results_file import add_results_arguments, write_results
+
 DAG_ID = "ringflow_retrain"
 
 
@@ -87,6 +87,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--epochs", type=int, default=None, help="default: the DAG's own default")
+    add_results_arguments(p, "orchestration_overhead")
     args = p.parse_args()
     home = Path(tempfile.mkdtemp(prefix="ringflow-bench-orch-"))
     setup_airflow(home)
@@ -106,17 +107,13 @@ def main() -> None:
     epochs = args.epochs or dag.params["epochs"]
     summary = {"dag": DAG_ID, "conf": conf, "epochs": epochs, "workers": dag.params["num_workers"],
                "runs": runs, "cold": runs[0], "warm": runs[-1] if len(runs) > 1 else None,
-               "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
-                           "platform": platform.platform()}}
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "orchestration_overhead.json").write_text(json.dumps(summary, indent=1) + "\n")
+               "machine": machine()}
     cold, warm = runs[0], runs[-1]
     line = (f"| orchestration, {DAG_ID} defaults ({epochs} epochs, 2 workers), dag.test | whole DAG "
             f"{cold['dag_wall_s']:.1f}s cold / {warm['dag_wall_s']:.1f}s warm | training job "
             f"{cold['job_wall_s']:.1f}s / {warm['job_wall_s']:.1f}s | overhead {cold['overhead_s']:.1f}s "
             f"({cold['overhead_share']:.0%}) cold / {warm['overhead_s']:.1f}s ({warm['overhead_share']:.0%}) warm |")
-    (HERE / "results" / "orchestration_overhead.md").write_text(line + "\n")
-    print(line)
+    write_results(args, summary, [line])
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ the checkpoint to the worker and uploading it again (and the registry's own copy
 checks and bookkeeping with the bytes through the worker). Counts the bytes through the worker's sockets (both
 directions, HTTP included) and the wall time, side by side, for a few checkpoint sizes.
 
-    .venv/bin/python bench/promotion.py [--sizes-mib 1 64] [--repeats 3]
+    .venv/bin/python -m bench.promotion [--sizes-mib 1 64] [--repeats 3] [--out promotion] [--results-dir DIR]
 
 Results: bench/results/promotion.json and bench/results/promotion.md.
 """
@@ -14,20 +14,14 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from airflow_home import use_throwaway_airflow_home
-
-HERE = Path(__file__).resolve().parent
-ACCESS, SECRET = "ringflow-bench-key", "ringflow-bench-secret"
+from .common import Moto, machine, use_throwaway_airflow_home
+from .results_file import add_results_arguments, write_results
 
 
 class SocketBytes:
@@ -72,33 +66,21 @@ class SocketBytes:
         return self.sent + self.received
 
 
-def start_moto(log: Path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MOTO_"))}
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=1):
-                return proc, endpoint
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"moto server did not start: {log.read_text()[-2000:]}")
-
-
 def make_run(store, run_key: str, size: int) -> str:
+    """A run folder as the train and evaluate steps leave it (a checkpoint of `size` random bytes, its typed
+    result and evaluation, written by ringflow's own formats); the checkpoint's name."""
     from ringflow.training.formats.checkpoint import CheckpointStore
+    from ringflow.training.formats.eval_result import EvalResult
+    from ringflow.training.formats.run_folder import RunFolder
+    from ringflow.training.formats.run_result import RunResult
+    from ringflow.training.health.verdict import Verdict
 
-    run = store.child(run_key)
-    name = CheckpointStore(run).save(100, {"state.pt": os.urandom(size)}, {"step": 100})
-    run.put_bytes("result.json", json.dumps({"status": "succeeded", "checkpoint": name,
-                                             "verdict": {"status": "HEALTHY"}}).encode())
-    run.put_bytes("eval.json", json.dumps({"metrics": {"accuracy": 0.9}}).encode())
+    run = RunFolder(store.child(run_key))
+    name = CheckpointStore(run.store).save(100, {"state.pt": os.urandom(size)}, {"step": 100})
+    run.write_result(RunResult(status="succeeded", attempt="bench-a1", step=100, epoch=1, world_size=1,
+                               checkpoint=name, verdict=Verdict("HEALTHY", "as judged")))
+    run.write_eval(EvalResult(metrics={"accuracy": 0.9}, checkpoint=name, step=100, rows=100,
+                              task="classification", evaluated_at="2026-01-01T00:00:00Z"))
     return name
 
 
@@ -145,42 +127,32 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 64])
     p.add_argument("--repeats", type=int, default=3)
+    add_results_arguments(p, "promotion")
     args = p.parse_args()
     use_throwaway_airflow_home()
-    with tempfile.TemporaryDirectory(prefix="ringflow-bench-promote-") as tmp:
-        moto, endpoint = start_moto(Path(tmp) / "moto.log")
-        try:
-            os.environ["AIRFLOW_CONN_RINGFLOW_S3"] = json.dumps(
-                {"conn_type": "aws", "login": ACCESS, "password": SECRET, "extra": {"endpoint_url": endpoint}})
-            rows = run_all(endpoint, args.sizes_mib, args.repeats)
-        finally:
-            moto.terminate()
-            moto.wait(timeout=20)
+    with tempfile.TemporaryDirectory(prefix="ringflow-bench-promote-") as tmp, Moto(Path(tmp) / "moto.log") as moto:
+        os.environ["AIRFLOW_CONN_RINGFLOW_S3"] = json.dumps(
+            {"conn_type": "aws", "login": moto.access_key, "password": moto.secret_key,
+             "extra": {"endpoint_url": moto.endpoint}})
+        rows = run_all(moto, args.sizes_mib, args.repeats)
 
     summary = {"sizes_mib": args.sizes_mib, "repeats": args.repeats, "results": rows,
-               "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},
+               "machine": machine(),
                "note": "S3 is moto's server on 127.0.0.1: a server-side copy costs the server's CPU and memory, "
                        "not the network, so on real S3/MinIO the time gap is wider."}
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "promotion.json").write_text(json.dumps(summary, indent=1) + "\n")
     lines = [f"| promote {r['size_mib']:g} MiB checkpoint (moto S3) | promote task {r['promote_s']:.2f}s, "
              f"{r['promote_mib_through_worker']:.1f} MiB through the worker | download+upload {r['download_upload_s']:.2f}s, "
              f"{r['download_upload_mib_through_worker']:.1f} MiB | registry copy-through {r['registry_copy_through_s']:.2f}s, "
              f"{r['registry_copy_through_mib_through_worker']:.1f} MiB | promote / download+upload: bytes {r['bytes_ratio']:.2f}, "
              f"time {r['time_ratio']:.2f} |" for r in rows]
-    (HERE / "results" / "promotion.md").write_text("\n".join(lines) + "\n")
     print(json.dumps(rows, indent=1))
-    print("\n".join(lines))
+    write_results(args, summary, lines)
 
 
-def run_all(endpoint: str, sizes_mib: list[float], repeats: int) -> list[dict]:
-    import boto3
+def run_all(moto: Moto, sizes_mib: list[float], repeats: int) -> list[dict]:
+    from ringflow.training.store import S3Store
 
-    from ringflow.training.store import S3Store, S3Settings
-
-    settings = S3Settings(endpoint=endpoint, access_key=ACCESS, secret_key=SECRET)
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=ACCESS, aws_secret_access_key=SECRET,
-                          region_name="us-east-1")
+    settings, client = moto.settings(), moto.client()
     rows = []
     for size_mib in sizes_mib:
         size = int(size_mib * 2**20)

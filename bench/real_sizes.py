@@ -6,7 +6,7 @@ The workload is the slow test's (tests/real_size_workload.py: the shards, the li
 ranks with 20 ms per request, the job and the outside watcher the Airflow trigger runs); the S3 server is moto
 on 127.0.0.1 and the link a throttling proxy in front of it (tests/s3_fault_proxy.py).
 
-    .venv/bin/python bench/real_sizes.py [--repeats 1] [--out real_sizes]
+    .venv/bin/python -m bench.real_sizes [--repeats 1] [--out real_sizes] [--results-dir DIR]
 
 Per run: start-up (launch to the first step record, and the heartbeat's phases), samples/s after warm-up
 (result.json), checkpoints (snapshot on the training thread, upload in the background, waits for a previous
@@ -17,70 +17,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))  # the workload and the proxy are the slow test's own
-from real_size_workload import (BATCH, FEATURES, HIDDEN, LINK_BYTES_PER_SECOND, LINK_LATENCY,  # noqa: E402
-                                PARTITIONS, ROWS_PER_PARTITION, RealSizeJob, parameters, write_wide_shards)
-from s3_fault_proxy import FaultProxy  # noqa: E402
+from .common import Moto, tests_module
+from .results_file import add_results_arguments, write_results
+
+# The workload and the throttling proxy are the slow test's own (tests/real_size_workload.py, s3_fault_proxy.py).
+workload = tests_module("real_size_workload")
+FaultProxy = tests_module("s3_fault_proxy").FaultProxy
 
 
-class Moto:
-    """moto's S3 server on 127.0.0.1, and what the job and the shard step need to reach it."""
-
-    access_key, secret_key, region = "ringflow-bench", "ringflow-bench-secret", "us-east-1"
-
-    def __init__(self, log: Path):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MOTO_"))}
-        self._log = open(log, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.endpoint}/moto-api/data.json", timeout=1):
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-
-    def env(self) -> dict[str, str]:
-        return {"RINGFLOW_S3_ENDPOINT": self.endpoint, "AWS_ACCESS_KEY_ID": self.access_key,
-                "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_DEFAULT_REGION": self.region}
-
-    def settings(self):
-        from ringflow.training.store import S3Settings
-
-        return S3Settings(self.endpoint, self.access_key, self.secret_key, self.region)
-
-    def new_bucket(self, name: str) -> str:
-        import boto3
-
-        boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
-                     aws_secret_access_key=self.secret_key, region_name=self.region).create_bucket(Bucket=name)
-        return name
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-        self._log.close()
-
-
-def measure(job: RealSizeJob, folder: Path, run_uri: str, settings, label: str) -> dict:
+def measure(job, folder: Path, run_uri: str, settings, label: str) -> dict:
     from ringflow.training.health.records import read_health
     from ringflow.training.formats.run_result import read_result
     from ringflow.training.store import open_store
@@ -117,7 +67,7 @@ def measure(job: RealSizeJob, folder: Path, run_uri: str, settings, label: str) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--out", default="real_sizes")
+    add_results_arguments(parser, "real_sizes")
     args = parser.parse_args()
     from ringflow.training.store import S3Store
 
@@ -135,36 +85,34 @@ def main() -> None:
     try:
         bucket = moto.new_bucket("rf-bench-real")
         began = time.monotonic()
-        manifest_uri = write_wide_shards(S3Store.from_settings(bucket, "shards", moto.settings()))
+        manifest_uri = workload.write_wide_shards(S3Store.from_settings(bucket, "shards", moto.settings()))
         shard_seconds = time.monotonic() - began
         sizes = [i.size for i in S3Store.from_settings(bucket, "shards", moto.settings()).list("part-")]
         with FaultProxy(moto.endpoint) as proxy:
-            proxy.link(bytes_per_second=LINK_BYTES_PER_SECOND, latency=LINK_LATENCY)
+            proxy.link(bytes_per_second=workload.LINK_BYTES_PER_SECOND, latency=workload.LINK_LATENCY)
             for repeat in range(args.repeats):
                 for label, overrides in (("defaults", {}),
                                          ("checkpoints off", {"checkpoint": {"every_steps": 10**6}})):
                     run_uri = f"s3://{bucket}/runs/{label.replace(' ', '-')}-{repeat}"
-                    job = RealSizeJob(proxy.endpoint, Server, run_uri, manifest_uri, **overrides)
+                    job = workload.RealSizeJob(proxy.endpoint, Server, run_uri, manifest_uri, **overrides)
                     rows.append(measure(job, tmp, run_uri, moto.settings(), label))
     finally:
         moto.stop()
-    doc = {"command": "bench/real_sizes.py " + " ".join(sys.argv[1:]), "parameters": parameters(),
-           "features": FEATURES, "hidden": HIDDEN, "rows_per_partition": ROWS_PER_PARTITION, "batch": BATCH,
-           "partitions": PARTITIONS, "partition_bytes": sizes, "link_bytes_per_second": LINK_BYTES_PER_SECOND,
-           "link_latency_s": LINK_LATENCY, "shard_seconds": shard_seconds, "runs": rows}
-    results = HERE / "results"
-    (results / f"{args.out}.json").write_text(json.dumps(doc, indent=1))
-    (results / f"{args.out}.md").write_text(markdown(doc))
-    print(markdown(doc))
+    doc = {"parameters": workload.parameters(), "features": workload.FEATURES, "hidden": workload.HIDDEN,
+           "rows_per_partition": workload.ROWS_PER_PARTITION, "batch": workload.BATCH,
+           "partitions": workload.PARTITIONS, "partition_bytes": sizes,
+           "link_bytes_per_second": workload.LINK_BYTES_PER_SECOND, "link_latency_s": workload.LINK_LATENCY,
+           "shard_seconds": shard_seconds, "runs": rows}
+    write_results(args, doc, markdown(doc))
 
 
-def markdown(doc: dict) -> str:
+def markdown(doc: dict) -> list[str]:
     def med(label, key):
         values = [r[key] for r in doc["runs"] if r["label"] == label and r[key] is not None]
         return statistics.median(values) if values else None
 
     lines = [
-        f"`{doc['command']}`: a {doc['parameters'] / 1e6:.1f} M-parameter MLP ({doc['features']} -> {doc['hidden']}), "
+        f"A {doc['parameters'] / 1e6:.1f} M-parameter MLP ({doc['features']} -> {doc['hidden']}), "
         f"{len(doc['partition_bytes'])} partitions of {statistics.mean(doc['partition_bytes']) / 1e6:.0f} MB in S3 "
         f"(moto) behind a link of {doc['link_bytes_per_second'] / 1e6:g} MB/s shared by both ranks with "
         f"{doc['link_latency_s'] * 1000:g} ms a request; 1 epoch, batch {doc['batch']} per rank, 2 ranks on 2 shared "
@@ -185,7 +133,7 @@ def markdown(doc: dict) -> str:
     if on and off:
         lines += ["", f"Throughput at the defaults / checkpoints off: {on / off:.3f} (median of runs; the link, "
                       f"not the compute, bounds both: a checkpoint's upload shares the link with the data)."]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _f(value, digits: int = 0):

@@ -4,7 +4,8 @@ bounded memory through a local spill, per-feature mean/std, one file per worker 
 while writing, a manifest): the target is at least 0.9 of the plain copy's throughput. Also the time of a
 rerun, which finds the shards and rewrites nothing, and of the fingerprint alone (one streaming read).
 
-    .venv/bin/python bench/shard_throughput.py [--rows 500000] [--cols 64] [--repeats 3]
+    .venv/bin/python -m bench.shard_throughput [--rows 500000] [--cols 64] [--repeats 3] [--out NAME]
+                                               [--results-dir DIR]
 
 Results: bench/results/shard_throughput.json and bench/results/shard_throughput.md.
 """
@@ -12,18 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from airflow_home import use_throwaway_airflow_home
+from .common import machine, use_throwaway_airflow_home
+from .results_file import add_results_arguments, write_results
 
-HERE = Path(__file__).resolve().parent
 TARGET_RATIO = 0.9
 
 
@@ -63,6 +61,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
+    add_results_arguments(p, "shard_throughput")
     args = p.parse_args()
     use_throwaway_airflow_home()
 
@@ -101,20 +100,17 @@ def main() -> None:
         "throughput_ratio": round(ratio, 3), "target_ratio": TARGET_RATIO, "meets_target": ratio >= TARGET_RATIO,
         "partitions": result["partitions"], "rows_per_partition": result["rows_per_partition"],
         "eval_rows": result["eval_rows"], "remainder_rows": result["remainder_rows"],
-        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},
+        "machine": machine(),
         # Each repeat's shard beside its own plain copy: on a busy VM the medians alone can mislead.
         "paired_ratios": [round(c / s_, 3) for c, s_ in zip(copies, shards)],
         "all_runs_s": {"plain": copies, "shard": shards, "rerun": reruns, "read_and_fingerprint": reads},
     }
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "shard_throughput.json").write_text(json.dumps(summary, indent=1) + "\n")
     line = (f"| shard {args.rows // 1000}k x {args.cols + 1} ({size / 2**20:.0f} MiB) into {args.workers} workers "
             f"| plain pyarrow read+write {copy_s:.2f}s ({args.rows / copy_s / 1e6:.2f}M rows/s) | shard {shard_s:.2f}s "
             f"({args.rows / shard_s / 1e6:.2f}M rows/s) | ratio {ratio:.2f} (target >= {TARGET_RATIO}) "
             f"| each repeat {[round(c / s_, 2) for c, s_ in zip(copies, shards)]} | rerun {rerun_s:.2f}s, nothing rewritten |")
-    (HERE / "results" / "shard_throughput.md").write_text(line + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "all_runs_s"}, indent=1))
-    print(line)
+    write_results(args, summary, [line])
 
 
 if __name__ == "__main__":

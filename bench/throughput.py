@@ -15,8 +15,9 @@
    health off, in turn, in blocks alternating with the plain loop's, at np=1 and np=2. Separate jobs differ
    by ±10 % here; blocks side by side in one job see the same machine.
 
-    .venv/bin/python bench/throughput.py [--steps 1600] [--repeats 3] [--jobs 3] [--only NAME ...]
+    .venv/bin/python -m bench.throughput [--steps 1600] [--repeats 3] [--jobs 3] [--only NAME ...]
                                          [--alternatives] [--skip-table] [--skip-loop] [--out NAME]
+                                         [--results-dir DIR]
 
 Results: bench/results/<out>.json and <out>.md, with the command (linked from the README).
 """
@@ -31,40 +32,26 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import loop_vs_plain
+from .checkpoint_gate import CHECKPOINTS_OFF  # the "checkpoints off" rows
+from .common import (BATCH, FEATURES, HIDDEN, ROWS_PER_RANK, environment, module_command, quartiles, shards,
+                     shown_environment, spread)
+from .peer_worker import LEARNING_RATE  # the peers' and ringflow's jobs train with the same
+from .results_file import add_results_arguments, write_results
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from checkpoint_gate import CHECKPOINTS_OFF  # noqa: E402  (the "checkpoints off" rows)
-from peer_worker import LEARNING_RATE  # noqa: E402  (the peers' and ringflow's jobs train with the same)
-from random_shards import write_random_shards  # noqa: E402
-from results_file import write_results  # noqa: E402
-
-PY = sys.executable
-BIN = Path(PY).parent
-FEATURES, HIDDEN, BATCH = 128, [256, 256], 256
+BIN = Path(sys.executable).parent
 TARGET_VS_PLAIN, TARGET_HEALTH = 0.97, 0.03
 NOISE_FLOOR = "horovod + mpi, again (noise floor)"
 HVD_DEFAULTS, HVD_NO_CHECKPOINTS = "ringflow horovod (defaults)", "ringflow horovod (checkpoints off)"
 DDP_DEFAULTS, DDP_NO_CHECKPOINTS = "ringflow ddp (defaults)", "ringflow ddp (checkpoints off)"
 
 
-def environment() -> dict[str, str]:
-    """What every job here runs with: the launcher's rank environment, ringflow's Horovod/Open MPI settings
-    (a ringflow rank sets them itself from its config; a peer gets them here), one core per rank so np=1
-    measures one core and np=2 can reach at most 2.0x."""
-    from ringflow.training.formats.config import HorovodConfig
-    from ringflow.training.rank.cores import TORCH_THREADS_ENV
-    from ringflow.training.core.launcher import rank_environment
-
-    return rank_environment() | HorovodConfig().environment() | {TORCH_THREADS_ENV: "1"}
-
-
 def peer(framework: str, controller: str | None, np_: int, steps: int,
          bind_cores: str | bool | None = None) -> tuple[float, None]:
     """samples/s after warm-up as the peer's job counted it (peer_worker.py); it has no health monitor.
     bind_cores: as a ringflow rank's config says (None: ringflow's default)."""
-    worker = [PY, str(HERE / "peer_worker.py"), "--framework", framework, "--steps", str(steps),
-              "--batch", str(BATCH), "--features", str(FEATURES), "--hidden", *map(str, HIDDEN)]
+    worker = module_command("bench.peer_worker", "--framework", framework, "--steps", str(steps),
+                            "--batch", str(BATCH), "--features", str(FEATURES), "--hidden", *map(str, HIDDEN))
     if bind_cores is not None:
         worker += ["--bind-cores", json.dumps(bind_cores).strip('"')]
     if framework == "horovod":
@@ -72,18 +59,13 @@ def peer(framework: str, controller: str | None, np_: int, steps: int,
     else:
         from ringflow.training.core.launcher import free_port
 
-        cmd = [PY, "-m", "torch.distributed.run", "--nnodes", "1", f"--nproc-per-node={np_}", "--rdzv-backend",
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", f"--nproc-per-node={np_}", "--rdzv-backend",
                "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--local-addr", "127.0.0.1", *worker[1:]]
     out = subprocess.run(cmd, capture_output=True, text=True, env=environment(), timeout=600)
     for line in out.stdout.splitlines():
         if '"samples_per_sec"' in line:
             return json.loads(line[line.index("{"):line.index("}") + 1])["samples_per_sec"], None
     raise RuntimeError(f"{cmd} printed no rate:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-
-
-def shards(root: Path, np_: int) -> str:
-    return write_random_shards(root / f"shards{np_}", partitions=np_, rows_per_partition=8192, features=FEATURES,
-                               classes=10, batch=BATCH)
 
 
 def ringflow(root: Path, np_: int, steps: int, engine: str, controller: str | None = None,
@@ -97,9 +79,9 @@ def ringflow(root: Path, np_: int, steps: int, engine: str, controller: str | No
     from ringflow.training.formats.engines import DEFAULT_CONTROLLER
 
     run = root / f"run-{engine}-{np_}-{time.monotonic_ns()}"
-    # One epoch is 8192 rows per rank; run as many epochs as reach `steps`.
+    # One epoch is ROWS_PER_RANK rows per rank; run as many epochs as reach `steps`.
     cfg = {"manifest_uri": str(root / f"shards{np_}" / "manifest.json"), "engine": engine,
-           "run_uri": str(run), "epochs": max(1, round(steps / (8192 // BATCH))), "batch_size": BATCH,
+           "run_uri": str(run), "epochs": max(1, round(steps / (ROWS_PER_RANK // BATCH))), "batch_size": BATCH,
            "learning_rate": LEARNING_RATE, "model": {"hidden": HIDDEN}, "horovod": horovod or {}, **(settings or {})}
     cfg_path = root / f"{run.name}.json"
     cfg_path.write_text(json.dumps(cfg))
@@ -113,15 +95,6 @@ def ringflow(root: Path, np_: int, steps: int, engine: str, controller: str | No
 
     result = read_result(LocalFolderStore(str(run)))
     return result.samples_per_sec_after_warmup, result.health_monitor_share_after_warmup
-
-
-def spread(values: list[float], digits: int = 2) -> str:
-    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
-
-
-def shown_environment() -> dict[str, str]:
-    """The settings every job runs with that tune it (environment() less the inherited variables)."""
-    return {k: v for k, v in environment().items() if k.startswith(("OMPI_MCA", "HOROVOD", "RINGFLOW", "GLOO"))}
 
 
 def peer_table(root: Path, args) -> tuple[dict, list[str]]:
@@ -190,15 +163,7 @@ def peer_table(root: Path, args) -> tuple[dict, list[str]]:
     return {"rows": rows, "engine_vs_peer": vs, "ratio_of_medians": of_medians, "monitor_share": shares}, lines
 
 
-def quartiles(values: list[float]) -> tuple[float, float, float]:
-    """(median, lower quartile, upper quartile)."""
-    qs = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return statistics.median(values), qs[0], qs[2]
-
-
 def loop_overhead(root: Path, args) -> tuple[dict, list[str]]:
-    import loop_vs_plain
-
     results: dict[str, dict[str, list[float]]] = {}
     for job in range(args.jobs):  # interleaved, as above
         for engine in ("horovod", "ddp"):
@@ -260,7 +225,7 @@ def main() -> None:
     p.add_argument("--alternatives", action="store_true", help="also the Horovod settings ringflow's were chosen from")
     p.add_argument("--skip-table", action="store_true")
     p.add_argument("--skip-loop", action="store_true")
-    p.add_argument("--out", default="throughput", help="results file name under bench/results/")
+    add_results_arguments(p, "throughput")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ringflow-bench-"))
     for np_ in (1, 2):
@@ -283,7 +248,7 @@ def main() -> None:
     if not args.skip_table:
         summary["peer_table"], more = peer_table(root, args)
         lines += more
-    write_results(args.out, summary, lines)
+    write_results(args, summary, lines)
 
 
 if __name__ == "__main__":

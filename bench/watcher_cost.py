@@ -7,7 +7,8 @@ Between polls the job adds `--per-poll` records, as a job measuring every 10th s
 trigger's 2 s. The run folder is a local folder (an S3 store adds a round trip per object read to both ways:
 the old way reads every segment each poll, the new way health.jsonl, one probe and heartbeat.json).
 
-    .venv/bin/python bench/watcher_cost.py [--sizes 1000 10000 100000] [--polls 5] [--per-poll 10]
+    .venv/bin/python -m bench.watcher_cost [--sizes 1000 10000 100000] [--polls 5] [--per-poll 10]
+                                           [--out watcher_cost] [--results-dir DIR]
 
 Results: bench/results/watcher_cost.json and bench/results/watcher_cost.md.
 """
@@ -15,15 +16,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import platform
 import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from .results_file import add_results_arguments, write_results
 
 HEALTH = {"every_steps": 10, "checksum_every_steps": 50}
 
@@ -96,6 +95,7 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     p.add_argument("--polls", type=int, default=5)
     p.add_argument("--per-poll", type=int, default=10)
+    add_results_arguments(p, "watcher_cost")
     args = p.parse_args(argv)
     rows = []
     for size in args.sizes:
@@ -103,12 +103,9 @@ def main(argv=None) -> int:
         r = rows[-1]
         print(f"{size:>7} records: old {r['old_median_ms']:8.1f} ms/poll, new {r['new_median_ms']:6.2f} ms/poll, "
               f"first poll after a restart {r['catch_up_ms']:.0f} ms", flush=True)
-    out = HERE / "results"
-    out.mkdir(exist_ok=True)
     doc = {"machine": platform.platform(), "polls": args.polls, "per_poll": args.per_poll, "rows": rows}
-    (out / "watcher_cost.json").write_text(json.dumps(doc, indent=1))
     lines = ["# Watcher cost per poll", "",
-             f"`bench/watcher_cost.py`: {args.polls} polls per size, {args.per_poll} new step records before each "
+             f"{args.polls} polls per size, {args.per_poll} new step records before each "
              "(plus a checksum record every 5th), old and new way interleaved on the same local run folder; "
              "medians, every poll in watcher_cost.json.", "",
              "| records in the run | old: read and judge everything (ms/poll) | new: HealthWatch.poll (ms/poll) "
@@ -122,7 +119,7 @@ def main(argv=None) -> int:
               "that moment, not on the length of the run. A restarted triggerer reads the run once "
               "(last column) and is flat from its next poll.",
               "", f"Machine: {platform.platform()}, Python {platform.python_version()}."]
-    (out / "watcher_cost.md").write_text("\n".join(lines) + "\n")
+    write_results(args, doc, lines, echo=False)  # each size's line is printed as it is measured
     return 0
 
 
