@@ -137,10 +137,10 @@ def neighbours(blocks: list, kind: str, against: str, field: int = 1) -> list[fl
 
 
 def run_job(root: Path, engine: str, np_: int, steps: int, block: int, env: dict,
-            module: str = __spec__.name, settings: dict | None = None) -> list:
+            module: str = __spec__.name, settings: dict | None = None, on_run=None) -> list:
     """One job whose ranks run `python -m module --worker CONFIG --block N --blocks-out FILE` (this module's
-    worker, or another bench's); env: from common.environment(); settings: more top-level job config fields.
-    Rank 0's blocks."""
+    worker, or another bench's); env: from common.environment(); settings: more top-level job config fields;
+    on_run: called with the job's run folder URI after it ends. Rank 0's blocks."""
     if block % DEFAULT_INTERVAL:
         raise ValueError(f"block {block}: use a multiple of the default checkpoint interval, {DEFAULT_INTERVAL} steps")
     tag = f"{engine}-{np_}-{time.monotonic_ns()}"
@@ -159,7 +159,37 @@ def run_job(root: Path, engine: str, np_: int, steps: int, block: int, env: dict
     proc = subprocess.run(command, capture_output=True, text=True, env=env | {ENGINE_ENV: engine}, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(proc.stdout[-3000:] + proc.stderr[-3000:])
+    if on_run is not None:
+        on_run(cfg["run_uri"])
     return [tuple(b) for b in json.loads(out.read_text())]
+
+
+def checkpoints_written(run_uri: str) -> int:
+    """How many checkpoints the job's rank 0 wrote (its `checkpoint` health records), the final one included."""
+    from ringflow.training.formats.run_folder import RunFolder
+
+    return sum(1 for r in RunFolder.open(run_uri).read_health() if r.get("type") == "checkpoint")
+
+
+def whole_run(blocks: list, kind: str, against: str, field: int = 1) -> float | None:
+    """Throughput of `kind` relative to `against` over the whole run: the neighbours' mean times summed over
+    every `kind` block, over those blocks' own times summed. Unlike the median of block ratios, a rare slow
+    block (the one a checkpoint lands in when the cadence's time floor spaces them out) counts with its full
+    weight."""
+    own = theirs = 0.0
+    for i, block in enumerate(blocks):
+        if block[0] != kind:
+            continue
+        before = next((b[field] for b in reversed(blocks[:i]) if b[0] == against), None)
+        after = next((b[field] for b in blocks[i + 1:] if b[0] == against), None)
+        if before is not None and after is not None:
+            own, theirs = own + block[field], theirs + (before + after) / 2
+    return theirs / own if own else None
+
+
+# Whole-run ratios (whole_run), each (kind, against, field).
+WHOLE_RUN = {"defaults_vs_plain": (RF_DEFAULTS, PLAIN, 1), "defaults_vs_plain_cpu": (RF_DEFAULTS, PLAIN, 2),
+             "checkpoints_on_vs_off": (RF_DEFAULTS, RF_NO_CHECKPOINTS, 1)}
 
 
 # Throughput ratios, block by block against its neighbours, each (kind, against, field) for neighbours():
