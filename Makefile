@@ -22,6 +22,7 @@ test-fast: setup
 
 bench: setup
 	$(PY) -m bench.throughput
+	$(PY) -m bench.throughput --skip-table --steps 5000 --jobs 1 --out throughput_in_job  # long enough for the 30 s checkpoint floor
 	$(PY) -m bench.health_overhead
 	$(PY) -m bench.health_overhead --engine ddp --out health_overhead-ddp
 	$(PY) -m bench.checkpoint_overhead
