@@ -17,6 +17,9 @@ A Horovod without NCCL cannot all-reduce GPU tensors: its jobs are recorded as s
 """
 from __future__ import annotations
 
+if not __package__:  # run as a file: its relative imports would fail with a message that does not say why
+    raise SystemExit(f"run it as a module from the repository root: python -m bench.{__file__.rsplit('/', 1)[-1][:-3]}")
+
 import argparse
 import io
 import json

@@ -23,6 +23,9 @@ Results: bench/results/<out>.json and <out>.md, with the command (linked from th
 """
 from __future__ import annotations
 
+if not __package__:  # run as a file: its relative imports would fail with a message that does not say why
+    raise SystemExit(f"run it as a module from the repository root: python -m bench.{__file__.rsplit('/', 1)[-1][:-3]}")
+
 import argparse
 import json
 import statistics
