@@ -107,9 +107,9 @@ class TrainJobTrigger(BaseTrigger):
         in the run folder may be an earlier attempt's, which is not this job's)."""
         if attempt is None:
             return None
-        from ringflow.training.formats.run_result import read_result
+        from ringflow.training.formats.run_folder import RunFolder
 
-        return read_result(run, attempt)
+        return RunFolder(run).read_result(attempt)
 
     async def _stream_logs(self, backend) -> list[str]:
         chunk = await backend.alogs(self.job_id, self.log_cursor)

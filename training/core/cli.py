@@ -106,20 +106,17 @@ def cmd_train(args) -> int:
 
 def cmd_health(args) -> int:
     from ..formats.config import HealthConfig
-    from ..health.heartbeat import read_heartbeat
-    from ..health.records import read_health
     from ..formats.run_folder import RunFolder
     from ..health.verdict import judge, thresholds
-    from ..store import open_store
 
-    store = open_store(args.run)
-    records = read_health(store)
+    run = RunFolder.open(args.run)
+    records = run.read_health()
     # The thresholds the run was judged by while it ran, stored in its last attempt's `start` record.
     cfg = thresholds(records)
     source = "stored with the run" if cfg is not None else "defaults: the run stored none"
     cfg = cfg or HealthConfig()
     verdict = judge(records, cfg)
-    heartbeat = read_heartbeat(RunFolder(store).current_store())  # the current attempt's (run_folder.py)
+    heartbeat = run.read_heartbeat()  # the current attempt's
     doc = verdict.to_dict() | {"thresholds": source, "stall_seconds": cfg.stall_seconds,
                                "heartbeat": dataclasses.asdict(heartbeat) if heartbeat else None}
     print(json.dumps(doc, indent=1, default=str))

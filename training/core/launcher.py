@@ -142,11 +142,11 @@ def _say(message: str) -> None:
 
 
 def _result_of(cfg: JobConfig, attempt: str):
-    from ..formats.run_result import ResultError, read_result
-    from ..store import open_store
+    from ..formats.run_folder import RunFolder
+    from ..formats.run_result import ResultError
 
     try:
-        return read_result(open_store(cfg.run_uri), attempt)
+        return RunFolder.open(cfg.run_uri).read_result(attempt)
     except ResultError as exc:
         print(f"[ringflow] {exc}", file=sys.stderr, flush=True)
         return None

@@ -33,9 +33,10 @@ def verify_shards(manifest: ShardManifest, store: ObjectStore, full: bool = Fals
     """Raise ShardChanged unless every partition (and the eval split) is on `store` as the manifest says:
     sizes and footers, and with `full` every byte."""
     entries = [*manifest.partitions, *([manifest.eval] if manifest.eval is not None else [])]
+    sizes: dict[str, int] = {}
     for entry in entries:  # sizes first: cheap, and what a truncated copy gets wrong
         try:
-            size = store.stat(entry.key).size
+            size = sizes[entry.key] = store.stat(entry.key).size
         except ObjectNotFound:
             raise _changed(entry, "does not exist") from None
         if entry.size and size != entry.size:
@@ -50,7 +51,7 @@ def verify_shards(manifest: ShardManifest, store: ObjectStore, full: bool = Fals
             continue
         if not full:
             continue  # an older manifest has no footer hash: its whole-file hash needs every byte
-        digest, offset, size = hashlib.sha256(), 0, store.stat(entry.key).size
+        digest, offset, size = hashlib.sha256(), 0, sizes[entry.key]
         while offset < size:
             chunk = store.get_range(entry.key, offset, min(CHUNK_BYTES, size - offset))
             digest.update(chunk)

@@ -49,7 +49,7 @@ from ..health.verdict import STALLED, STORE_UNAVAILABLE, Verdict, store_unavaila
 from .loop import TrainingLoop
 from ..formats.manifest import ShardManifest, split_manifest_uri
 from .models import build_model
-from ..formats.run_result import FAILED, SUCCEEDED, ResultError, RunResult, read_result
+from ..formats.run_result import FAILED, SUCCEEDED, ResultError, RunResult
 from ..store import ObjectStore, StoreConfigError, StoreUnavailable, open_store
 from .training_state import STATE_FILE, TrainingState
 from .worker_env import ATTEMPT_ENV, launcher_rank, launcher_world_size
@@ -275,7 +275,7 @@ class Trainer:
             doc = meta["verdict"]
             return Verdict(doc["status"], doc.get("reason", ""), doc.get("evidence") or {}) if doc else None
         try:  # a checkpoint from before verdicts were kept with it: the result that named it, if any
-            result = read_result(self.run_folder)
+            result = RunFolder(self.run_folder).read_result()
         except ResultError:
             return None
         if result is not None and result.succeeded and result.checkpoint == self.resumed_from:

@@ -122,8 +122,9 @@ class Checkpointing(Callback):
         # (frozen, its host gone) is silence, judged by stall_seconds, whatever the store does. Each round
         # that goes through while rank 0 still uploads is a sign of life on every rank; a store that moves
         # nothing for store_timeout_seconds is rank 0's finding (STORE_UNAVAILABLE), and it stops the job.
+        skip = may_skip and self._too_soon()  # rank 0's decision, made once: the first round carries it
         while True:
-            word = SKIP if may_skip and self._too_soon() else self._rank0_word()
+            word = SKIP if skip else self._rank0_word()
             word = int(loop.engine.allgather(torch.tensor([[float(word)]], dtype=torch.float64),
                                              name="ringflow.checkpoint_wait")[0, 0])
             if word != UPLOADING:
