@@ -4,6 +4,8 @@
 # debootstrap (its Debian base), iproute2 (network namespaces and veth pairs), util-linux's unshare and
 # procps. sshd, ssh and mpirun come from the image, not from the host. A second run does nothing.
 # Needs root, as the tests do (namespaces, chroot, buildah's storage).
+# `--missing` prints the Debian packages still to install and installs nothing: scripts/setup.sh folds them
+# into its one apt transaction.
 set -euo pipefail
 need=()
 command -v buildah >/dev/null || need+=(buildah)
@@ -11,6 +13,10 @@ command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v pkill >/dev/null || need+=(procps)
+if [ "${1:-}" = --missing ]; then
+  echo "${need[*]}"
+  exit 0
+fi
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
