@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The test command (`make test`): the whole suite, slow tests included, as CI runs it.
 #
-# Tests marked `background` wait on a throttled link rather than on the CPU (the real-size test streams 1 GB
-# through an 8 MB/s proxy for ~10 minutes), so they run in a second pytest process beside the rest instead
-# of after it. Both must pass; the background run's output is printed after the main run's.
+# Tests marked `background` spend most of their time waiting rather than computing: the real-size test streams
+# 1 GB through an 8 MB/s proxy for ~10 minutes; the multi-host tests build an image (downloads) and wait out
+# cut links; the real-Airflow tests (REST API, approval, asset event, browser) wait on the scheduler's and
+# triggerer's loops. So they run in a second pytest process beside the rest instead of after it. Both must pass; the background run's output is printed after the main run's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 out=test-output
 mkdir -p "$out"
 rm -rf "$out/background-tmp"
-"$PY" -m pytest -m background --basetemp="$out/background-tmp" -p no:cacheprovider "$@" > "$out/background.log" 2>&1 &
+"$PY" -m pytest -m background --durations=20 --basetemp="$out/background-tmp" -p no:cacheprovider "$@" > "$out/background.log" 2>&1 &
 background=$!
 "$PY" -m pytest -m "not background" --durations=40 "$@"
 main=$?

@@ -25,7 +25,7 @@ from real_airflow import running_airflow
 from ringflow.operators.links import local_link
 from ringflow.training.core.runs import store_layout
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.background, pytest.mark.timeout(900)]
 
 DAG_ID = "ringflow_retrain"
 TRAIN = "digits.train"
