@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# The training image: what every MPIJob pod runs (the launcher runs mpirun, the workers run sshd).
+# The training image: what every MPIJob pod runs (the launcher runs mpirun, the workers run sshd), and every
+# TrainJob pod (a TensorFlow one on the TF venv, /opt/tensorflow: TENSORFLOW=0 leaves it out).
 # Python, torch and Horovod as on a developer machine (scripts/setup.sh), OpenMPI and an sshd set up the
 # way the Kubeflow MPI Operator expects, and ringflow. Runs as the non-root user mpiuser (uid 1000).
 #
@@ -85,6 +86,26 @@ COPY operators /src/operators
 RUN --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
  && pip install --find-links /wheelhouse /src && python -c "import ringflow.training, horovod.torch"
+# The TensorFlow engine's venv, /opt/tensorflow (TrainJobSettings.tensorflow_python): tensorflow-cpu and
+# ringflow's core requirements minus torch, ringflow itself with --no-deps. A venv of its own because a
+# TensorFlow rank never imports torch and the two pin different numpy/protobuf ranges. Last in this stage, so
+# the torch and Horovod layers above stay cached. TENSORFLOW=0 leaves it empty (about 1.5 GB less) for images
+# that never run a TensorFlow TrainJob, as the multihost tests' MPIJob image. tensorflow-cpu on GPU=1 builds
+# too: TensorFlow on GPUs is not covered.
+ARG TENSORFLOW=1
+ARG TENSORFLOW_VERSION=2.21.0
+COPY docker/requirements_without_torch.py /src/docker/requirements_without_torch.py
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
+ && mkdir -p /opt/tensorflow \
+ && if [ "${TENSORFLOW}" = "1" ]; then \
+      "python${PYTHON_VERSION}" -m venv /opt/tensorflow \
+      && python /src/docker/requirements_without_torch.py --core /src/pyproject.toml > /tmp/tf-requirements.txt \
+      && /opt/tensorflow/bin/pip install --find-links /wheelhouse "tensorflow-cpu==${TENSORFLOW_VERSION}" \
+           -r /tmp/tf-requirements.txt \
+      && /opt/tensorflow/bin/pip install --no-deps /src \
+      && /opt/tensorflow/bin/python -c "import tensorflow, ringflow.training.core.backends.kubernetes.tf_pod"; \
+    fi
 
 FROM ${BASE_IMAGE}
 ARG PYTHON_VERSION
@@ -99,6 +120,7 @@ RUN apt-get update \
     fi \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/venv /opt/venv
+COPY --from=build /opt/tensorflow /opt/tensorflow
 # mpirun -x forwards PATH, LD_LIBRARY_PATH and PYTHONPATH to every rank, so all three must exist.
 ENV PATH=/opt/venv/bin:$PATH LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-} PYTHONPATH=${PYTHONPATH:-} \
     PYTHONUNBUFFERED=1

@@ -13,6 +13,7 @@
 #     and OpenMPI as the image).
 #  3. buildah bud with the versions from versions.env and the host's CA bundle as the build secret
 #     ca_bundle (RINGFLOW_CA_BUNDLE; for TLS-intercepting proxies). A secret never lands in a layer.
+#     RINGFLOW_IMAGE_TENSORFLOW=0 leaves the TensorFlow venv out (TrainJobs of engine tensorflow need it).
 # Needs root (debootstrap, buildah's chroot isolation): scripts/setup-multihost.sh installs the tools.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,6 +26,7 @@ mirror=${RINGFLOW_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 ca_bundle=${RINGFLOW_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 horovod_wheel=${RINGFLOW_HOROVOD_WHEEL:-auto}   # auto: the host's wheel if there is one; build: compile in the image
 pip=${RINGFLOW_HOST_PIP:-python3 -m pip}
+tensorflow=${RINGFLOW_IMAGE_TENSORFLOW:-1}   # 0: no TF venv in the image (an image for MPIJobs only)
 log() { echo "[build-training-image] $*" >&2; }
 
 # 1. The base image.
@@ -84,5 +86,6 @@ buildah bud --isolation chroot --layers --format docker --force-rm \
   -f docker/training.Dockerfile --ignorefile docker/training.Dockerfile.dockerignore \
   --build-arg "BASE_IMAGE=$base_image" --build-arg "PYTHON_VERSION=$PYTHON_VERSION" \
   --build-arg "TORCH_VERSION=$TORCH_VERSION" --build-arg "HOROVOD_VERSION=$HOROVOD_VERSION" \
+  --build-arg "TENSORFLOW_VERSION=$TENSORFLOW_VERSION" --build-arg "TENSORFLOW=$tensorflow" \
   "${secret[@]}" -t "$tag" .
 log "built $tag"

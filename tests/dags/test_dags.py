@@ -58,7 +58,7 @@ def test_params_have_defaults_the_form_shows(dagbag):
         "dataset_uri": "builtin:digits", "model_name": "digits-mlp", "num_workers": 2, "epochs": 5,
         "batch_size": 32, "learning_rate": 0.002, "gate_metric": "accuracy", "gate_mode": "max",
         "job_overrides": {}, "engine": "horovod"}
-    assert params.get_param("engine").schema["enum"] == ["horovod", "ddp"]
+    assert params.get_param("engine").schema["enum"] == ["horovod", "ddp", "tensorflow"]
     schema = params.get_param("num_workers").schema
     assert (schema["type"], schema["minimum"], schema["maximum"]) == ("integer", 1, 16)
 

@@ -180,7 +180,7 @@ def _example_trainjobs():
     labels = {"dag": "retrain_digits", "run": "manual__2030-01-01", "task": "train", "try": "1"}
     return [build_trainjob(JobSpec(name=f"rf-retrain-digits-train-0123456789-{engine}-t1",
                                    config={"manifest_uri": "s3://ringflow/...", "engine": engine}, num_workers=2,
-                                   labels=labels), settings) for engine in ("horovod", "ddp")]
+                                   labels=labels), settings) for engine in ("horovod", "ddp", "tensorflow")]
 
 
 def test_example_trainjobs_are_generated_and_valid():
@@ -207,7 +207,7 @@ def _replicated_jobs(runtime: dict) -> dict[str, dict]:
 
 def test_runtimes_pass_the_crd_schema_strictly():
     runtimes = _runtimes()
-    assert sorted(runtimes) == ["ringflow-horovod", "ringflow-torch"]
+    assert sorted(runtimes) == ["ringflow-horovod", "ringflow-tensorflow", "ringflow-torch"]
     for runtime in runtimes.values():
         strict_schema.assert_valid(runtime)
     # The check itself: a misspelt field in a runtime fails.
@@ -223,7 +223,7 @@ def test_runtimes_are_the_ones_the_trainjob_backend_names_and_patches():
     from ringflow.training.core.backends.kubernetes.trainjob import LAUNCHER, NODE, replicated_jobs
 
     runtimes, settings = _runtimes(), TrainJobSettings(image="REGISTRY/ringflow-training:0.1.0")
-    for engine in ("horovod", "ddp"):
+    for engine in ("horovod", "ddp", "tensorflow"):
         runtime = runtimes[settings.runtime(engine)]
         jobs = _replicated_jobs(runtime)
         # Trainer refuses patches of replicated jobs or containers its runtime does not have.
@@ -242,6 +242,31 @@ def test_runtimes_are_the_ones_the_trainjob_backend_names_and_patches():
             assert pod["containers"][0]["securityContext"]["runAsUser"] == 1000
         assert runtime["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 1
     assert "torch" in runtimes[settings.ddp_runtime]["spec"]["mlPolicy"]
+
+
+def test_the_tensorflow_runtime_gives_each_pod_what_its_tf_config_is_derived_from():
+    from ringflow.training.core.backends.kubernetes import labels as L, tf_pod
+    from ringflow.training.core.backends.kubernetes.jobset_names import TRAINER_PORT
+
+    runtime = _runtimes()["ringflow-tensorflow"]
+    # The plain policy: Trainer sets the node count and the TrainJob's image, command and env, nothing else
+    # (a framework policy would set its own variables, or mpirun, in the pods).
+    assert runtime["spec"]["mlPolicy"] == {"numNodes": 1}
+    assert runtime["metadata"]["labels"]["trainer.kubeflow.org/framework"] == "tensorflow"
+    network = runtime["spec"]["template"]["spec"]["network"]
+    # The headless Service is named like the JobSet (no subdomain of its own), and names resolve before Ready.
+    assert network == {"publishNotReadyAddresses": True}
+    node = _replicated_jobs(runtime)["node"]["template"]["spec"]
+    assert node["completionMode"] == "Indexed"  # JOB_COMPLETION_INDEX in every pod
+    (container,) = node["template"]["spec"]["containers"]
+    assert container["env"] == [{"name": tf_pod.JOBSET_ENV, "valueFrom": {"fieldRef": {
+        "fieldPath": f"metadata.labels['{L.JOBSET_NAME_LABEL}']"}}}]
+    assert container["ports"] == [{"name": "tf-worker", "containerPort": TRAINER_PORT, "protocol": "TCP"}]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    # What the TrainJob's env carries and the runtime does not, and the reverse: together, tf_pod's inputs.
+    (trainjob,) = [t for t in _example_trainjobs() if t["spec"]["runtimeRef"]["name"] == "ringflow-tensorflow"]
+    given = {e["name"] for e in trainjob["spec"]["trainer"]["env"]} | {e["name"] for e in container["env"]}
+    assert {tf_pod.NUM_WORKERS_ENV, tf_pod.JOBSET_ENV} <= given and tf_pod.INDEX_ENV not in given
 
 
 def test_the_horovod_runtime_runs_the_images_sshd_like_the_mpijob_path():
@@ -309,4 +334,4 @@ def test_airflow_values_settings_also_configure_the_trainjob_backend():
     backend = backend_from_env(env)
     assert backend.kind == "trainjob" and backend.settings.image == "REGISTRY/ringflow-training:0.1.0"
     assert {r["metadata"]["name"] for r in of_kind("ClusterTrainingRuntime")} == {
-        backend.settings.horovod_runtime, backend.settings.ddp_runtime}
+        backend.settings.horovod_runtime, backend.settings.ddp_runtime, backend.settings.tensorflow_runtime}

@@ -229,14 +229,34 @@ def test_the_ca_bundle_is_a_build_secret_and_never_in_the_image():
     for keyword, rest in build + final:
         assert not (keyword in ("ENV", "ARG") and "PIP_CERT" in rest), "PIP_CERT must not persist in a layer"
         assert not (keyword in ("COPY", "ADD") and ".crt" in rest), "a CA file must not be copied into a layer"
-    # What reaches the final stage from the build stage is the venv alone.
-    assert [rest for keyword, rest in final if keyword == "COPY" and "--from" in rest] == ["--from=build /opt/venv /opt/venv"]
+    # What reaches the final stage from the build stage is the two venvs alone: torch's, and TensorFlow's.
+    assert [rest for keyword, rest in final if keyword == "COPY" and "--from" in rest] == [
+        "--from=build /opt/venv /opt/venv", "--from=build /opt/tensorflow /opt/tensorflow"]
+
+
+def test_the_training_image_has_the_tensorflow_venv_the_trainjob_settings_name():
+    from ringflow.training.core.backends.kubernetes.settings import TrainJobSettings
+
+    defaults, runs = arg_defaults("training.Dockerfile"), [
+        rest for keyword, rest in instructions("training.Dockerfile") if keyword == "RUN"]
+    assert defaults["TENSORFLOW"] == "1" and defaults["TENSORFLOW_VERSION"] == versions_env()["TENSORFLOW_VERSION"]
+    (tf_run,) = [r for r in runs if "/opt/tensorflow" in r]
+    venv = TrainJobSettings(image="r/ringflow-training:0.1.0").tensorflow_python.removesuffix("/bin/python")
+    assert venv == "/opt/tensorflow" and f"-m venv {venv}" in tf_run
+    assert '"tensorflow-cpu==${TENSORFLOW_VERSION}"' in tf_run and "--core" in tf_run
+    assert "pip install --no-deps /src" in tf_run and "import tensorflow, ringflow.training.core.backends" in tf_run
+    # The TF venv's requirements: ringflow's core ones, never torch, Horovod, Airflow or the Kubernetes client.
+    reqs = subprocess.run([sys.executable, str(DOCKER / "requirements_without_torch.py"), "--core",
+                           str(ROOT / "pyproject.toml")], capture_output=True, text=True, check=True).stdout.split()
+    names = {re.split(r"[<>=!~\[]", r)[0].lower() for r in reqs}
+    assert {"numpy", "pyarrow", "boto3"} <= names
+    assert not names & {"torch", "horovod", "apache-airflow", "kubernetes", "mlflow-skinny"}
 
 
 def test_the_build_script_passes_versions_env_and_the_secret():
     script = (ROOT / "scripts/build-training-image.sh").read_text()
     assert "source versions.env" in script
-    for key in ("PYTHON_VERSION", "TORCH_VERSION", "HOROVOD_VERSION"):
+    for key in ("PYTHON_VERSION", "TORCH_VERSION", "HOROVOD_VERSION", "TENSORFLOW_VERSION"):
         assert f'--build-arg "{key}=${key}"' in script, key
     assert '--build-arg "BASE_IMAGE=$base_image"' in script
     assert '--secret "id=ca_bundle,src=$ca_bundle"' in script

@@ -21,8 +21,8 @@ IMAGE_REPO = "localhost/ringflow-training"
 CACHE = Path(os.environ.get("RINGFLOW_CACHE", Path.home() / ".cache" / "ringflow"))
 # What COPY puts into the image, plus how it is built.
 IMAGE_INPUTS = ["docker/training.Dockerfile", "docker/training.Dockerfile.dockerignore", "docker/build-horovod.sh",
-                "docker/sshd_config", "versions.env", "pyproject.toml", "README.md",
-                "scripts/build-training-image.sh", "training", "operators"]
+                "docker/sshd_config", "docker/requirements_without_torch.py", "versions.env", "pyproject.toml",
+                "README.md", "scripts/build-training-image.sh", "training", "operators"]
 
 
 def image_hash() -> str:
@@ -71,8 +71,10 @@ def training_image() -> str:
         CACHE.mkdir(parents=True, exist_ok=True)
         log = CACHE / "build-training-image.log"
         with open(log, "wb") as out:
+            # MPIJobs only: no TensorFlow venv, which would only add a TensorFlow download to the build.
             proc = subprocess.run(["nice", "-n", "10", str(ROOT / "scripts/build-training-image.sh"), tag],
-                                  stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, timeout=3600)
+                                  stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, timeout=3600,
+                                  env=os.environ | {"RINGFLOW_IMAGE_TENSORFLOW": "0"})
         if proc.returncode != 0:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
             pytest.fail(f"scripts/build-training-image.sh {tag} failed ({proc.returncode}), {log}:\n{tail}")

@@ -9,7 +9,8 @@ from ringflow.training.formats.engines import ENGINES
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+# The torch engines: their parameters compare as tensors. TensorFlow's resume is tested with its rank.
+@pytest.mark.parametrize("engine", [e for e in ENGINES if e != "tensorflow"])
 def test_killed_worker_resumes_to_the_same_parameters(jobs, engine):
     reference = jobs.config("uninterrupted", epochs=3, engine=engine)
     assert jobs.run(reference)[0] == 0

@@ -20,7 +20,7 @@ from .backends.processes.tracking import mode_from_env, start_tracking
 from ..formats.config import JobConfig
 from .failure_policy import Observation, decide
 from ..rank.engines import ENGINE_ENV, engine_name
-from ..formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, engine_spec
+from ..formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, EngineError, engine_spec
 from .preflight import preflight
 from ..rank.worker_env import ATTEMPT_ENV
 
@@ -61,7 +61,12 @@ def launch_command(name: str, config_path: str, num_workers: int, controller: st
     launcher = engine_spec(name).launcher
     if launcher == "torchrun":
         return torchrun_command(config_path, num_workers, python)
-    return horovodrun_command(config_path, num_workers, controller, python)
+    if launcher == "horovodrun":
+        return horovodrun_command(config_path, num_workers, controller, python)
+    # Never another engine's launcher: an engine whose local launcher is not here is refused by name.
+    raise EngineError(f"engine {name!r} has no local launcher in this ringflow ({launcher!r} is not here yet); "
+                      "run it as a Kubeflow TrainJob (set $RINGFLOW_TRAINJOB_SETTINGS), or set engine to "
+                      '"horovod" or "ddp"')
 
 
 def rank_environment(base: dict[str, str] | None = None) -> dict[str, str]:

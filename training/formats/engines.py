@@ -36,7 +36,8 @@ class EngineSpec:
     name: the config's `engine`. config_section: its knobs in the job config (JobConfig.<section>).
     launcher: what starts a local job's ranks ("horovodrun", "torchrun"); controllers: the launcher's
     controllers to choose from, first the default (none for torchrun). pod_launcher: what starts the ranks in
-    a cluster job's pods ("mpirun" over the workers' sshd, or "torchrun" on every node). backends: the backend
+    a cluster job's pods ("mpirun" over the workers' sshd, "torchrun" on every node, or "tf_config": on every
+    node a ringflow entry that writes the worker's TF_CONFIG and starts its rank). backends: the backend
     kinds that can run it. trainjob_runtime: the default ClusterTrainingRuntime (deploy/trainer/) of a
     TrainJob, and the TrainJobSettings field that overrides it. rank_engine: "module:class" that starts it
     in a rank (training/rank/engines/).
@@ -65,6 +66,9 @@ TABLE: dict[str, EngineSpec] = {e.name: e for e in (
     EngineSpec("ddp", config_section="ddp", launcher="torchrun", controllers=(),
            pod_launcher="torchrun", backends=(LOCAL, TRAINJOB), trainjob_runtime="ringflow-torch",
            trainjob_runtime_setting="ddp_runtime", rank_engine="ringflow.training.rank.engines.ddp:DdpEngine"),
+    EngineSpec("tensorflow", config_section="tensorflow", launcher="tf_config", controllers=(),
+               pod_launcher="tf_config", backends=(LOCAL, TRAINJOB), trainjob_runtime="ringflow-tensorflow",
+               trainjob_runtime_setting="tensorflow_runtime", rank_engine="ringflow.training.rank.engines.tensorflow:TensorflowEngine"),
 )}
 ENGINES = tuple(TABLE)
 DEFAULT_ENGINE = "horovod"
@@ -88,7 +92,6 @@ def check_backend(name: str, backend_kind: str) -> EngineSpec:
         # The cluster backends first: a job refused by one is most likely meant for a cluster.
         where = ", or ".join(_BACKEND_HOW[b] for b in sorted(found.backends, key=lambda b: b == LOCAL))
         can = sorted(n for n, e in TABLE.items() if backend_kind in e.backends)
-        instead = " or ".join(f'"{n}"' for n in can)
         instead = " or ".join(f'"{n}"' for n in can)
         raise EngineError(
             f"engine {name!r} cannot run as {_BACKEND_CREATES.get(backend_kind, f'a {backend_kind!r} job')} "

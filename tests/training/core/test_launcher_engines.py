@@ -25,6 +25,14 @@ def test_horovod_runs_under_horovodrun_with_its_controller():
     assert cmd[0].endswith("horovodrun") and "--gloo" in cmd and cmd[-2:] == ["ringflow.training", "/j.json"]
 
 
+def test_an_engine_without_a_local_launcher_here_is_refused_by_name_never_run_by_another():
+    from ringflow.training.formats.engines import EngineError
+
+    # TensorFlow's local launcher comes with its rank (branch wt/tf); until then, no horovodrun in its place.
+    with pytest.raises(EngineError, match=r"engine 'tensorflow' has no local launcher.*'tf_config'.*TrainJob"):
+        launcher.launch_command("tensorflow", "/j.json", 2)
+
+
 def test_free_port_is_free():
     port = launcher.free_port()
     with socket.socket() as sock:

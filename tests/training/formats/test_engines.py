@@ -13,6 +13,7 @@ from ringflow.training.formats.engines import (CONTROLLERS, DEFAULT_CONTROLLER, 
 @pytest.mark.parametrize("name, launcher, pod_launcher, backends, runtime, section", [
     ("horovod", "horovodrun", "mpirun", (LOCAL, MPIJOB, TRAINJOB), "ringflow-horovod", "horovod"),
     ("ddp", "torchrun", "torchrun", (LOCAL, TRAINJOB), "ringflow-torch", "ddp"),
+    ("tensorflow", "tf_config", "tf_config", (LOCAL, TRAINJOB), "ringflow-tensorflow", "tensorflow"),
 ])
 def test_the_table(name, launcher, pod_launcher, backends, runtime, section):
     spec = engine_spec(name)
@@ -20,12 +21,22 @@ def test_the_table(name, launcher, pod_launcher, backends, runtime, section):
         launcher, pod_launcher, backends, runtime, section)
 
 
-def test_every_entry_has_its_config_section_and_rank_module():
-    fields = {f.name for f in dataclasses.fields(JobConfig)}
-    for spec in TABLE.values():
-        assert spec.config_section in fields, spec.name
-        module, name = spec.rank_engine.split(":")
-        assert importlib.util.find_spec(module) is not None, spec.rank_engine  # found without importing torch
+# TensorFlow's config section and rank land with its local engine (branch wt/tf); strict, so the mark goes
+# as soon as they are here.
+_LOCAL_PART_ELSEWHERE = pytest.mark.xfail(strict=True, reason="the TensorFlow rank and config section come "
+                                                              "with the local TF engine (branch wt/tf)")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_LOCAL_PART_ELSEWHERE) if n == "tensorflow" else n
+                                  for n in TABLE])
+def test_every_entry_has_its_config_section_and_rank_module(name):
+    spec = TABLE[name]
+    assert spec.config_section in {f.name for f in dataclasses.fields(JobConfig)}, spec.name
+    module, _ = spec.rank_engine.split(":")
+    assert importlib.util.find_spec(module) is not None, spec.rank_engine  # found without importing torch
+
+
+def test_the_table_names_the_default_and_the_controllers():
     assert ENGINES == tuple(TABLE) and DEFAULT_ENGINE in ENGINES
     assert CONTROLLERS == ("gloo", "mpi") and DEFAULT_CONTROLLER == "mpi"
 
@@ -33,8 +44,12 @@ def test_every_entry_has_its_config_section_and_rank_module():
 @pytest.mark.parametrize("engine, backend, refused", [
     ("horovod", LOCAL, None), ("horovod", MPIJOB, None), ("horovod", TRAINJOB, None),
     ("ddp", LOCAL, None), ("ddp", TRAINJOB, None),
+    ("tensorflow", LOCAL, None), ("tensorflow", TRAINJOB, None),
     ("ddp", MPIJOB, r"engine 'ddp' cannot run as an MPIJob .*mpirun.*TrainJob.*LocalProcessBackend.*\"horovod\""),
-    ("jax", LOCAL, r"'engine' is 'jax'; use one of \('horovod', 'ddp'\)"),
+    ("tensorflow", MPIJOB, r"engine 'tensorflow' cannot run as an MPIJob \(it launches 'horovod' engine ranks with "
+                           r"mpirun\)\. Run the tensorflow engine as a Kubeflow TrainJob .*, or locally "
+                           r"\(backend=LocalProcessBackend\(\)\), or set engine to \"horovod\"$"),
+    ("jax", LOCAL, r"'engine' is 'jax'; use one of \('horovod', 'ddp', 'tensorflow'\)"),
 ])
 def test_check_backend(engine, backend, refused):
     if refused is None:
@@ -48,6 +63,7 @@ def test_the_trainjob_runtime_comes_from_the_table_unless_the_settings_name_one(
     from ringflow.training.core.backends.kubernetes.settings import TrainJobSettings
 
     settings = TrainJobSettings(image="registry/ringflow-training:0.1.0")
-    assert {e: settings.runtime(e) for e in ENGINES} == {"horovod": "ringflow-horovod", "ddp": "ringflow-torch"}
+    assert {e: settings.runtime(e) for e in ENGINES} == {"horovod": "ringflow-horovod", "ddp": "ringflow-torch",
+                                                         "tensorflow": "ringflow-tensorflow"}
     mine = dataclasses.replace(settings, ddp_runtime="team-torch")
     assert mine.runtime("ddp") == "team-torch"

@@ -41,6 +41,13 @@ _TORCH_UNREACHABLE = re.compile(
     re.I,
 )
 
+# TensorFlow's gRPC errors: a worker could not reach the others (MultiWorkerMirroredStrategy's collectives).
+_TF_UNREACHABLE = re.compile(
+    r"UnavailableError|failed to connect to all addresses|DNS resolution failed|Connection refused|"
+    r"Connection reset by peer|No route to host|Socket closed|Name or service not known",
+    re.I,
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class PodRoles:
@@ -80,6 +87,15 @@ def torch_roles(role_label: str, node: str, master_port: int) -> PodRoles:
                     unreachable=_TORCH_UNREACHABLE,
                     unreachable_advice=f"check that every node pod is Running, that node 0 accepts the rendezvous on "
                                        f"port {master_port}, and that no NetworkPolicy blocks pod-to-pod traffic")
+
+
+def tf_roles(role_label: str, node: str, port: int) -> PodRoles:
+    """Pods of a TensorFlow job: every node runs one worker, which talks to every other over gRPC."""
+    return PodRoles(role_label=role_label, launcher=None, workers=(node,), unreachable_roles=(node,),
+                    unreachable=_TF_UNREACHABLE,
+                    unreachable_advice=f"check that every node pod is Running, that the workers accept connections "
+                                       f"on port {port} (their TF_CONFIG's), and that no NetworkPolicy blocks "
+                                       "pod-to-pod traffic")
 
 
 def true_conditions(job: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -269,17 +269,22 @@ class TrainJobSettings(PodSettings):
     workers' image pull policy, ssh port and user, the retry count, the TTL) lives in ringflow's
     ClusterTrainingRuntimes (deploy/trainer/), which these settings name.
 
-    image: the training image. Every pod of a DDP job runs it; in a Horovod job the launcher runs it and the
-      nodes run the image of the `ringflow-horovod` runtime (a TrainJob cannot set it): keep both equal.
+    image: the training image. Every pod of a DDP or TensorFlow job runs it; in a Horovod job the launcher
+      runs it and the nodes run the image of the `ringflow-horovod` runtime (a TrainJob cannot set it): keep
+      both equal.
     worker: requests and limits of every node (TrainJob resourcesPerNode); the Horovod launcher is a node too
       (the runtime's runLauncherAsNode), so there is no separate launcher size.
     active_deadline_seconds: the TrainJob's own deadline, the backstop when Airflow is gone.
-    horovod_runtime, ddp_runtime: the ClusterTrainingRuntimes that run each engine.
+    horovod_runtime, ddp_runtime, tensorflow_runtime: the ClusterTrainingRuntimes that run each engine.
+    tensorflow_python: the TF venv's interpreter in the image (docker/training.Dockerfile's /opt/tensorflow):
+      TensorFlow lives in a venv of its own, beside `python`'s torch one.
     """
 
     active_deadline_seconds: int | None = None
     horovod_runtime: str = ENGINE_TABLE["horovod"].trainjob_runtime
     ddp_runtime: str = ENGINE_TABLE["ddp"].trainjob_runtime
+    tensorflow_runtime: str = ENGINE_TABLE["tensorflow"].trainjob_runtime
+    tensorflow_python: str = "/opt/tensorflow/bin/python"
 
     def _check(self) -> None:
         deadline = self.active_deadline_seconds
@@ -288,6 +293,9 @@ class TrainJobSettings(PodSettings):
         for name in (e.trainjob_runtime_setting for e in ENGINE_TABLE.values()):
             if hasattr(self, name):
                 _name(getattr(self, name), name)
+        if not (isinstance(self.tensorflow_python, str) and self.tensorflow_python.startswith("/")):
+            raise SettingsError(f"tensorflow_python is {self.tensorflow_python!r}; give the absolute path of the "
+                                "TF venv's interpreter in the image, e.g. '/opt/tensorflow/bin/python'")
 
     def runtime(self, engine: str) -> str:
         """The ClusterTrainingRuntime that runs this engine."""

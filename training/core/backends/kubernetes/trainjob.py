@@ -8,6 +8,9 @@ ringflow's ClusterTrainingRuntime for the engine (deploy/trainer/):
   hosts ranks itself, the `node` pods run the image's sshd; the launcher starts once the nodes are Ready.
 - ddp -> `ringflow-torch` (torch policy): every `node` pod runs torchrun; Trainer sets PET_NNODES,
   PET_NODE_RANK, PET_MASTER_ADDR/PORT, which torchrun reads as its defaults.
+- tensorflow -> `ringflow-tensorflow` (plain policy: Trainer has no TensorFlow one): every `node` pod runs
+  tf_pod.py on the TF venv's interpreter, which derives the pod's TF_CONFIG from its index and the JobSet's
+  headless-service names, then becomes the rank.
 
 What a TrainJob can set goes in `spec.trainer` (image, command, env, numNodes, numProcPerNode,
 resourcesPerNode); what it cannot (the config volume and its mount, service account, pull secrets,
@@ -20,11 +23,13 @@ from typing import Any
 from ..job_spec import JobSpec, JobSpecError
 from . import job_parts as P
 from . import labels as L
+from . import tf_pod
+from .jobset_names import LAUNCHER, NODE, TRAINER_PORT, pod_hostname
 from .settings import SettingsError, TrainJobSettings
 from ringflow.training.formats.engines import DEFAULT_ENGINE, TRAINJOB, EngineError, check_backend
 from ringflow.training.rank.engines import ENGINE_ENV
 
-__all__ = ["API_VERSION", "KIND", "TRAINER_RELEASE", "build_trainjob", "engine_of", "torchrun_command"]
+__all__ = ["API_VERSION", "KIND", "TRAINER_RELEASE", "build_trainjob", "engine_of", "tf_pod_command", "torchrun_command"]
 
 # The TrainJob CRD (kubeflow/trainer v2.3.0), for the manifests here and the API calls in client.py.
 TRAINER_RELEASE = "v2.3.0"
@@ -32,10 +37,8 @@ GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "TrainJob"
 RUNTIME_KIND = "ClusterTrainingRuntime"
-# Kubeflow Trainer's names (pkg/constants): the replicated jobs and the container it puts the trainer in.
-LAUNCHER, NODE = "launcher", "node"
 # Where torchrun's rendezvous listens on node 0 (Trainer's ContainerTrainerPort).
-TORCH_MASTER_PORT = 29500
+TORCH_MASTER_PORT = TRAINER_PORT
 # Who owns our runtimePatches entry (the webhook wants a domain-prefixed path).
 PATCH_MANAGER = "ringflow/trainjob-backend"
 # Environment Trainer sets itself and refuses in a TrainJob (MPIReservedEnvNames, TorchRunReservedEnvNames),
@@ -44,6 +47,8 @@ RESERVED_ENV = {
     "mpirun": ("OMPI_MCA_orte_default_hostfile", "OMPI_MCA_plm_rsh_args", "OMPI_MCA_orte_keep_fqdn_hostnames",
                 "OMPI_MCA_orte_set_default_slots"),
     "torchrun": ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"),
+    # What a TensorFlow pod derives TF_CONFIG from, and TF_CONFIG itself (tf_pod.py).
+    "tf_config": tf_pod.MANAGED_ENV,
 }
 
 
@@ -72,9 +77,9 @@ def _check_name(spec: JobSpec, engine: str) -> None:
     # DNS-1035 labels; the TrainJob name is also the JobSet's and its headless Service's.
     if _pod_launcher(engine) == "mpirun":
         nodes = max(spec.num_workers - 1, 1)  # runLauncherAsNode: the launcher is one of the nodes
-        names = [f"{spec.name}-{LAUNCHER}-0-0", f"{spec.name}-{NODE}-0-{nodes - 1}"]
+        names = [pod_hostname(spec.name, LAUNCHER, 0), pod_hostname(spec.name, NODE, nodes - 1)]
     else:
-        names = [f"{spec.name}-{NODE}-0-{spec.num_workers - 1}"]
+        names = [pod_hostname(spec.name, NODE, spec.num_workers - 1)]
     P.check_hostname(spec, max(names, key=len), "TrainJob")
 
 
@@ -85,12 +90,26 @@ def torchrun_command(python: str) -> list[str]:
     return [python, "-m", "torch.distributed.run", "--max-restarts", "0", "-m", "ringflow.training", P.config_path()]
 
 
+def tf_pod_command(python: str) -> list[str]:
+    """On every node, the TF venv's interpreter derives the pod's TF_CONFIG and becomes the rank (tf_pod.py)."""
+    return [python, "-m", tf_pod.__name__, P.config_path()]
+
+
 def _command(spec: JobSpec, settings: TrainJobSettings, engine: str) -> list[str]:
     if _pod_launcher(engine) == "torchrun":
         return torchrun_command(settings.python)
+    if _pod_launcher(engine) == "tf_config":
+        return tf_pod_command(settings.tensorflow_python)
     # Ranks on the other nodes start through ssh with a bare environment: mpirun forwards what they need.
     names = list(P.FORWARDED_ENV) + P.store_env_names(settings) + sorted(spec.env) + [ENGINE_ENV]
     return P.mpirun_command(spec.num_workers, names, settings.python)
+
+
+def _launcher_env(spec: JobSpec, engine: str) -> dict[str, str]:
+    # A TensorFlow pod's node count: the number numNodes gets, which no downward API field exposes.
+    if _pod_launcher(engine) == "tf_config":
+        return {tf_pod.NUM_WORKERS_ENV: str(spec.num_workers)}
+    return {}
 
 
 def _pod_patch(spec: JobSpec, settings: TrainJobSettings) -> dict[str, Any]:
@@ -117,7 +136,7 @@ def build_trainjob(spec: JobSpec, settings: TrainJobSettings) -> dict[str, Any]:
         "command": command[:1],
         "args": command[1:],
         # Every rank starts the engine its launcher was chosen for, whatever the config says.
-        "env": P.store_env(settings) + P.plain_env(spec.env | {ENGINE_ENV: engine}),
+        "env": P.store_env(settings) + P.plain_env(spec.env | {ENGINE_ENV: engine} | _launcher_env(spec, engine)),
         "numNodes": spec.num_workers,
         "numProcPerNode": 1,  # one rank per node (JobSpec.num_workers is the world size)
         "resourcesPerNode": settings.worker.to_k8s(),

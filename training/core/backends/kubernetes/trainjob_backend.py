@@ -1,6 +1,6 @@
 """The "trainjob" backend: one training run is one Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1,
 v2.3.0) plus a ConfigMap, on ringflow's ClusterTrainingRuntimes (deploy/trainer/): `ringflow-horovod` for the
-Horovod engine, `ringflow-torch` for DDP.
+Horovod engine, `ringflow-torch` for DDP, `ringflow-tensorflow` for TensorFlow.
 
 Everything but the job kind is ClusterJobBackend's (cluster_job.py), as for MPIJobs: the same labels for
 reattach, the same ConfigMap owned by the job, the same foreground delete, the same log cursors.
@@ -17,6 +17,7 @@ from .cluster_job import ClusterJobBackend, newest_pod
 from .client import KubernetesApiError
 from .settings import TrainJobSettings
 from .trainjob import API_VERSION, KIND, LAUNCHER, NODE, build_trainjob
+from ringflow.training.formats.engines import TABLE as ENGINE_TABLE
 from ringflow.training.formats.engines import TRAINJOB
 from .trainjob_outcome import TRAINJOB_WORDS, outcome_from_trainjob
 
@@ -38,7 +39,7 @@ class TrainJobBackend(ClusterJobBackend):
 
     def log_pod(self, pods: list[dict[str, Any]]) -> dict[str, Any] | None:
         # Horovod: the launcher's (mpirun forwards every rank's output). DDP: node 0's torchrun, whose
-        # local rank 0 is the job's rank 0.
+        # local rank 0 is the job's rank 0. TensorFlow: node 0, worker 0 of TF_CONFIG, the chief.
         launcher = newest_pod(pods, L.REPLICATED_JOB_LABEL, LAUNCHER)
         if launcher is not None:
             return launcher
@@ -48,7 +49,8 @@ class TrainJobBackend(ClusterJobBackend):
     def explain_create_error(self, error: KubernetesApiError) -> KubernetesApiError:
         # Trainer's webhook refuses a TrainJob whose runtime does not exist: say which one and how to add it.
         if error.status in (400, 403, 422) and "runtime" in str(error).lower():
-            runtimes = f"{self.settings.horovod_runtime!r} / {self.settings.ddp_runtime!r}"
+            runtimes = " / ".join(repr(self.settings.runtime(name)) for name, engine in ENGINE_TABLE.items()
+                                  if TRAINJOB in engine.backends)
             body = json.dumps({"message": f"{error}; the ClusterTrainingRuntimes {runtimes} must exist: "
                                           "kubectl apply -k deploy/trainer (after installing Kubeflow Trainer "
                                           "v2.3.0)"})

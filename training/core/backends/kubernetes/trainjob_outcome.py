@@ -14,8 +14,9 @@ from typing import Any
 from ..base import RESTARTING, JobStatus
 from . import labels as L
 from .outcome import (MPIJOB_ROLES, JobWords, PodRoles, ended, pod_name,
-                                                           read_pods, restarting_in_place, torch_roles,
+                                                           read_pods, restarting_in_place, tf_roles, torch_roles,
                                                            true_conditions, waiting_or_running)
+from .jobset_names import TRAINER_PORT
 from .trainjob import LAUNCHER, NODE, TORCH_MASTER_PORT
 from ringflow.training.formats.engines import DEFAULT_ENGINE, engine_spec
 
@@ -25,7 +26,9 @@ MPI_ROLES = PodRoles(role_label=L.REPLICATED_JOB_LABEL, launcher=LAUNCHER, worke
                                             "(the ringflow-horovod runtime's), and that no NetworkPolicy blocks "
                                             "pod-to-pod traffic")
 TORCH_ROLES = torch_roles(L.REPLICATED_JOB_LABEL, NODE, TORCH_MASTER_PORT)
-# Pods of the runtimes whose ranks mpirun starts (a launcher pod) or torchrun (every node).
+TF_ROLES = tf_roles(L.REPLICATED_JOB_LABEL, NODE, TRAINER_PORT)
+# How to read the pods, by what starts the ranks in them (the engine table's pod_launcher).
+ROLES = {"mpirun": MPI_ROLES, "torchrun": TORCH_ROLES, "tf_config": TF_ROLES}
 # Trainer says Complete where the MPI Operator says Succeeded; every pod of a TrainJob is a node.
 TRAINJOB_WORDS = JobWords(kind="TrainJob", succeeded="Complete", failed_first="the job", rank_pod="node",
                           not_started="waiting for Kubeflow Trainer to start the job's pods")
@@ -33,7 +36,7 @@ TRAINJOB_WORDS = JobWords(kind="TrainJob", succeeded="Complete", failed_first="t
 
 def _roles(trainjob: dict[str, Any]) -> PodRoles:
     engine = ((trainjob.get("metadata") or {}).get("annotations") or {}).get(L.ENGINE_ANNOTATION, DEFAULT_ENGINE)
-    return TORCH_ROLES if engine_spec(engine).pod_launcher == "torchrun" else MPI_ROLES
+    return ROLES[engine_spec(engine).pod_launcher]
 
 
 def _attempt(pod: dict[str, Any]) -> int:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import kmock
 import pytest
+import yaml
 
 import backend_checks as checks
 import strict_schema
@@ -141,3 +143,55 @@ def test_a_missing_runtime_says_how_to_install_it(cluster, trainjob_backend):
 
 def test_failed_configmap_create_removes_the_trainjob(cluster, trainjob_backend):
     checks.assert_a_failed_configmap_create_removes_the_job(cluster, trainjob_backend, spec(), TRAINJOBS)
+
+
+def _resolve_pod_env(trainjob, runtime, pod):
+    """The environment a node pod of the TrainJob starts with: what Trainer copies from the TrainJob (plain
+    values), the runtime container's own (its downward-API references read from the pod, as the kubelet does)
+    and the Job controller's JOB_COMPLETION_INDEX (the pod's completion index)."""
+    labels = pod["metadata"]["labels"]
+    env = {e["name"]: e["value"] for e in trainjob["spec"]["trainer"]["env"] if "value" in e}
+    (job,) = [j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+              if j["name"] == labels["jobset.sigs.k8s.io/replicatedjob-name"]]
+    (container,) = job["template"]["spec"]["template"]["spec"]["containers"]
+    for e in container.get("env", []):
+        field = e["valueFrom"]["fieldRef"]["fieldPath"]
+        key = re.fullmatch(r"metadata\.labels\['(.+)'\]", field).group(1)
+        env[e["name"]] = labels[key]
+    if job["template"]["spec"].get("completionMode") == "Indexed":
+        env["JOB_COMPLETION_INDEX"] = labels["batch.kubernetes.io/job-completion-index"]
+    return env
+
+
+def test_tensorflow_pods_derive_their_tf_config_from_what_the_jobset_gives_them(cluster, trainjob_backend):
+    from ringflow.training.core.backends.kubernetes.tf_pod import pod_tf_config
+
+    job_id = trainjob_backend.launch(spec(engine="tensorflow", num_workers=3))
+    submitted = cluster.get(TRAINJOBS, NS, job_id)
+    strict_schema.assert_valid(submitted)
+    assert submitted["spec"]["runtimeRef"]["name"] == "ringflow-tensorflow"
+    runtime = yaml.safe_load((strict_schema.REPO_ROOT / "deploy" / "trainer" / "ringflow-tensorflow.yaml").read_text())
+    (port,) = [p["containerPort"] for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+               for c in j["template"]["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])]
+    names = [cluster.add_jobset_pod(NS, job_id, "node", i, status=running()) for i in (2, 0, 1)]
+    pods = {n: cluster.get("v1/pods", NS, n) for n in names}
+    # JobSet's pod hostnames (<jobset>-<replicated job>-<job index>-<completion index>) on its headless
+    # Service, named like the JobSet: what every worker must list, in index order.
+    keys = ("jobset.sigs.k8s.io/jobset-name", "jobset.sigs.k8s.io/replicatedjob-name", "jobset.sigs.k8s.io/job-index",
+            "batch.kubernetes.io/job-completion-index")
+    expected = sorted((int(p["metadata"]["labels"][keys[-1]]),
+                       "-".join(p["metadata"]["labels"][k] for k in keys) + f".{job_id}:{port}") for p in pods.values())
+    workers = [address for _, address in expected]
+    assert workers == [f"retrain-1-node-0-{i}.retrain-1:29500" for i in range(3)]
+    for name, pod in pods.items():
+        index = int(pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"])
+        config = pod_tf_config(_resolve_pod_env(submitted, runtime, pod))
+        assert config == {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}, name
+    # Running once every worker runs; the log followed is node 0's, worker 0: TF's chief and ringflow's rank 0.
+    assert trainjob_backend.status(job_id).state == RUNNING
+    cluster.logs[(NS, names[1])] = "rank 0 step 1\n"
+    cluster.logs[(NS, names[0])] = "rank 2\n"
+    assert asyncio.run(trainjob_backend.alogs(job_id)).lines == ["rank 0 step 1"]
+    cluster.set_conditions(NS, job_id, ("Complete", "AllJobsCompleted", "jobset completed successfully"),
+                           resource=TRAINJOBS)
+    assert trainjob_backend.status(job_id).state == SUCCEEDED

@@ -31,6 +31,7 @@ CASES = {
              tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
              service_account="ringflow-training", image_pull_secrets=["regcred"], active_deadline_seconds=7200),
     ),
+    "trainjob-tensorflow": (spec(config={"engine": "tensorflow", "epochs": 2}, num_workers=3), DEFAULT),
 }
 
 
@@ -81,6 +82,25 @@ def test_each_engine_runs_on_its_runtime_with_its_launcher():
     assert {e["name"]: e.get("value") for e in d["env"]}["RINGFLOW_ENGINE"] == "ddp"
     assert horovod["metadata"]["annotations"][L.ENGINE_ANNOTATION] == "horovod"
     assert ddp["spec"]["activeDeadlineSeconds"] == 7200 and "activeDeadlineSeconds" not in horovod["spec"]
+
+
+def test_tensorflow_runs_its_pod_entry_on_the_tf_venv_of_every_node():
+    tj = trainjob("trainjob-tensorflow")
+    assert tj["spec"]["runtimeRef"]["name"] == "ringflow-tensorflow"
+    t = tj["spec"]["trainer"]
+    # The pod derives TF_CONFIG (tf_pod.py) and becomes the rank on the same interpreter.
+    assert t["command"] == ["/opt/tensorflow/bin/python"]
+    assert t["args"] == ["-m", "ringflow.training.core.backends.kubernetes.tf_pod", "/etc/ringflow/job.json"]
+    env = {e["name"]: e.get("value") for e in t["env"]}
+    # The node count in both places from the one number; the index and the JobSet's name come from the pod.
+    assert t["numNodes"] == 3 and env["RINGFLOW_NUM_WORKERS"] == "3" and env["RINGFLOW_ENGINE"] == "tensorflow"
+    assert "TF_CONFIG" not in env and "JOB_COMPLETION_INDEX" not in env
+    assert sorted(_patched_pods(tj)) == ["node"] and tj["metadata"]["annotations"][L.ENGINE_ANNOTATION] == "tensorflow"
+    mine = TrainJobSettings.from_dict(DEFAULT | {"tensorflow_python": "/venvs/tf/bin/python3",
+                                                "tensorflow_runtime": "team-tf"})
+    mine_tj = build_trainjob(CASES["trainjob-tensorflow"][0], mine)
+    assert mine_tj["spec"]["trainer"]["command"] == ["/venvs/tf/bin/python3"]
+    assert mine_tj["spec"]["runtimeRef"]["name"] == "team-tf"
 
 
 def test_mpirun_forwards_what_the_ranks_on_other_nodes_need():
@@ -136,6 +156,9 @@ def test_what_trainers_webhook_checks_beyond_the_schema():
     ({}, {"OMPI_MCA_orte_default_hostfile": "/x"}, "OMPI_MCA_orte_default_hostfile, which the backend manages"),
     ({}, {"RINGFLOW_ENGINE": "ddp"}, "RINGFLOW_ENGINE, which the backend manages"),
     ({}, {"bad-name": "1"}, "not a valid variable name"),
+    ({"engine": "tensorflow"}, {"TF_CONFIG": "{}"}, "TF_CONFIG, which the backend manages"),
+    ({"engine": "tensorflow"}, {"RINGFLOW_NUM_WORKERS": "4"}, "RINGFLOW_NUM_WORKERS, which the backend manages"),
+    ({"engine": "tensorflow"}, {"JOB_COMPLETION_INDEX": "0"}, "JOB_COMPLETION_INDEX, which the backend manages"),
 ])
 def test_spec_errors_say_what_to_fix(config, env, message):
     with pytest.raises(JobSpecError, match=message):
@@ -150,6 +173,9 @@ def test_names_whose_pod_hostnames_would_be_invalid_fail_early():
     build_trainjob(spec(name="a" * 54, config={"engine": "ddp"}, num_workers=10), settings)  # "<54>-node-0-9"
     with pytest.raises(JobSpecError, match="at most 63 characters"):
         build_trainjob(spec(name="a" * 54, config={"engine": "ddp"}, num_workers=11), settings)
+    build_trainjob(spec(name="a" * 54, config={"engine": "tensorflow"}, num_workers=10), settings)
+    with pytest.raises(JobSpecError, match="'a{54}-node-0-10' must start with a letter and have at most 63"):
+        build_trainjob(spec(name="a" * 54, config={"engine": "tensorflow"}, num_workers=11), settings)
     with pytest.raises(JobSpecError, match="start with a letter"):
         build_trainjob(spec(name="1-job"), settings)
 
@@ -160,6 +186,8 @@ def test_names_whose_pod_hostnames_would_be_invalid_fail_early():
     ({"placement": "scatter"}, "'pack' or 'spread'"),
     ({"active_deadline_seconds": 0}, "active_deadline_seconds"),
     ({"ddp_runtime": "Torch_Runtime"}, "ddp_runtime"),
+    ({"tensorflow_runtime": "TF"}, "tensorflow_runtime"),
+    ({"tensorflow_python": "python"}, "tensorflow_python is 'python'; give the absolute path"),
     ({"s3_endpoint": "minio:9000"}, "s3_endpoint"),
     # What only an MPIJob can set is refused by name, with the keys a TrainJob takes.
     ({"launcher": {"cpu": "1"}}, r"unknown keys \['launcher'\]; valid keys are .*horovod_runtime"),

@@ -50,6 +50,9 @@ SSH_ERROR = ("ssh: Could not resolve hostname j-node-0-1.j: Name or service not 
              "ORTE was unable to reliably start one or more daemons.")
 TORCH_ERROR = ("torch.distributed.DistNetworkError: The client socket has timed out after 900s while trying to "
                "connect to (j-node-0-0.j, 29500).")
+TF_ERROR = ("tensorflow.python.framework.errors_impl.UnavailableError: Collective ops is aborted by: failed to "
+            "connect to all addresses; last error: UNKNOWN: ipv4:10.0.0.7:29500: Failed to connect to remote host: "
+            "Connection refused")
 PULL_WAITING = {"waiting": {"reason": "ErrImagePull", "message": "manifest unknown: tag 0.1.0 not found"}}
 HOROVOD_UP = [pod("launcher"), pod("node")]
 DDP_UP = [pod("node", 0), pod("node", 1)]
@@ -91,6 +94,16 @@ CASES = [
      [failed("node", 1, code=1, message=TORCH_ERROR, attempt=1), pod("node", 0, attempt=1)],
      FAILED, ["node j-node-0-1-a1 could not reach the other ranks", "DistNetworkError", "port 29500",
               "NetworkPolicy", "rank exit code 1"], 1),
+    ("tensorflow: one worker still pending", job("tensorflow"), [pod("node", 0), pod("node", 1, "Pending", ready=False)],
+     PENDING, ["j-node-0-1-a0"], None),
+    ("tensorflow: every worker runs", job("tensorflow"), DDP_UP, RUNNING, [], None),
+    ("tensorflow worker cannot reach the others, finally failed", job("tensorflow", BACKOFF),
+     [failed("node", 1, code=1, message=TF_ERROR, attempt=1), pod("node", 0, attempt=1)],
+     FAILED, ["node j-node-0-1-a1 could not reach the other ranks", "UnavailableError", "port 29500",
+              "TF_CONFIG", "NetworkPolicy", "rank exit code 1"], 1),
+    ("tensorflow pod without its runtime's env", job("tensorflow", BACKOFF),
+     [failed("node", 0, code=2, message="[ringflow] cannot derive TF_CONFIG: $RINGFLOW_JOBSET_NAME is empty")],
+     FAILED, ["TrainJob failed", "exit code 2"], 2),
     ("ddp failed while nodes of this attempt were not ready", job("ddp", BACKOFF),
      [failed("node", 0, code=1, attempt=1), pod("node", 1, "Pending", ready=False, attempt=1),
       pod("node", 1, ready=False, attempt=0)],
