@@ -25,6 +25,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from ringflow.operators.connections import AirflowConnections, open_store_for
 from ringflow.training.core.backends.base import backend_from_dict
 from ringflow.training.core.failure_policy import SUCCEED, UNKNOWN, Observation, decide
+from ringflow.training.health.oom import with_step
 from ringflow.training.health.verdict import Verdict
 
 
@@ -79,8 +80,15 @@ class TrainJobTrigger(BaseTrigger):
             fatal = bool(verdict and verdict.get("fatal"))
             # The result is read only when it can matter: the job ended, or it may have stopped on its verdict.
             result = await asyncio.to_thread(self._result, run, watch.attempt) if status.finished or fatal else None
+            # What the backend saw end the job (a pod OOMKilled) explains it better than the watched health;
+            # its step is rank 0's last (the ranks move in step).
+            seen_verdict = _verdict(verdict)
+            if status.verdict is not None:
+                step = watch.last_step + 1 if watch.last_step is not None else None
+                seen_verdict, fatal = with_step(status.verdict, step), True
+                verdict = seen_verdict.to_dict()
             seen = Observation(status.state, status.exit_code, status.reason, result, watch.attempt,
-                               _verdict(verdict), fatal, waited,
+                               seen_verdict, fatal, waited,
                                timed_out=self.timeout_at is not None and time.time() > self.timeout_at)
             if decide(seen).decided:
                 if verdict and fatal:

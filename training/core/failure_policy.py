@@ -14,7 +14,8 @@ it instead of reading a RunResult its own way:
 The rows (tests/training/core/test_failure_policy.py, README "Failure policy") are what these layers did
 one by one before: the job's own result wins over the exit status the process layers made of it (mpirun and
 torchrun report any rank's failure as 1); a NaN or a divergence is not retried, because a retry resumes from
-a checkpoint of the same run and meets it again; everything else that can pass (a hang, a lost node, the
+a checkpoint of the same run and meets it again; nor is an OOM (a retry resumes with the same model, batch
+and memory, and runs out again at the same step: its verdict says what to change instead); everything else that can pass (a hang, a lost node, the
 store) is retried.
 """
 from __future__ import annotations
@@ -25,14 +26,19 @@ from typing import Any, Mapping
 
 from ..formats import exit_codes
 from .backends.base import FAILED, STATES, SUCCEEDED, TERMINAL
-from ..health.verdict import DIVERGED, HEALTHY, NONFINITE, Verdict
+from ..health.verdict import DIVERGED, HEALTHY, NONFINITE, OOM, Verdict
 from ..formats.run_result import RunResult
 
 SUCCEED, RETRY, FAIL, WATCH = "succeed", "retry", "fail", "watch"
 ACTIONS = (SUCCEED, RETRY, FAIL, WATCH)
 # A retry resumes from a checkpoint of the same run and meets the same NaN or divergence: a person must
-# change the config.
-NOT_RETRYABLE = (NONFINITE, DIVERGED)
+# change the config. An OOM too: the same model, per-worker batch and memory run out at the same step
+# again (a data-parallel rank's memory does not depend on its luck), so retrying it as-is only spends the
+# retries; the OOM verdict's advice says what to change (health/oom_advice.py).
+NOT_RETRYABLE = (NONFINITE, DIVERGED, OOM)
+# Verdicts seen from outside the job that explain its end when it wrote no result (a rank OOM-killed, or a
+# rank's OOM while rank 0 died with the job): the job exits with the verdict's code, not the launcher's 1.
+EXPLAINS_END = (OOM,)
 # The job's state when nothing could be asked of its backend (watching it failed).
 UNKNOWN = "unknown"
 
@@ -170,7 +176,9 @@ def _finished(seen: Observation, result: RunResult | None) -> Decision:
         said = seen.reason or exit_codes.meaning(seen.exit_code)
         if verdict is not None and verdict.status != HEALTHY:
             said += f" — {_words(verdict)}"
-        return Decision(_failure(verdict), said, seen.exit_code, state=FAILED, verdict=verdict)
+        code = exit_codes.for_verdict(verdict.status) if verdict is not None and verdict.status in EXPLAINS_END \
+            else seen.exit_code
+        return Decision(_failure(verdict), said, code, state=FAILED, verdict=verdict)
     verdict = result.verdict or seen.verdict
     if result.succeeded and seen.state == SUCCEEDED:
         return Decision(SUCCEED, seen.reason, exit_codes.OK, state=SUCCEEDED, verdict=verdict)

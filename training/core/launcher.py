@@ -15,9 +15,12 @@ from .backends.base import FAILED, SUCCEEDED
 from .backends.processes.stop import (
     KILL_WAIT_SECONDS, ProcessesRemain, grace_from_env, stop_leftovers, stop_processes,
 )
+from .backends.processes.oom_watch import OomWatch
 from .backends.processes.tracker import RELEASE_WAIT_SECONDS, ProcessTracker
 from .backends.processes.tracking import mode_from_env, start_tracking
 from ..formats.config import JobConfig
+from ..health.oom import oom_line
+from ..health.oom_advice import JobShape
 from .failure_policy import Observation, decide
 from ..rank.engines import ENGINE_ENV, engine_name
 from ..formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, EngineError, engine_spec
@@ -100,15 +103,20 @@ def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONT
     # of its own and Open MPI puts each rank in a process group of its own, so a frozen or wedged mpirun
     # passes nothing on. The tracked set reaches every rank directly (backends/processes).
     grace = grace_from_env()
+    oom = OomWatch(JobShape.of(cfg, num_workers, engine), lambda: _heartbeat_step(cfg))
     with start_tracking(f"train-{os.getpid()}", mode_from_env()) as tracker, _StopOnSignal(tracker, grace):
         try:
             proc = tracker.spawn(launch_command(engine, config_path, num_workers, controller), env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  start_new_session=True)
             assert proc.stdout is not None
-            for line in proc.stdout:
-                on_line(line.rstrip("\n"))
-            code = job_exit_code(proc.wait(), _result_of(cfg, attempt), attempt)
+            with oom.running():
+                for line in proc.stdout:
+                    line = line.rstrip("\n")
+                    oom.feed(line)
+                    on_line(line)
+                launcher_code = proc.wait()
+            code = job_exit_code(launcher_code, _result_of(cfg, attempt), attempt, oom.verdict)
         finally:
             stop_leftovers(tracker, grace, _say)
             tracker.release(RELEASE_WAIT_SECONDS)
@@ -157,9 +165,31 @@ def _result_of(cfg: JobConfig, attempt: str):
         return None
 
 
-def job_exit_code(launcher_code: int, result, attempt: str | None = None) -> int:
+def _heartbeat_step(cfg: JobConfig) -> int | None:
+    """The last step rank 0 completed, as its heartbeat or its health records show, whichever is newer (the
+    heartbeat is written every few seconds, the records every health.flush_seconds). Read once, after a rank
+    was OOM-killed."""
+    from ..formats.run_folder import RunFolder
+
+    try:
+        folder = RunFolder.open(cfg.run_uri)
+        beat = folder.read_heartbeat()
+        steps = [r["step"] for r in folder.read_health() if r.get("type") == "step"]
+    except Exception:  # noqa: BLE001 - the step is evidence, not a reason to fail the verdict
+        return None
+    known = [s for s in (beat.step if beat is not None else None, steps[-1] if steps else None) if s is not None]
+    return max(known) if known else None
+
+
+def job_exit_code(launcher_code: int, result, attempt: str | None = None, oom=None) -> int:
     """The job's exit status, as the failure policy (core/failure_policy.py) says it: horovodrun and torchrun
     report any rank's failure as 1, and this attempt's RunResult says which failure it was. No result of this
-    attempt (killed before rank 0 wrote one): the launcher's own code."""
+    attempt (killed before rank 0 wrote one): the launcher's own code, or the code of `oom`, an OOM verdict
+    seen in the ranks' log or by the launcher (OomWatch), which it then prints for whoever reads its log."""
     state = SUCCEEDED if launcher_code == 0 else FAILED
-    return decide(Observation(state, launcher_code, result=result, attempt=attempt)).exit_code
+    decision = decide(Observation(state, launcher_code, result=result, attempt=attempt, verdict=oom,
+                                  fatal=oom is not None))
+    if oom is not None and decision.verdict is oom:
+        _say(f"health verdict {oom.status}: {oom.reason}")
+        print(oom_line(oom), file=sys.stderr, flush=True)
+    return decision.exit_code

@@ -4,12 +4,12 @@ The job's outcome travels as its RunResult (run_result.py); an exit status is on
 it. `horovodrun` and `mpirun` collapse any rank's failure to 1, so the launcher restores the job's own
 code from the result (`RunResult.exit_code`), and the backends describe a code with `meaning`.
 """
-from ..health.verdict import DEGRADED, DIVERGED, FENCED, NONFINITE, STALLED, STORE_UNAVAILABLE
+from ..health.verdict import DEGRADED, DIVERGED, FENCED, NONFINITE, OOM, STALLED, STORE_UNAVAILABLE
 
 OK = 0
 ERROR = 1
 CONFIG = 2
-BY_VERDICT = {NONFINITE: 3, DIVERGED: 4, STALLED: 5, DEGRADED: 6, STORE_UNAVAILABLE: 7, FENCED: 8}
+BY_VERDICT = {NONFINITE: 3, DIVERGED: 4, STALLED: 5, DEGRADED: 6, STORE_UNAVAILABLE: 7, FENCED: 8, OOM: 9}
 VERDICT_OF = {code: verdict for verdict, code in BY_VERDICT.items()}
 # 128 + the signal: a process killed from outside (the backend's delete, the OOM killer, a node going away).
 KILLED, TERMINATED = 137, 143

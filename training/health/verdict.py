@@ -7,6 +7,7 @@ that wrote it (worker_env.ATTEMPT_ENV); a verdict only ever uses one attempt's r
   checksum  every m steps: every rank's parameter checksum
   stall     a rank's watchdog saw no progress for stall_seconds
   store     a store operation the job waited for moved nothing for store_timeout_seconds, or failed
+  oom       a rank ran out of memory: the OOM verdict's evidence (oom.py), written by rank 0 for itself
   checkpoint  a checkpoint was written (async: when its upload finished), with what it cost
   end       the attempt finished (succeeded or failed)
 
@@ -15,8 +16,8 @@ watchdog and the watcher outside the job alike, and a `stall` or `store` record 
 verdict's running state, so a watcher feeds it only new records and each poll costs the same however
 long the run.
 
-Verdicts, worst first: NONFINITE, DIVERGED, STALLED, STORE_UNAVAILABLE, DEGRADED, HEALTHY. The first four
-are fatal; DEGRADED is fatal only when the job says so (health.stop_on_degraded).
+Verdicts, worst first: NONFINITE, DIVERGED, OOM, STALLED, STORE_UNAVAILABLE, DEGRADED, HEALTHY. The first
+five are fatal; DEGRADED is fatal only when the job says so (health.stop_on_degraded).
 """
 from __future__ import annotations
 
@@ -32,10 +33,12 @@ HEALTHY, DEGRADED, STALLED, DIVERGED, NONFINITE = "HEALTHY", "DEGRADED", "STALLE
 # The store, not the job: a store operation the job had to wait for moved nothing for
 # health.store_timeout_seconds, or failed after every retry. Retried (a store comes back), never STALLED.
 STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
+# A rank ran out of memory (oom.py: the evidence, how it is seen, the advice). Its record is `oom`.
+OOM = "OOM"
 # Not about health: a newer attempt claimed the run folder (run_folder.py), so this one stops and writes
 # nothing more. Never in the records (a fenced attempt writes none); only in its log and exit status.
 FENCED = "FENCED"
-FATAL = (NONFINITE, DIVERGED, STALLED, STORE_UNAVAILABLE, FENCED)
+FATAL = (NONFINITE, DIVERGED, OOM, STALLED, STORE_UNAVAILABLE, FENCED)
 # Fewer measured steps than this and a straggler or sync-share reading is noise, not evidence.
 MIN_STEPS_FOR_DEGRADED = 5
 
@@ -114,7 +117,7 @@ def judge(records: Iterable[Mapping[str, Any]], cfg: HealthConfig, attempt: str 
     if starts:
         own = records[starts[-1]].get("attempt")
         records = [records[starts[-1]]] + [r for r in records[starts[-1] + 1:] if _same_attempt(r, own)]
-    for rule in (_nonfinite_in, _diverged_in, _stall_in, _store_in):
+    for rule in (_nonfinite_in, _diverged_in, _oom_in, _stall_in, _store_in):
         verdict = next(filter(None, (rule(r, cfg) for r in records)), None)
         if verdict:
             return verdict
@@ -155,8 +158,8 @@ class HealthJudge:
             elif kind == "step":
                 self._window.append(r)
                 self._steps += 1
-            for status, rule in ((NONFINITE, _nonfinite_in), (DIVERGED, _diverged_in), (STALLED, _stall_in),
-                                 (STORE_UNAVAILABLE, _store_in)):
+            for status, rule in ((NONFINITE, _nonfinite_in), (DIVERGED, _diverged_in), (OOM, _oom_in),
+                                 (STALLED, _stall_in), (STORE_UNAVAILABLE, _store_in)):
                 if status not in self._first:
                     verdict = rule(r, self.cfg)
                     if verdict:
@@ -164,7 +167,7 @@ class HealthJudge:
         return self
 
     def fatal(self) -> Verdict | None:
-        """The worst fatal finding so far (NONFINITE, DIVERGED, STALLED, STORE_UNAVAILABLE), or None: without the window's
+        """The worst fatal finding so far (NONFINITE, DIVERGED, OOM, STALLED, STORE_UNAVAILABLE), or None: without the window's
         statistics, so a caller that stops only on these can ask after every record."""
         for status in FATAL:
             if status in self._first:
@@ -246,6 +249,12 @@ def _diverged_in(r, cfg) -> Verdict | None:
                        "changed outside the synchronized optimizer step; restart from the last checkpoint",
                        {"step": r["step"], "rank": worst, "checksums": sums, "relative_difference": diffs[worst]})
     return None
+
+
+def _oom_in(r, cfg) -> Verdict | None:
+    if r.get("type") != "oom":
+        return None
+    return Verdict(OOM, r.get("reason", ""), r.get("evidence") or {})
 
 
 def _stall_in(r, cfg) -> Verdict | None:

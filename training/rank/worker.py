@@ -45,10 +45,14 @@ from .monitor import SyncHealthMonitor
 from ..health.progress import FETCH, RESTORE, Progress
 from ..health.records import HealthLog, record
 from ..health.store_ops import StoreOp
+from ..health.memory_limits import MemoryLimits
+from ..health.oom import classify, oom_line, oom_verdict
+from ..health.oom_advice import JobShape
 from ..health.verdict import STALLED, STORE_UNAVAILABLE, Verdict, store_unavailable
 from .loop import TrainingLoop
 from ..formats.manifest import ShardManifest, split_manifest_uri
 from .models import build_model
+from .oom_report import oom_evidence
 from ..formats.run_result import FAILED, SUCCEEDED, ResultError, RunResult
 from ..store import ObjectStore, StoreConfigError, StoreUnavailable, open_store
 from .training_state import STATE_FILE, TrainingState
@@ -299,6 +303,10 @@ class Trainer:
 
     def train(self) -> int:
         cfg = self.cfg
+        # What memory this rank has, said once in the log: if the kernel's OOM killer ends it, nothing can be
+        # read from the dead process, and the launcher compares its cgroup's OOM kills with this
+        # (core/backends/processes/oom_watch.py).
+        print(MemoryLimits.read(self.rank).line(), file=sys.stderr, flush=True)
         if self.resumed_from is not None and self.cursor.epoch >= cfg.epochs:
             return self.finish_finished()
         self.loop = TrainingLoop(self.engine, self.engine.training_model(self.model), self.loss_fn, self.optimizer, self.data, cfg.epochs,
@@ -405,5 +413,32 @@ def main(cfg: JobConfig) -> int:
         elif start is not None:
             write_failed_result(start, engine.size, verdict)
         return exit_codes.for_verdict(verdict.status)
+    except Exception as exc:
+        kind = classify(exc)
+        if kind is None:
+            raise
+        return on_oom(exc, kind, cfg, engine, trainer, start)
     finally:
         engine.shutdown()
+
+
+def on_oom(exc: BaseException, kind: str, cfg: JobConfig, engine: Engine, trainer: "Trainer | None",
+           start: RankStart | None) -> int:
+    """This rank ran out of memory: its verdict in the log (every rank: a rank other than 0 writes nothing
+    else anyone reads), and on rank 0 in its health records and result; then the job ends with its code."""
+    # The step it was training: the one after the last it completed (none before the loop began).
+    step = trainer.loop.step + 1 if trainer is not None and trainer.loop is not None else None
+    evidence = oom_evidence(exc, kind, engine.rank, step, engine.placement.cuda)
+    verdict = oom_verdict(evidence, JobShape.of(cfg, engine.size))
+    print(f"[ringflow] rank {engine.rank}: health verdict OOM: {verdict.reason}", file=sys.stderr, flush=True)
+    print(oom_line(verdict), file=sys.stderr, flush=True)
+    if trainer is not None and trainer.guard is not None and trainer.health_log is not None:
+        trainer.guard.check()
+        trainer.health_log.append(record("oom", reason=verdict.reason, evidence=dict(verdict.evidence)))
+        within(LAST_WORD_SECONDS, lambda: (trainer.health_log.close(), trainer.guard.publish_result(
+            trainer.result(FAILED, verdict, None).to_json())))
+    elif start is not None:
+        write_failed_result(start, engine.size, verdict)
+    if trainer is not None:
+        trainer.liveness.stop()
+    return exit_codes.for_verdict(verdict.status)

@@ -78,6 +78,17 @@ ROWS = {
     "no result, the watch saw NaN": (seen("failed", 1, "the job failed", verdict="NONFINITE"), FAIL, False, 1,
                                      "the job failed — health verdict NONFINITE"),
     "no result, no reason: the exit status's words": (seen("failed", 143), RETRY, False, 143, "terminated (SIGTERM)"),
+    # --- out of memory: a retry as-is meets the same OOM at the same step; fail, saying what to change
+    "the result says OOM (rank 0's own)": (seen("failed", 1, "the job failed", result(verdict="OOM")), FAIL, False, 9,
+                                           "health verdict OOM"),
+    "it stopped itself on an OOM: tear down, no retry": (
+        seen("running", res=result(verdict="OOM"), verdict="OOM"), FAIL, True, 9, "stopped itself: health verdict OOM"),
+    "no result, another rank's OOM in the log: its code, no retry": (
+        seen("failed", 1, "the job failed", verdict="OOM"), FAIL, False, 9, "the job failed — health verdict OOM"),
+    "no result, OOM-killed from outside (SIGKILL): its code, no retry": (
+        seen("failed", 137, "killed (SIGKILL)", verdict="OOM"), FAIL, False, 9, "health verdict OOM"),
+    "OOM seen while it runs, no result after the poll: stop, no retry": (
+        seen("running", verdict="OOM", waited=True), FAIL, True, None, "health verdict OOM"),
 }
 
 

@@ -15,6 +15,7 @@ from .connections import Connections
 from .job_spec import JobSpec
 from ...formats.engines import LOCAL, MPIJOB, TRAINJOB
 from ...formats.run_result import RunResult
+from ...health.verdict import Verdict
 
 PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED = "pending", "running", "restarting", "succeeded", "failed"
 STATES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED)
@@ -39,12 +40,16 @@ class JobStatus:
     exit_code: int | None = None
     detail: dict[str, Any] = dataclasses.field(default_factory=dict)
     result: RunResult | None = None
+    # What the backend itself saw end the job, as a health verdict: a pod Kubernetes OOMKilled (OOM).
+    verdict: Verdict | None = None
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
             raise ValueError(f"job state {self.state!r} is not one of {STATES}")
         if self.result is not None and not isinstance(self.result, RunResult):
             raise ValueError(f"job result is a {type(self.result).__name__}; use a RunResult (RunResult.from_json)")
+        if self.verdict is not None and not isinstance(self.verdict, Verdict):
+            raise ValueError(f"job verdict is a {type(self.verdict).__name__}; use a health Verdict")
 
     @property
     def finished(self) -> bool:

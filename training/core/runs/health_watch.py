@@ -14,6 +14,7 @@ import time
 
 from ...formats.config import HealthConfig
 from ...health.heartbeat import attempt_in_log, read_heartbeat
+from ...health.oom import oom_in_log
 from ...health.liveness import LATE_AFTER_INTERVALS, judged_outside
 from ...health.records import HealthReader
 from ...health.verdict import HealthJudge
@@ -50,12 +51,19 @@ class HealthWatch:
         self._folder = RunFolder(run)
         self._watched: tuple[str, ObjectStore] | None = None  # (attempt, where it writes) once it claimed
         self._first_current: int | None = None  # the pointer's attempt number at the first poll
+        # An OOM verdict a rank (or the launcher, for a rank the kernel killed) printed in the job's log: a
+        # rank other than 0 writes no health record, so its log line is the verdict's way out (health/oom.py).
+        self._oom = None
+        self.last_step: int | None = None  # the last step rank 0's heartbeat or records showed
 
     def learn_from_log(self, lines: list[str]) -> None:
         for line in lines:
             found = attempt_in_log(line)
             if found:
                 self.attempt, self._from_log = found, True
+            oom = oom_in_log(line) if self._oom is None else None
+            if oom is not None:
+                self._oom = oom
 
     def poll(self, now: float | None, watching_since: float | None) -> dict | None:
         """The verdict on the watched attempt so far, with `fatal`; None while there is nothing to say.
@@ -69,6 +77,11 @@ class HealthWatch:
         heartbeat = read_heartbeat(store) if store is not None else None
         self._probe.read_took(time.monotonic() - reading_since)
         self._adopt(heartbeat)
+        steps = [s for s in (heartbeat.step if heartbeat is not None and heartbeat.attempt == self.attempt else None,
+                             self._judge.last_step, self.last_step) if s is not None]
+        self.last_step = max(steps) if steps else None
+        if self._oom is not None:
+            return self._dict(self._oom)
         if self._follow_latest and self._judge.started:
             self.attempt = self._judge.attempt
         own = self.attempt is not None and self._judge.started and self._judge.attempt == self.attempt

@@ -19,6 +19,8 @@ from typing import Any
 from ..base import (FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, JobStatus,
                                               exit_reason)
 from .labels import JOB_ROLE_LABEL
+from ....health.oom import KUBERNETES_OOMKILLED, MemoryEvidence, oom_verdict
+from ....health.verdict import Verdict
 
 # Messages of a pull that will never succeed by itself (wrong name or tag, no credentials).
 _PULL_DEFINITIVE = re.compile(r"not found|manifest unknown|pull access denied|unauthorized|denied|invalid reference",
@@ -125,12 +127,55 @@ def _terminations(pod: dict[str, Any]) -> list[tuple[dict[str, Any], bool]]:
     return out
 
 
-def _memory_limit(pod: dict[str, Any]) -> str:
+def _memory_limit(pod: dict[str, Any]) -> str | None:
     for c in (pod.get("spec") or {}).get("containers") or []:
         limit = ((c.get("resources") or {}).get("limits") or {}).get("memory")
         if limit:
-            return f" (memory limit {limit})"
-    return ""
+            return str(limit)
+    return None
+
+
+_QUANTITY = re.compile(r"^([0-9.]+)([KMGTPE]i?|k|m)?$")
+_QUANTITY_UNITS = {None: 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+                   "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def quantity_bytes(quantity: str) -> int | None:
+    """A Kubernetes memory quantity ("512Mi", "1G", "1073741824") in bytes; None if it is not one."""
+    match = _QUANTITY.match(quantity.strip())
+    if not match or match.group(2) == "m":
+        return None
+    return int(float(match.group(1)) * _QUANTITY_UNITS[match.group(2)])
+
+
+# The MPI Operator's and the Trainer's pods carry their index among their role's replicas.
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+_TRAILING_INDEX = re.compile(r"-(\d+)$")
+
+
+def pod_rank(pod: dict[str, Any], roles: PodRoles) -> int | None:
+    """The rank a rank-hosting pod runs (one rank per worker pod: mpijob.py's slotsPerWorker 1; a torchrun
+    node of one process), from its replica-index label or its name's trailing index; None for the launcher."""
+    if roles.role(pod) not in roles.workers:
+        return None
+    index = ((pod.get("metadata") or {}).get("labels") or {}).get(REPLICA_INDEX_LABEL)
+    if index is None:
+        match = _TRAILING_INDEX.search(pod_name(pod))
+        index = match.group(1) if match else None
+    return int(index) if index is not None and str(index).isdigit() else None
+
+
+def oom_killed(pod: dict[str, Any], roles: PodRoles, term: dict[str, Any]) -> Verdict:
+    """The OOM verdict of a pod whose container Kubernetes OOMKilled: its rank, its memory limit. The step
+    is not the pod's to say: the trigger adds rank 0's last one (oom.with_step). The job's config is not
+    known here, so the advice is in words."""
+    limit = _memory_limit(pod)
+    name, role = pod_name(pod), roles.role(pod) or "pod"
+    evidence = MemoryEvidence(KUBERNETES_OOMKILLED, pod_rank(pod, roles), None, seen_by=f"Kubernetes ({role} {name} was OOMKilled)",
+                              limit_bytes=quantity_bytes(limit) if limit else None,
+                              limit_source=f"the pod's memory limit {limit}" if limit else None,
+                              message=f"container terminated: OOMKilled, exit code {term.get('exitCode')}")
+    return oom_verdict(evidence, None)
 
 
 def _restarts(pod: dict[str, Any]) -> int:
@@ -192,11 +237,9 @@ def pod_problem(pods: list[dict[str, Any]], roles: PodRoles) -> dict[str, Any] |
             })
         for term, current in _terminations(pod):
             if term.get("reason") == "OOMKilled":
-                found.append({
-                    "kind": "oom_killed", "pod": name, "final": failed and current,
-                    "reason": f"{role or 'pod'} {name} was OOMKilled{_memory_limit(pod)}; use a smaller per-worker "
-                              "batch size (or fewer slots per worker), or raise the worker memory",
-                })
+                verdict = oom_killed(pod, roles, term)
+                found.append({"kind": "oom_killed", "pod": name, "final": failed and current,
+                              "reason": verdict.reason, "verdict": verdict})
             elif role in roles.unreachable_roles and roles.unreachable.search(term.get("message") or ""):
                 message = term.get("message") or ""
                 lines = [ln.strip() for ln in message.splitlines() if roles.unreachable.search(ln)]
@@ -307,11 +350,13 @@ def ended(conds: dict[str, dict[str, Any]], rank_pods: list[dict[str, Any]], rol
                 problem = {"reason": f"{words.failed_first} failed while {words.rank_pod}s {', '.join(not_ready)} "
                                      f"were not Ready; check the {words.rank_pod} pods' events"}
         reason = f"{problem['reason']} ({said})" if problem else said
-        return JobStatus(FAILED, reason=reason, exit_code=exit_code, detail=detail)
+        return JobStatus(FAILED, reason=reason, exit_code=exit_code, detail=detail,
+                         verdict=problem.get("verdict") if problem else None)
     if problem and problem["final"]:
         # The operator has not given up yet, but this cannot recover: a failed pod is not recreated, the
         # memory stays too small, a missing image stays missing.
-        return JobStatus(FAILED, reason=problem["reason"], exit_code=exit_code, detail=detail)
+        return JobStatus(FAILED, reason=problem["reason"], exit_code=exit_code, detail=detail,
+                         verdict=problem.get("verdict"))
     return None
 
 

@@ -80,6 +80,36 @@ def test_oom_killed_worker_is_named(cluster, backend):
     status = asyncio.run(backend.astatus(job_id))  # the trigger's path
     assert status.state == FAILED
     assert "retrain-1-worker-1" in status.reason and "OOMKilled" in status.reason and "batch size" in status.reason
+    assert status.verdict.status == "OOM" and status.verdict.evidence["rank"] == 1
+
+
+def test_the_trigger_reports_an_oom_killed_worker_as_the_oom_verdict(cluster, backend, tmp_path):
+    """The trigger's one event over the same emulator: the OOM verdict from the pod, with the step rank 0's
+    heartbeat shows; the operator's policy fails the task without a retry, with exit code 9."""
+    from ringflow.operators.trigger import TrainJobTrigger
+    from ringflow.training.core.failure_policy import FAIL, Observation, decide
+    from ringflow.training.health.heartbeat import Heartbeat
+    from ringflow.training.store import LocalFolderStore
+
+    job_id = backend.launch(spec())
+    run = tmp_path / "run"
+    LocalFolderStore(str(run)).put_bytes("heartbeat.json", Heartbeat("a1", 5, 0.0, 41, 0.1, 0.0).to_json())
+    cluster.add_pod(NS, job_id, "launcher", status=running())
+    cluster.add_pod(NS, job_id, "worker", 0, status=running())
+    cluster.add_pod(NS, job_id, "worker", 1, status={"phase": "Failed", "containerStatuses": [{
+        "name": "worker", "restartCount": 0, "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]})
+    trigger = TrainJobTrigger(backend_kind="mpijob", backend_kwargs=backend.to_dict(), job_id=job_id,
+                              run_uri=str(run), poll_interval=0.05, attempt="a1")
+
+    async def one_event():
+        return [event.payload async for event in trigger.run()]
+
+    (event,) = asyncio.run(one_event())
+    assert event["status"] == "error" and event["verdict"]["status"] == "OOM", event
+    assert event["verdict"]["evidence"]["rank"] == 1 and event["verdict"]["evidence"]["step"] == 42
+    assert "rank 1 ran out of memory at step 42" in event["message"]
+    decision = decide(Observation.from_dict(json.loads(json.dumps(event))))
+    assert decision.action == FAIL and decision.exit_code == 9
 
 
 def test_delete_on_kill_is_foreground_and_tolerates_404(cluster, backend):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ringflow.training.core.backends.base import FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED
-from ringflow.training.core.backends.kubernetes.outcome import outcome_from_status
+from ringflow.training.core.backends.kubernetes.outcome import outcome_from_status, quantity_bytes
 
 IMAGE = "registry.example/ringflow-training:0.1.0"
 
@@ -124,3 +124,27 @@ def test_detail_names_the_pod_and_problem():
     status = outcome_from_status(job(CREATED, RUNNING_C), [pod("worker", 1, phase="Failed", state={"terminated": OOM})])
     assert status.detail["problem"] == "oom_killed" and status.detail["pod"] == "j-worker-1"
     assert status.finished
+
+
+@pytest.mark.parametrize("case", ["failed, worker OOMKilled", "worker OOMKilled for good before the operator noticed"])
+def test_an_oom_killed_worker_is_the_oom_verdict(case):
+    """The same verdict a rank's own OOM gets (health/oom.py): the rank (the worker's index: one rank per
+    worker pod), the pod's memory limit, the advice in words (the job's config is not the pods')."""
+    mpijob, pods = next(c[1:3] for c in CASES if c[0] == case)
+    verdict = outcome_from_status(mpijob, pods).verdict
+    assert verdict.status == "OOM" and verdict.evidence["kind"] == "kubernetes_oomkilled"
+    assert verdict.evidence["rank"] == 1 and verdict.evidence["limit_bytes"] == 2 * 2**30
+    assert verdict.evidence["step"] is None  # the trigger adds rank 0's (test_mpijob_backend.py)
+    assert [a["option"] for a in verdict.evidence["advice"]] == ["accumulate", "smaller_model", "more_workers",
+                                                                  "more_memory"]
+
+
+def test_other_failures_carry_no_verdict():
+    assert all(outcome_from_status(c[1], c[2]).verdict is None for c in CASES if "OOMKilled" not in c[0])
+
+
+@pytest.mark.parametrize("quantity, expected", [("2Gi", 2 * 2**30), ("512Mi", 512 * 2**20), ("1G", 10**9),
+                                                ("1073741824", 2**30), ("1.5Gi", 3 * 2**29), ("100m", None),
+                                                ("lots", None)])
+def test_quantity_bytes(quantity, expected):
+    assert quantity_bytes(quantity) == expected
