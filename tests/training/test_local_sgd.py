@@ -11,8 +11,6 @@ from ringflow.training.health.verdict import HEALTHY, judge
 from ringflow.training.formats.config import HealthConfig
 from ringflow.training.rank.training_state import STATE_FILE, TrainingState
 
-from conftest import JobRunner
-
 pytestmark = pytest.mark.slow
 
 PERIOD, WARMUP = 4, 6
@@ -20,8 +18,8 @@ LOCAL_SGD = {"bucket_cap_mb": 25, "local_sgd": {"period": PERIOD, "warmup_steps"
 
 
 @pytest.fixture(scope="module")
-def runs(digits_manifest, tmp_path_factory):
-    jobs = JobRunner(digits_manifest, tmp_path_factory.mktemp("local-sgd"))
+def runs(module_jobs):
+    jobs = module_jobs
     reference = jobs.config("uninterrupted", epochs=2, engine="ddp", ddp=LOCAL_SGD)
     code, out = jobs.run(reference)
     assert code == 0, out
