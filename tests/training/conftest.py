@@ -67,6 +67,12 @@ def jobs(digits_manifest, tmp_path) -> JobRunner:
     return JobRunner(digits_manifest, tmp_path)
 
 
+@pytest.fixture(scope="module")
+def module_jobs(digits_manifest, tmp_path_factory) -> JobRunner:
+    """Jobs a whole test module shares: built once by a module-scoped fixture, read by several tests."""
+    return JobRunner(digits_manifest, tmp_path_factory.mktemp("module-jobs"))
+
+
 class ProcessJanitor:
     """Ends whatever a test's jobs left, however the test ended: the processes of every job folder under
     `root` (their processes.json), any process whose command line names `root`, and the cgroups of

@@ -218,6 +218,28 @@ class HorovodConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LocalSgdConfig:
+    """Post-local SGD (engine "ddp" only): after `warmup_steps` synchronous steps each rank steps its own
+    replica with its own gradients, and every `period` steps the ranks average their parameters
+    (torch.distributed's PeriodicModelAverager). One all-reduce of the parameters per `period` steps instead
+    of one of the gradients per step, for replicas that drift apart in between (bench/results/local_sgd.md).
+
+    Both count optimizer steps: with ddp.backward_passes_per_step k, a step is k backward passes, so the
+    ranks average every period * k passes. Each rank's optimizer state (momentum, Adam's moments) stays its
+    own: only parameters are averaged.
+    """
+
+    period: int
+    warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        _require(_is_int(self.period) and self.period >= 1, "ddp.local_sgd.period", f"is {self.period!r}",
+                 "use a whole number >= 1: the ranks average their parameters every this many steps "
+                 "(1 averages every step; remove ddp.local_sgd for synchronous gradient all-reduce)")
+        _positive_int(self, "warmup_steps", "ddp.local_sgd.warmup_steps", minimum=0)
+
+
+@dataclasses.dataclass(frozen=True)
 class DdpConfig:
     """PyTorch DistributedDataParallel knobs (engine "ddp")."""
 
@@ -226,10 +248,29 @@ class DdpConfig:
     bucket_cap_mb: float = 25.0
     # Backward passes whose gradients add up (under DDP's no_sync) before one all-reduce and optimizer step.
     backward_passes_per_step: int = 1
+    # None: synchronous gradient all-reduce every step (the default).
+    local_sgd: LocalSgdConfig | None = None
 
     def __post_init__(self) -> None:
         _positive_number(self, "bucket_cap_mb", "ddp.bucket_cap_mb")
         _positive_int(self, "backward_passes_per_step", "ddp.backward_passes_per_step")
+        _require(self.local_sgd is None or isinstance(self.local_sgd, LocalSgdConfig), "ddp.local_sgd",
+                 f"is {self.local_sgd!r}", 'give an object like {"period": 4, "warmup_steps": 0}, or leave it out')
+
+
+def check_local_sgd(ddp: DdpConfig, engine: str, precision: str) -> None:
+    """Refuse ddp.local_sgd where it cannot run: under Horovod (its DistributedOptimizer all-reduces every
+    step; it has no periodic averaging) and in fp16 (each rank's GradScaler would skip its own overflowing
+    steps, so the ranks' averaging steps, counted in optimizer steps, would fall out of line and their
+    all-reduces pair up wrongly)."""
+    if ddp.local_sgd is None:
+        return
+    _require(engine == "ddp", "ddp.local_sgd", f"is set, but the engine is {engine!r}",
+             'use "engine": "ddp" (or --engine ddp) for post-local SGD, or remove ddp.local_sgd to train '
+             "synchronously under Horovod")
+    _require(precision != "fp16", "ddp.local_sgd", 'is set with "precision": "fp16"',
+             'use "bf16" or "fp32" with local SGD (fp16\'s loss scaling skips steps on each rank alone, which '
+             "would put the ranks' averaging steps out of line), or remove ddp.local_sgd")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,6 +351,7 @@ class JobConfig:
         _require(is_bind_cores(self.bind_cores), "bind_cores",
                  f"is {self.bind_cores!r}", 'use "auto" (default: bind where the job was given CPUs of its own), '
                  'true (bind wherever every rank can have a CPU) or false (never bind)')
+        check_local_sgd(self.ddp, self.engine, self.precision)
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))
@@ -320,8 +362,12 @@ class JobConfig:
         return _build(cls, doc, "")
 
 
-_NESTED = {"checkpoint": CheckpointConfig, "model": ModelConfig, "health": HealthConfig, "horovod": HorovodConfig,
-           "ddp": DdpConfig}
+# The sections that are objects of their own: (the class holding one, its field) -> its class.
+_NESTED = {(JobConfig, "checkpoint"): CheckpointConfig, (JobConfig, "model"): ModelConfig,
+           (JobConfig, "health"): HealthConfig, (JobConfig, "horovod"): HorovodConfig, (JobConfig, "ddp"): DdpConfig,
+           (DdpConfig, "local_sgd"): LocalSgdConfig}
+# Of them, those whose null means "off".
+_OPTIONAL = {(DdpConfig, "local_sgd")}
 
 
 def _build(cls: type, doc: Mapping[str, Any], path: str) -> Any:
@@ -336,9 +382,11 @@ def _build(cls: type, doc: Mapping[str, Any], path: str) -> Any:
         raise ConfigError(f"{path}{missing[0]}", "is missing", "add it (see README: job config)")
     kwargs: dict[str, Any] = {}
     for name, value in doc.items():
-        if cls is JobConfig and name in _NESTED:
-            _require(isinstance(value, Mapping), name, f"is a {type(value).__name__}", "give a JSON object")
-            value = _build(_NESTED[name], value, f"{name}.")
+        nested = _NESTED.get((cls, name))
+        if nested is not None and not (value is None and (cls, name) in _OPTIONAL):
+            _require(isinstance(value, Mapping), f"{path}{name}", f"is a {type(value).__name__}",
+                     "give a JSON object")
+            value = _build(nested, value, f"{path}{name}.")
         elif cls is JobConfig and name == "faults":
             _require(isinstance(value, list), name, "is not a list", "give a list of fault objects")
             value = tuple(_build(FaultConfig, f, "faults[].") for f in value)

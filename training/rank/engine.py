@@ -15,6 +15,7 @@ import torch
 
 from .cores import CpuShare
 from .devices import Placement, Precision, choose_placement
+from ..health.replica_schedule import ReplicaSchedule
 
 
 class Engine(abc.ABC):
@@ -63,6 +64,28 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def apply_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """The optimizer step on the averaged gradients, without syncing them again."""
+
+    def replica_schedule(self, start_step: int, last_step: int) -> ReplicaSchedule:
+        """After which steps every rank's replica agrees (health/replica_schedule.py), for a run going from
+        `start_step` (0, or the checkpoint's step) to `last_step`. Synchronous engines: after every step. An
+        engine whose ranks step their own replicas sets its step counters to `start_step` here, after the
+        optimizer state was restored and broadcast."""
+        return ReplicaSchedule(last_step=last_step)
+
+    def shared_gradient_norm(self, local_norm: float) -> float:
+        """The gradient norm every rank acts on alike. Synchronous engines: this rank's norm of the averaged
+        gradient, already the same on every rank."""
+        return local_norm
+
+    def replica_optimizer_states(self, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]] | None:
+        """Called by every rank at each checkpoint: on rank 0 each rank's optimizer state, in rank order, where
+        the ranks' optimizer states differ (local SGD); None where rank 0's is every rank's."""
+        return None
+
+    def restore_replica_optimizer(self, optimizer: torch.optim.Optimizer,
+                                  states: list[dict[str, Any]] | None) -> None:
+        """After broadcast_state on a resume: this rank's own optimizer state from a checkpoint that kept
+        each rank's (`states`), where this engine's ranks keep their own; else rank 0's stays every rank's."""
 
     @abc.abstractmethod
     def allgather(self, tensor: torch.Tensor, name: str) -> torch.Tensor:

@@ -50,6 +50,11 @@ class StepTiming:
     samples: int      # rows this rank trained on in this step
 
 
+def last_step_of(epochs: int, batches_per_epoch: int, accumulation_steps: int) -> int:
+    """The step a run of `epochs` ends at: each step is `accumulation_steps` minibatches."""
+    return epochs * batches_per_epoch // accumulation_steps
+
+
 def implementing(callbacks: Sequence[Callback], hook: str) -> list[Callable]:
     """The bound `hook` of each callback that overrides Callback's do-nothing default, in list order."""
     default = getattr(Callback, hook)
@@ -67,7 +72,7 @@ class TrainingLoop:
         self.step, self.cursor = step, cursor
         self.loss: torch.Tensor | None = None  # the last micro-batch's loss, detached, where it was computed
         self._loss_value: float | None = last_loss
-        self.last_step = epochs * data.batches_per_epoch // engine.accumulation_steps
+        self.last_step = last_step_of(epochs, data.batches_per_epoch, engine.accumulation_steps)
 
     @property
     def last_loss(self) -> float:

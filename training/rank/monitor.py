@@ -14,6 +14,7 @@ import torch
 from ..formats.config import HealthConfig
 from .engine import Engine
 from ..health.records import HealthLog, record
+from ..health.replica_schedule import SYNCHRONOUS, ReplicaSchedule
 from ..health.verdict import HealthJudge, Verdict
 
 
@@ -50,8 +51,12 @@ def first_nonfinite_on_device(first: torch.Tensor | None, loss: torch.Tensor, st
 
 
 class SyncHealthMonitor:
-    def __init__(self, engine: Engine, cfg: HealthConfig, log: HealthLog, batch_size: int):
+    def __init__(self, engine: Engine, cfg: HealthConfig, log: HealthLog, batch_size: int,
+                 schedule: ReplicaSchedule = SYNCHRONOUS):
+        """schedule: after which steps the replicas agree (local SGD: only at averages), where checksums
+        are compared."""
         self._engine = engine
+        self._schedule = schedule
         self._cfg = cfg
         self._log = log
         self._batch_size = batch_size
@@ -75,7 +80,8 @@ class SyncHealthMonitor:
         return step % self._cfg.every_steps == 0
 
     def wants_checksum(self, step: int) -> bool:
-        return step % self._cfg.checksum_every_steps == 0
+        # Under local SGD the replicas differ between averages by design: compared right after one.
+        return self._schedule.due(step, self._cfg.checksum_every_steps)
 
     def on_step(self, step: int, epoch: int, step_time: float, sync_time: float, loss: float,
                 grad_norm: float, first_nonfinite_step: int | None = None) -> Verdict | None:

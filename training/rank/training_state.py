@@ -40,12 +40,17 @@ class TrainingState:
     # fp16's loss scaling (torch.amp.GradScaler.state_dict(): numbers only), so a resumed fp16 run goes on
     # with the scale it had reached instead of overflowing its way down from 65536 again; None otherwise.
     grad_scaler: dict[str, Any] | None = None
+    # Under local SGD (ddp.local_sgd) every rank's optimizer state, in rank order: each rank keeps its own
+    # momentum or moments, and a resume gives each its own back; None where rank 0's is every rank's.
+    replica_optimizers: list[dict[str, Any]] | None = None
 
     def _doc(self) -> dict[str, Any]:
         doc = {"model": self.model, "optimizer": self.optimizer, "cursor": list(self.cursor), "step": self.step,
                "torch_rng": self.torch_rng}
         if self.grad_scaler is not None:
             doc["grad_scaler"] = self.grad_scaler
+        if self.replica_optimizers is not None:
+            doc["replica_optimizers"] = list(self.replica_optimizers)
         return doc
 
     def to_bytes(self) -> bytes:
@@ -75,7 +80,8 @@ class TrainingState:
         if pin_memory and torch.cuda.is_available():
             torch.cuda.synchronize()  # the non-blocking copies have landed before the writer reads them
         return dataclasses.replace(self, model=copied["model"], optimizer=copied["optimizer"],
-                                   torch_rng=copied["torch_rng"], grad_scaler=copied.get("grad_scaler"))
+                                   torch_rng=copied["torch_rng"], grad_scaler=copied.get("grad_scaler"),
+                                   replica_optimizers=copied.get("replica_optimizers"))
 
     def nonfinite_tensors(self) -> list[str]:
         """The model parameters and optimizer state tensors holding NaN/Inf, by name ("model.fc.weight",
@@ -83,6 +89,8 @@ class TrainingState:
         found: list[str] = []
         _nonfinite(self.model, "model", found)
         _nonfinite(self.optimizer, "optimizer", found)
+        for rank, state in enumerate(self.replica_optimizers or ()):
+            _nonfinite(state, f"replica_optimizers.{rank}", found)
         return found
 
     @classmethod
@@ -91,7 +99,8 @@ class TrainingState:
         try:
             epoch, batch = doc["cursor"]
             return cls(model=doc["model"], optimizer=doc["optimizer"], cursor=(int(epoch), int(batch)),
-                       step=int(doc["step"]), torch_rng=doc["torch_rng"], grad_scaler=doc.get("grad_scaler"))
+                       step=int(doc["step"]), torch_rng=doc["torch_rng"], grad_scaler=doc.get("grad_scaler"),
+                       replica_optimizers=doc.get("replica_optimizers"))
         except (KeyError, TypeError, ValueError) as exc:
             raise UnsafeCheckpoint(f"{where} is not a ringflow training state ({exc!r}); "
                                    "resume from another checkpoint") from exc

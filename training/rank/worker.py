@@ -49,7 +49,7 @@ from ..health.memory_limits import MemoryLimits
 from ..health.oom import classify, oom_line, oom_verdict
 from ..health.oom_advice import JobShape
 from ..health.verdict import STALLED, STORE_UNAVAILABLE, Verdict, store_unavailable
-from .loop import TrainingLoop
+from .loop import TrainingLoop, last_step_of
 from ..formats.manifest import ShardManifest, split_manifest_uri
 from .models import build_model
 from .oom_report import oom_evidence
@@ -114,6 +114,7 @@ class Trainer:
         self.cfg, self.engine = cfg, engine
         self.rank, self.size = engine.rank, engine.size
         self.step, self.cursor, self.resumed_from, self.last_loss = 0, Cursor(), None, float("nan")
+        self.replica_optimizers: list | None = None  # each rank's optimizer state, from a local-SGD checkpoint
         self.skipped_checkpoints: list[SkippedCheckpoint] = []
         self.loop: TrainingLoop | None = None
         self.throughput: Throughput | None = None
@@ -156,8 +157,13 @@ class Trainer:
         progress.phase(RESTORE)
         self._resume()
         engine.broadcast_state(self.model, self.optimizer)
+        engine.restore_replica_optimizer(self.optimizer, self.replica_optimizers)
+        # After which steps every rank's replica agrees (all, unless local SGD): where checksums are compared
+        # and checkpoints taken.
+        schedule = engine.replica_schedule(self.step, last_step_of(cfg.epochs, self.data.batches_per_epoch,
+                                                                    engine.accumulation_steps))
 
-        self.monitor = SyncHealthMonitor(engine, cfg.health, self.health_log, cfg.batch_size)
+        self.monitor = SyncHealthMonitor(engine, cfg.health, self.health_log, cfg.batch_size, schedule)
         writer = (AsyncCheckpointWriter(CheckpointStore(guard.store, keep_last=None), progress,
                                         self._on_checkpoint_written, self._publish_checkpoint)
                   if guard is not None else None)
@@ -165,7 +171,7 @@ class Trainer:
             "manifest_uri": cfg.manifest_uri, "model": json.loads(json.dumps(cfg.to_dict()["model"])),
             "schema": {"num_features": schema.num_features, "input_shape": list(schema.input_shape),
                        "num_outputs": schema.num_outputs, "task": schema.task}}, pin_memory=placement.pin_memory,
-            progress=progress, floor_seconds=cfg.checkpoint.floor_seconds)
+            progress=progress, floor_seconds=cfg.checkpoint.floor_seconds, schedule=schedule)
         self.health = HealthMonitoring(self.monitor, self.health_log, cfg.health, self.rank, self.checkpointing.due,
                                        {"world_size": self.size, "engine": engine.name,
                                         "device": placement.device, "precision": cfg.precision,
@@ -216,6 +222,7 @@ class Trainer:
         if scaler is not None and state.grad_scaler:  # fp16 goes on with its loss scale (not from fp32/bf16)
             scaler.load_state_dict(state.grad_scaler)
         self.cursor, self.step = Cursor(*state.cursor), state.step
+        self.replica_optimizers = state.replica_optimizers
         torch.set_rng_state(state.torch_rng)
         self.resumed_from = loaded.manifest.name
         self.last_loss = loaded.manifest.meta.get("loss", float("nan"))

@@ -17,7 +17,7 @@ def test_horovod_is_the_default_and_ddp_has_torchs_bucket_size():
     ({"engine": None}, "engine", 'use "horovod"'),
     ({"ddp": {"bucket_cap_mb": 0}}, "ddp.bucket_cap_mb", "use a number > 0"),
     ({"ddp": {"backward_passes_per_step": 0}}, "ddp.backward_passes_per_step", "use a whole number >= 1"),
-    ({"ddp": {"bucket_mb": 4}}, "ddp.bucket_mb", "remove it or use one of ['backward_passes_per_step', 'bucket_cap_mb']"),
+    ({"ddp": {"bucket_mb": 4}}, "ddp.bucket_mb", "remove it or use one of ['backward_passes_per_step', 'bucket_cap_mb', 'local_sgd']"),
     ({"ddp": 4}, "ddp", "give a JSON object"),
 ])
 def test_bad_engine_settings_say_what_to_do(fields, field, says):

@@ -31,19 +31,22 @@ from .base import Callback
 from ..checkpoint_writer import AsyncCheckpointWriter, NonFiniteState
 from ...formats.checkpoint import checkpoint_name
 from ...health.progress import Progress
+from ...health.replica_schedule import SYNCHRONOUS, ReplicaSchedule
 from ...health.verdict import NONFINITE, Verdict, store_unavailable
 from ...store.base import StoreConfigError, StoreUnavailable
 from ..training_state import TrainingState
 
 
-def training_state(loop) -> TrainingState:
-    """The loop's state now, sharing tensors with the live model and optimizer (host_copy() detaches it)."""
+def training_state(loop, replica_optimizers: list | None = None) -> TrainingState:
+    """The loop's state now, sharing tensors with the live model and optimizer (host_copy() detaches it).
+    replica_optimizers: every rank's optimizer state where they differ (Engine.replica_optimizer_states)."""
     # The user's module, not an engine's wrapper of it: the same keys whichever engine trained it.
     scaler = loop.engine.precision.scaler
     return TrainingState(model=loop.engine.unwrap(loop.model).state_dict(), optimizer=loop.optimizer.state_dict(),
                          cursor=(loop.cursor.epoch, loop.cursor.batch), step=loop.step,
                          torch_rng=torch.get_rng_state(),
-                         grad_scaler=scaler.state_dict() if scaler is not None else None)
+                         grad_scaler=scaler.state_dict() if scaler is not None else None,
+                         replica_optimizers=replica_optimizers)
 
 
 def serialize_state(loop) -> bytes:
@@ -66,12 +69,14 @@ SKIPPED = object()
 class Checkpointing(Callback):
     def __init__(self, writer: AsyncCheckpointWriter | None, every_steps: int, world_size: int,
                  run_meta: Mapping[str, Any], pin_memory: bool = False, progress: Progress | None = None,
-                 floor_seconds: float = 0.0, clock=time.monotonic):
+                 floor_seconds: float = 0.0, clock=time.monotonic, schedule: ReplicaSchedule = SYNCHRONOUS):
         """writer: rank 0's background writer; None on the other ranks, which write nothing.
         run_meta: what every checkpoint of this run says about it (manifest_uri, model, schema).
         progress: this rank's (liveness).
-        floor_seconds: the least time between two checkpoints, by rank 0's `clock` (0: every due step)."""
+        floor_seconds: the least time between two checkpoints, by rank 0's `clock` (0: every due step).
+        schedule: after which steps the replicas agree (health/replica_schedule.py)."""
         self._writer, self._every, self._size = writer, every_steps, world_size
+        self._schedule = schedule
         self._floor, self._clock = floor_seconds, clock
         self._last_taken = clock()
         self.skipped = 0  # due steps not taken because of the floor (rank 0 counts; every rank skips them)
@@ -85,7 +90,9 @@ class Checkpointing(Callback):
         return self._writer.blocked_seconds if self._writer is not None else 0.0
 
     def due(self, step: int) -> bool:
-        return step % self._every == 0
+        # Under local SGD, at the first average at or after each multiple of every_steps: rank 0's replica
+        # (which the checkpoint holds) is then every rank's.
+        return self._schedule.due(step, self._every)
 
     def on_train_start(self, loop) -> None:
         self._last_taken = self._clock()  # the floor counts from the first step, not from start-up
@@ -163,6 +170,8 @@ class Checkpointing(Callback):
     def _save(self, loop, final: bool = False, waited: float = 0.0) -> Verdict | None:
         """Take the checkpoint (rank 0 hands it to the writer); its name on every rank. waited: how long every
         rank waited for the previous upload (_previous_written), recorded with this checkpoint."""
+        # Every rank takes part (local SGD gathers each rank's optimizer state to rank 0); None elsewhere.
+        replicas = loop.engine.replica_optimizer_states(loop.optimizer)
         if self._writer is None:
             if final:
                 self.final = checkpoint_name(loop.step)
@@ -174,7 +183,7 @@ class Checkpointing(Callback):
         self._last_taken = self._clock()
         try:
             writer = self._writer
-            name = writer.submit(loop.step, lambda: writer.snapshot(training_state(loop), self._pin_memory), meta,
+            name = writer.submit(loop.step, lambda: writer.snapshot(training_state(loop, replicas), self._pin_memory), meta,
                                  final, waited_before=waited)
         except Exception as exc:  # noqa: BLE001 - what the previous write raised
             return self._verdict(exc)

@@ -68,10 +68,10 @@ class HealthMonitoring(Callback):
                                     or self._checkpoint_due(step) or step == loop.last_step):
             return None
         started = time.perf_counter()
-        grad_norm = gradient_norm(self._params)
+        # The averaged gradient's norm is the same on every rank (under local SGD, the ranks' mean, one
+        # small all-reduce), so every rank makes the same choice here and the allgather in on_step stays matched.
+        grad_norm = loop.engine.shared_gradient_norm(gradient_norm(self._params))
         verdict = None
-        # The averaged gradient is the same on every rank, so every rank makes the same choice here and
-        # the allgather in on_step stays matched.
         if self.monitor.wants_step(step) or not math.isfinite(grad_norm):
             verdict = self.monitor.on_step(step, timing.epoch, timing.step_time, timing.sync_time, loop.last_loss,
                                            grad_norm, self._first_nonfinite())

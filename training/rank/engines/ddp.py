@@ -6,6 +6,9 @@ LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. The ranks train exactly as under 
 partitions in the same order, the learning rate scaled by the world size (worker.make_optimizer), rank 0
 alone writes, the same health records; checkpoints hold the user's module (`unwrap`), so their keys are
 the same as Horovod's and a run resumes under either engine.
+
+With ddp.local_sgd the ranks step their own replicas after a warm-up and average parameters every H steps
+instead of gradients every step (local_sgd.py); the learning rate is scaled by the world size all the same.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from ...formats.config import DdpConfig, JobConfig
 from ..cores import claim_cpu_share, local_rank_from_env
 from ..devices import Placement, place_rank
 from ..engine import Engine, share_host_cores
+from .local_sgd import LocalSgd
 from ..training_state import on_cpu
 
 # What torchrun sets for every rank; without them there is no process group to join.
@@ -51,10 +55,14 @@ class SyncClock:
         def finished(fut: torch.futures.Future) -> torch.Tensor:
             # Runs on the thread that completed the all-reduce; DDP waits for this future, so every span
             # is noted before backward returns.
-            self._spans.append((launched, time.perf_counter()))
+            self.note(launched)
             return fut.value()[0]
 
         return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(finished)
+
+    def note(self, launched: float) -> None:
+        """A bucket's all-reduce, launched at `launched`, finished now."""
+        self._spans.append((launched, time.perf_counter()))
 
     def take(self) -> float:
         """The exposed all-reduce time of the buckets noted since the last call; 0.0 when none ran."""
@@ -93,6 +101,8 @@ class DdpEngine(Engine):
         self._place(placement)  # where this rank computes (devices.py)
         self.accumulation_steps = cfg.backward_passes_per_step
         self.clock = SyncClock()
+        # Post-local SGD (ddp.local_sgd, local_sgd.py): ranks step alone and average parameters every H steps.
+        self.local_sgd = LocalSgd(cfg.local_sgd, rank, size, self.clock.note) if cfg.local_sgd else None
         self._ddp: AccumulatingDDP | None = None
         self._last_sync = 0.0
 
@@ -118,11 +128,31 @@ class DdpEngine(Engine):
         device_ids = [torch.device(self.placement.device)] if self.placement.cuda else None
         self._ddp = AccumulatingDDP(model, self.accumulation_steps, bucket_cap_mb=self.cfg.bucket_cap_mb,
                                     device_ids=device_ids)
+        if self.local_sgd is not None:
+            if self.size > 1:
+                self._ddp.register_comm_hook(self.local_sgd.state, self.local_sgd.hook)
+            return self.local_sgd.wrap(optimizer)  # the user's optimizer step, then the periodic average
         if self.size > 1:
             # One rank has no peer to wait for: DDP's own C++ all-reduce then, not a Python hook per bucket
             # (2 % of a one-rank step, bench/results/throughput.md); its sync time is 0.
             self._ddp.register_comm_hook(None, self.clock.hook)
         return optimizer  # DDP averages the gradients in backward: the optimizer stays the user's
+
+    def replica_schedule(self, start_step, last_step):
+        if self.local_sgd is None:
+            return super().replica_schedule(start_step, last_step)
+        return self.local_sgd.start(start_step, last_step)
+
+    def shared_gradient_norm(self, local_norm: float) -> float:
+        # Under local SGD each rank's gradient is its own.
+        return local_norm if self.local_sgd is None else self.local_sgd.mean_gradient_norm(local_norm)
+
+    def replica_optimizer_states(self, optimizer):
+        return None if self.local_sgd is None else self.local_sgd.gather_optimizer_states(optimizer)
+
+    def restore_replica_optimizer(self, optimizer, states) -> None:
+        if self.local_sgd is not None:
+            self.local_sgd.restore_optimizer_state(optimizer, states)
 
     def training_model(self, model):
         if self._ddp is None or self._ddp.module is not model:
@@ -152,6 +182,8 @@ class DdpEngine(Engine):
 
     def apply_gradients(self, optimizer) -> None:
         self.precision.step(optimizer)
+        if self.local_sgd is not None:
+            self.local_sgd.after_step(optimizer)
 
     def allgather(self, tensor, name):
         return self.wait(self.allgather_async(tensor, name))

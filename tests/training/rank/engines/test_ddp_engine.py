@@ -71,3 +71,43 @@ def test_a_single_rank_registers_no_timing_hook(world_of_one):
     engine.training_model(model)(torch.randn(2, 3)).sum().backward()
     engine.sync_gradients(optimizer)
     assert engine.step_sync_seconds(0.0) == 0.0 and not engine.clock._spans
+
+
+def test_local_sgd_averages_where_the_schedule_says_and_restores_its_counters(world_of_one, monkeypatch):
+    """torch's PeriodicModelAverager and the engine's last-step average, against ReplicaSchedule's table; the
+    averager's step in the optimizer state, and the counters a resume sets."""
+    import torch.distributed.algorithms.model_averaging.utils as averaging
+    from ringflow.training.rank.engines import local_sgd
+
+    averaged_at = []
+    step = {"now": 0}
+    record = lambda params, group: averaged_at.append(step["now"])  # noqa: E731
+    monkeypatch.setattr(averaging, "average_parameters_or_parameter_groups", record)
+    monkeypatch.setattr(local_sgd, "average_parameters_or_parameter_groups", record)
+    cfg = JobConfig.from_dict({"manifest_uri": "/m/manifest.json", "run_uri": "/r", "engine": "ddp",
+                               "ddp": {"local_sgd": {"period": 4, "warmup_steps": 6}}})
+    model = torch.nn.Linear(3, 1)
+    engine = DdpEngine(cfg.ddp, 0, 1)
+    optimizer = engine.distribute(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    schedule = engine.replica_schedule(0, 30)
+    ddp = engine.training_model(model)
+    for s in range(1, 31):
+        step["now"] = s
+        ddp(torch.randn(2, 3)).sum().backward()
+        engine.sync_gradients(optimizer)
+        engine.apply_gradients(optimizer)
+        optimizer.zero_grad()
+    assert averaged_at == [s for s in range(1, 31) if schedule.averages_at(s) or schedule.forced_average_at(s)]
+    assert averaged_at == [7, 11, 15, 19, 23, 27, 30]
+    saved = optimizer.state_dict()
+    assert saved["step"] == 30  # torch's PostLocalSGDOptimizer keeps the averager's step with the state
+
+    # A resume: the optimizer state comes back (torch restores the averager's step), then the counters are
+    # set for the run's start step; the hook's counter stops at warm-up's end.
+    fresh = DdpEngine(cfg.ddp, 0, 1)
+    restored = fresh.distribute(torch.nn.Linear(3, 1), torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    restored.load_state_dict(saved)
+    assert fresh.local_sgd.averager.step == 30
+    fresh.replica_schedule(23, 40)
+    assert fresh.local_sgd.averager.step == 23 and fresh.local_sgd.state.iter == 6
+    assert fresh.replica_optimizer_states(restored)[0]["step"] == 23
