@@ -63,6 +63,24 @@ if ! "$mlflow_venv/bin/mlflow" --version 2>/dev/null | grep -qF "$mlflow_version
   "$mlflow_venv/bin/python" -m pip install --quiet "mlflow==$mlflow_version" "boto3==$boto3_version" \
     "botocore==$boto3_version"
 fi
+# The TensorFlow engine's ranks (training/rank/engines/tensorflow.py) run from a venv of their own inside $venv:
+# tensorflow-cpu and what ringflow's torch-free modules need (numpy, pyarrow, pandas, boto3 for s3:// stores), with
+# ringflow installed --no-deps, so neither venv's pins move the other's and the Airflow/torch venv never
+# imports TensorFlow. The launcher starts the ranks with this venv's interpreter ($RINGFLOW_TF_PYTHON overrides).
+# numpy, pyarrow, pandas: the ranges pyproject.toml gives; boto3: its pin.
+tf_venv=${RINGFLOW_TF_VENV:-$venv/tensorflow}
+if ! "$tf_venv/bin/python" -c "import tensorflow as tf, sys; sys.exit(tf.__version__ != '$TENSORFLOW_VERSION')" \
+    2>/dev/null; then
+  echo "[setup] installing tensorflow-cpu $TENSORFLOW_VERSION in $tf_venv"
+  python3 -m venv "$tf_venv"
+  "$tf_venv/bin/python" -m pip install --quiet --upgrade pip
+  "$tf_venv/bin/python" -m pip install --quiet "tensorflow-cpu==$TENSORFLOW_VERSION" \
+    "$(sed -n 's/^ *"\(numpy[^"]*\)".*/\1/p' pyproject.toml)" "$(sed -n 's/^ *"\(pyarrow[^"]*\)".*/\1/p' pyproject.toml)" \
+    "$(sed -n 's/^ *"\(pandas[^"]*\)".*/\1/p' pyproject.toml)" \
+    "boto3==$boto3_version" "botocore==$boto3_version"
+fi
+# Editable, as in $venv: the ranks run this checkout's code.
+"$tf_venv/bin/python" -m pip install --quiet --no-deps -e .
 "$venv/bin/horovodrun" --check-build
 rm -f "$venv"/.ringflow-setup-*
 touch "$stamp"

@@ -13,6 +13,7 @@ from ringflow.training.formats.engines import (CONTROLLERS, DEFAULT_CONTROLLER, 
 @pytest.mark.parametrize("name, launcher, pod_launcher, backends, runtime, section", [
     ("horovod", "horovodrun", "mpirun", (LOCAL, MPIJOB, TRAINJOB), "ringflow-horovod", "horovod"),
     ("ddp", "torchrun", "torchrun", (LOCAL, TRAINJOB), "ringflow-torch", "ddp"),
+    ("tensorflow", "tf_config", "tf_config", (LOCAL, TRAINJOB), "ringflow-tensorflow", "tensorflow"),
 ])
 def test_the_table(name, launcher, pod_launcher, backends, runtime, section):
     spec = engine_spec(name)
@@ -34,7 +35,9 @@ def test_every_entry_has_its_config_section_and_rank_module():
     ("horovod", LOCAL, None), ("horovod", MPIJOB, None), ("horovod", TRAINJOB, None),
     ("ddp", LOCAL, None), ("ddp", TRAINJOB, None),
     ("ddp", MPIJOB, r"engine 'ddp' cannot run as an MPIJob .*mpirun.*TrainJob.*LocalProcessBackend.*\"horovod\""),
-    ("jax", LOCAL, r"'engine' is 'jax'; use one of \('horovod', 'ddp'\)"),
+    ("tensorflow", LOCAL, None), ("tensorflow", TRAINJOB, None),
+    ("tensorflow", MPIJOB, r"engine 'tensorflow' cannot run as an MPIJob .*\"horovod\""),
+    ("jax", LOCAL, r"'engine' is 'jax'; use one of \('horovod', 'ddp', 'tensorflow'\)"),
 ])
 def test_check_backend(engine, backend, refused):
     if refused is None:
@@ -48,6 +51,7 @@ def test_the_trainjob_runtime_comes_from_the_table_unless_the_settings_name_one(
     from ringflow.training.core.backends.kubernetes.settings import TrainJobSettings
 
     settings = TrainJobSettings(image="registry/ringflow-training:0.1.0")
-    assert {e: settings.runtime(e) for e in ENGINES} == {"horovod": "ringflow-horovod", "ddp": "ringflow-torch"}
+    assert {e: settings.runtime(e) for e in ENGINES} == {"horovod": "ringflow-horovod", "ddp": "ringflow-torch",
+                                                  "tensorflow": "ringflow-tensorflow"}
     mine = dataclasses.replace(settings, ddp_runtime="team-torch")
     assert mine.runtime("ddp") == "team-torch"
