@@ -3,9 +3,9 @@ takes from them and from the manifest's meta. Torch-free, TensorFlow-free (numpy
 
 The cursor and step come from the meta every checkpoint carries (checkpointing writes the same keys for the
 torch engines): the data order is a pure function of (seed, epoch, rank) (partition_batches.py), so the
-cursor alone makes a resume sample-exact; the model and optimizer arrays make it step-exact. The RNG state
-torch keeps has no counterpart to save: the TensorFlow models draw nothing at random in training but dropout,
-which is seeded per step (tensorflow_worker.py), so a resumed run draws what the uninterrupted run drew.
+cursor alone makes a resume sample-exact; the model and optimizer arrays make it step-exact. Not saved (yet):
+TensorFlow's random state, which only dropout draws from (the MLP's `dropout` > 0): a resumed run with
+dropout draws other masks than the uninterrupted run would have (torch's state.pt keeps its RNG state).
 """
 from __future__ import annotations
 
