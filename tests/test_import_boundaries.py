@@ -9,7 +9,6 @@
 The layer rules are read from the source (every import statement, function-level ones included), so a lazy
 import across a boundary is caught too."""
 import ast
-import os
 import pkgutil
 import subprocess
 import sys
@@ -119,22 +118,14 @@ def test_only_the_tensorflow_rank_modules_need_tensorflow():
         "ringflow.training.rank.tf_models", "ringflow.training.rank.tf_optimizers"]
 
 
-def test_the_tensorflow_rank_never_imports_torch():
+def test_the_tensorflow_rank_never_imports_torch(tf_python):
     """The TF venv has no torch: every module a TensorFlow rank imports is torch-free (run in that venv)."""
-    from ringflow.training.core.launcher import tensorflow_python
-
-    try:
-        python = tensorflow_python()
-    except FileNotFoundError as exc:
-        if os.environ.get("RINGFLOW_REQUIRE_TF"):
-            raise
-        pytest.skip(f"no TF venv ({exc}); RINGFLOW_REQUIRE_TF is unset")
     names = ["ringflow.training.rank.tensorflow_worker", "ringflow.training.rank.engines.tensorflow",
              "ringflow.training.rank.tf_models", "ringflow.training.rank.tf_optimizers", "ringflow.training.__main__"]
     code = ("import importlib, sys\n"
             f"for name in {names!r}: importlib.import_module(name)\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'horovod', 'airflow'}))")
-    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = subprocess.run([tf_python, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
 

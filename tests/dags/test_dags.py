@@ -58,7 +58,7 @@ def test_params_have_defaults_the_form_shows(dagbag):
         "dataset_uri": "builtin:digits", "model_name": "digits-mlp", "num_workers": 2, "epochs": 5,
         "batch_size": 32, "learning_rate": 0.002, "gate_metric": "accuracy", "gate_mode": "max",
         "job_overrides": {}, "engine": "horovod"}
-    assert params.get_param("engine").schema["enum"] == ["horovod", "ddp"]
+    assert params.get_param("engine").schema["enum"] == ["horovod", "ddp", "tensorflow"]
     schema = params.get_param("num_workers").schema
     assert (schema["type"], schema["minimum"], schema["maximum"]) == ("integer", 1, 16)
 
@@ -100,6 +100,8 @@ def test_params_accept_good_values(dagbag):
                                      "health": {"stall_seconds": 300}, "model": {"hidden": [32], "dropout": 0.1},
                                      "ddp": {"bucket_cap_mb": 4}}})
     assert params.validate()["num_workers"] == 16 and params.validate()["engine"] == "ddp"
+    params.update({"engine": "tensorflow", "job_overrides": {"tensorflow": {"communication": "ring"}}})
+    assert params.validate()["engine"] == "tensorflow"
     for uri in ("builtin:digits", "/data/digits.csv", "file:///data/digits.parquet"):
         params.update({"dataset_uri": uri})
         assert params.validate()["dataset_uri"] == uri

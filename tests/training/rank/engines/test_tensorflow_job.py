@@ -4,25 +4,12 @@ checkpoint. The tests read their run folders.
 
 Skipped, saying why, only where the TF venv is missing and RINGFLOW_REQUIRE_TF is unset (scripts/test.sh sets it:
 CI runs scripts/setup.sh, which makes the venv)."""
-import os
-
 import numpy as np
 import pytest
 
 from ringflow.training.formats.weights_npz import MODEL_FILE, from_npz
 
 pytestmark = pytest.mark.slow
-
-
-def tf_venv_or_skip() -> None:
-    from ringflow.training.core.launcher import tensorflow_python
-
-    try:
-        tensorflow_python()
-    except FileNotFoundError as exc:
-        if os.environ.get("RINGFLOW_REQUIRE_TF"):
-            raise
-        pytest.skip(f"no TF venv ({exc}); RINGFLOW_REQUIRE_TF is unset")
 
 
 def tf_config(runner, run: str, **overrides) -> dict:
@@ -32,8 +19,7 @@ def tf_config(runner, run: str, **overrides) -> dict:
 
 
 @pytest.fixture(scope="module")
-def jobs_run(digits_manifest, tmp_path_factory, job_runner_type):
-    tf_venv_or_skip()
+def jobs_run(digits_manifest, tmp_path_factory, job_runner_type, tf_python):
     runner = job_runner_type(digits_manifest, tmp_path_factory.mktemp("tf-jobs"))
     whole = tf_config(runner, "whole")
     resumed = tf_config(runner, "resumed")
