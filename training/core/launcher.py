@@ -139,7 +139,7 @@ def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONT
     output, return the job's exit code. engine: overrides the config's `engine` (`ringflow train --engine`);
     None keeps it. verify_all_shard_bytes: the preflight reads every shard byte (`--verify-shards`). SIGINT/SIGTERM stop every process of the set; after the launcher ends, any of them still
     running is stopped and named."""
-    cfg = preflight(config_path, num_workers, verify_all_shard_bytes)
+    cfg = preflight(config_path, num_workers, verify_all_shard_bytes, engine=engine)
     engine = engine_name(cfg, engine)
     # A caller that watches the job (the Airflow operator: its job id) names the attempt; else one is made.
     attempt = (extra_env or {}).get(ATTEMPT_ENV) or os.environ.get(ATTEMPT_ENV) or uuid.uuid4().hex
