@@ -1,4 +1,4 @@
-"""Retrain the digits classifier: validate >> shard >> train (Horovod or DDP) >> evaluate >> promote.
+"""Retrain the digits classifier: validate >> shard >> train (Horovod, DDP or TensorFlow) >> evaluate >> promote.
 
 Two DAGs, one pipeline:
   ringflow_retrain           weekly, or triggered by hand from the form the Params below describe
@@ -19,7 +19,7 @@ from airflow.sdk import DAG, Asset, Param
 
 from ringflow.operators.pipeline import JOB_OVERRIDES_SCHEMA, ringflow_pipeline
 from ringflow.operators.pipeline_specs import DataSpec, GateSpec, TrainingSpec
-from ringflow.training.formats.engines import DEFAULT_ENGINE, ENGINES
+from ringflow.training.formats.engines import DEFAULT_ENGINE, ENGINES, TABLE as ENGINE_TABLE
 from ringflow.training.core.registry.model_registry import MODEL_NAME_PATTERN
 from ringflow.training.core.runs import store_layout
 
@@ -50,8 +50,10 @@ def params(dataset_default: str) -> dict[str, Param]:
         "learning_rate": Param(0.002, type="number", exclusiveMinimum=0, maximum=10, title="Learning rate",
                                description="per worker; scaled by the number of workers"),
         "engine": Param(DEFAULT_ENGINE, type="string", enum=list(ENGINES), title="Engine",
-                        description="horovod: Horovod under horovodrun (or an MPIJob); ddp: PyTorch "
-                                    "DistributedDataParallel under torchrun (local backend only for now)"),
+                        description="horovod: Horovod under horovodrun (or an MPIJob or TrainJob); ddp: "
+                                    "PyTorch DistributedDataParallel under torchrun (or a TrainJob); tensorflow: "
+                                    "TensorFlow MultiWorkerMirroredStrategy, one process per worker started by "
+                                    "ringflow with its TF_CONFIG (local backend only for now)"),
         "gate_metric": Param("accuracy", type="string", enum=["accuracy", "loss"], title="Promotion metric",
                              section="Promotion gate"),
         "gate_mode": Param("max", type="string", enum=["max", "min"], title="Better is",
@@ -64,7 +66,8 @@ def params(dataset_default: str) -> dict[str, Param]:
                                description="merged into the training job config, e.g. {\"checkpoint\": "
                                            "{\"every_steps\": 20}, \"health\": {\"stall_seconds\": 300}}: "
                                            "checkpoint (every_steps, keep_last), model (mlp: hidden, dropout), "
-                                           "optimizer, seed, log_every_steps, gc_every_steps, precision, health, horovod, ddp",
+                                           "optimizer, seed, log_every_steps, gc_every_steps, precision, health, and the "
+                                           "engine's section: " + ", ".join(spec.config_section for spec in ENGINE_TABLE.values()),
                                section="Advanced"),
     }
 

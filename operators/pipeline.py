@@ -53,6 +53,7 @@ from ringflow.operators.train import TrainOperator
 from ringflow.operators.validate import ValidateDatasetOperator
 from ringflow.training.core.backends.kubernetes.backend import backend_from_env
 from ringflow.training.formats.config import PRECISIONS
+from ringflow.training.formats.engines import TABLE as ENGINE_TABLE
 from ringflow.training.core.runs import store_layout
 
 # The JSON schema of a production trigger form's training-config overrides (a DAG's `job_overrides` Param):
@@ -70,7 +71,9 @@ JOB_OVERRIDES_SCHEMA: Mapping[str, Any] = {
                                  "dropout": {"type": "number"}}},
         "optimizer": {"type": "string"}, "seed": {"type": "integer"}, "log_every_steps": {"type": "integer"},
         "gc_every_steps": {"type": "integer"}, "precision": {"enum": list(PRECISIONS)},
-        "health": {"type": "object"}, "horovod": {"type": "object"}, "ddp": {"type": "object"},
+        "health": {"type": "object"},
+        # Each engine's own section (the engine table's config_section), so a new engine's knobs are offered.
+        **{spec.config_section: {"type": "object"} for spec in ENGINE_TABLE.values()},
     },
 }
 

@@ -65,7 +65,8 @@ class DataSpec:
 @dataclasses.dataclass(frozen=True)
 class TrainingSpec:
     """epochs, batch_size (per worker; also the shards'), learning_rate, num_workers: templated.
-    engine: "horovod" or "ddp" (templated; None: the config's default, or what job_config says).
+    engine: one of the engine table's (formats/engines.py: "horovod", "ddp", "tensorflow"; templated; None: the
+    config's default, or what job_config says).
     job_config: overrides of the training config, applied last (a dict, or a template rendering to one).
     backend: where training runs (None: what the deployment configured, backend_from_env; else local).
     controller: local runs' "gloo" or "mpi". retries (default 1: a crashed job resumes from its last

@@ -1,4 +1,4 @@
-"""The deferrable training operator (Horovod or DDP): build the job spec, check the engine against the
+"""The deferrable training operator (Horovod, DDP or TensorFlow): build the job spec, check the engine against the
 backend, launch it through a Backend, defer to the trigger, and turn the trigger's one event into success or
 a failure a person can act on, through the failure policy (training/core/failure_policy.py)."""
 from __future__ import annotations
@@ -153,7 +153,7 @@ def build_job_config(*, manifest_uri: str, run_uri: str, overrides: Any = None, 
         if value is not None:
             base[name] = value
     if rendered_text(engine) is not None:
-        base["engine"] = rendered_text(engine)  # JobConfig checks it: "horovod" or "ddp"
+        base["engine"] = rendered_text(engine)  # JobConfig checks it against the engine table
     config = merge(base, overrides)
     if try_number > 1:
         config.pop("faults", None)
@@ -161,8 +161,8 @@ def build_job_config(*, manifest_uri: str, run_uri: str, overrides: Any = None, 
 
 
 class TrainOperator(BaseOperator):
-    """Train data-parallel (Horovod or PyTorch DDP: `engine`) on `num_workers` workers, without holding a
-    worker slot.
+    """Train data-parallel (Horovod, PyTorch DDP or TensorFlow: `engine`) on `num_workers` workers, without
+    holding a worker slot.
 
     :param manifest_uri: the shard step's manifest.json (templated).
     :param run_uri: the run folder: checkpoints, health.jsonl, result.json (templated). Default: derived
@@ -171,12 +171,13 @@ class TrainOperator(BaseOperator):
     :param store_uri: the store the run folder is derived in, when run_uri is not given (templated).
     :param epochs, batch_size, learning_rate: the config's fields (templated; text from a template is read
         as a number); None leaves the config's default, or what job_config says.
-    :param engine: the config's `engine`, "horovod" (horovodrun) or "ddp" (PyTorch DDP under torchrun)
-        (templated; checked when the task runs); None leaves the config's default, or what job_config says.
+    :param engine: the config's `engine`, "horovod" (horovodrun), "ddp" (PyTorch DDP under torchrun) or
+        "tensorflow" (MultiWorkerMirroredStrategy workers ringflow starts with their TF_CONFIG) (templated;
+        checked when the task runs); None leaves the config's default, or what job_config says.
     :param job_config: overrides of the training config (model, health, horovod, ...; see
         ringflow.training.formats.config.JobConfig), applied last (templated: a dict, or JSON / a dict literal).
         Injected `faults` (tests only) apply on the first try only.
-    :param backend: where the job runs; local `horovodrun`/`torchrun` processes by default, or
+    :param backend: where the job runs; local `horovodrun`/`torchrun`/TF worker processes by default, or
         ringflow.training.core.backends.kubernetes.backend.MPIJobBackend for Kubeflow MPIJobs (Horovod), or
         ringflow.training.core.backends.kubernetes.trainjob_backend.TrainJobBackend for Kubeflow Trainer TrainJobs.
     :param conn_id: Airflow connection (type aws) for s3:// URIs; None: no connection (connections.py).

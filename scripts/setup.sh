@@ -5,8 +5,8 @@
 # A second run reuses the venv and the cached Horovod wheel and finishes in seconds.
 #
 # What does not depend on each other runs side by side, because a fresh machine spends most of the setup
-# waiting on the network: the Debian packages (one apt transaction), the MLflow server's venv and the main
-# venv's downloads at once; only Horovod's build waits, for both the compilers (apt) and torch (pip).
+# waiting on the network: the Debian packages (one apt transaction), the MLflow server's and the TensorFlow
+# engine's venvs and the main venv's downloads at once; only Horovod's build waits, for both the compilers (apt) and torch (pip).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -82,6 +82,25 @@ if ! "$mlflow_venv/bin/mlflow" --version 2>/dev/null | grep -qF "$mlflow_version
   side mlflow make_mlflow_venv
 fi
 
+# The TensorFlow engine's ranks (training/rank/tensorflow_worker.py) run from a venv of their own inside $venv:
+# tensorflow-cpu and ringflow's requirements without torch (docker/requirements_without_torch.py --core, as the
+# training image's /opt/tensorflow), with ringflow installed --no-deps (below), so neither venv's pins move
+# the other's and the Airflow/torch venv never imports TensorFlow. The launcher starts the ranks with this
+# venv's interpreter ($RINGFLOW_TF_PYTHON overrides).
+tf_venv=${RINGFLOW_TF_VENV:-$venv/tensorflow}
+make_tf_venv() {
+  echo "[setup] installing tensorflow-cpu $TENSORFLOW_VERSION in $tf_venv"
+  python3 -m venv "$tf_venv"
+  "$tf_venv/bin/python" -m pip install --quiet --upgrade pip
+  local requirements
+  mapfile -t requirements < <(python3 docker/requirements_without_torch.py --core)
+  "$tf_venv/bin/python" -m pip install --quiet "tensorflow-cpu==$TENSORFLOW_VERSION" "${requirements[@]}"
+}
+if ! "$tf_venv/bin/python" -c "import tensorflow as tf, sys; sys.exit(tf.__version__ != '$TENSORFLOW_VERSION')" \
+    2>/dev/null; then
+  side tensorflow make_tf_venv
+fi
+
 py="$venv/bin/python"
 "$py" -m pip install --quiet --upgrade pip wheel setuptools
 "$py" -m pip install --quiet "torch==$TORCH_VERSION"
@@ -97,6 +116,10 @@ if ! "$py" -c "import horovod.torch" 2>/dev/null; then
   PYTHON="$py" docker/build-horovod.sh "$cache/wheels"
   "$py" -m pip install --quiet "$cache"/wheels/horovod-"$HOROVOD_VERSION"-*.whl
 fi
+[ -n "${side_pids[tensorflow]:-}" ] && wait_side tensorflow
+# Editable, as in $venv: the ranks run this checkout's code. After the main venv's editable install, not beside
+# it: both build from the same source tree.
+"$tf_venv/bin/python" -m pip install --quiet --no-deps -e .
 "$venv/bin/horovodrun" --check-build
 [ -n "${side_pids[mlflow]:-}" ] && wait_side mlflow
 rm -f "$venv"/.ringflow-setup-*

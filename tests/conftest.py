@@ -182,3 +182,17 @@ def digits_manifest(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("digits-shards")
     write_shards(load_builtin("digits"), LocalFolderStore(str(out)), target="target", num_partitions=2, batch_size=32)
     return str(out / "manifest.json")
+
+
+@pytest.fixture(scope="session")
+def tf_python() -> str:
+    """The TensorFlow engine's interpreter (the TF venv scripts/setup.sh makes). Skips, saying why, only where
+    the venv is missing and RINGFLOW_REQUIRE_TF is unset: scripts/test.sh sets it, so CI never skips."""
+    from ringflow.training.core.launcher import tensorflow_python
+
+    try:
+        return tensorflow_python()
+    except FileNotFoundError as exc:
+        if os.environ.get("RINGFLOW_REQUIRE_TF"):
+            raise
+        pytest.skip(f"no TF venv ({exc}); RINGFLOW_REQUIRE_TF is unset")

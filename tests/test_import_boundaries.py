@@ -93,13 +93,50 @@ def test_the_layer_rule_sees_a_violation(tmp_path, monkeypatch):
                                   "training/rank/bad.py:2 imports ringflow.training.core.launcher"]
 
 
+def needs_tensorflow(module: str) -> bool:
+    """A module that imports TensorFlow at import time: it runs in the TF venv (scripts/setup.sh), never here."""
+    path = TRAINING.joinpath(*module.split(".")[2:])
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    return any(name.split(".")[0] == "tensorflow" for _, name in imports_of(path)
+               if not _inside_function(path, name))
+
+
+def _inside_function(path: Path, name: str) -> bool:
+    """Whether every import of `name` in `path` is inside a function (a lazy import)."""
+    tree = ast.parse(path.read_text())
+    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    return not any((isinstance(n, ast.Import) and any(a.name == name for a in n.names))
+                   or (isinstance(n, ast.ImportFrom) and n.module == name) for n in top)
+
+
+def airflow_venv_modules() -> list[str]:
+    return [m for m in modules(ringflow.training) if not needs_tensorflow(m)]
+
+
+def test_only_the_tensorflow_rank_modules_need_tensorflow():
+    assert [m for m in modules(ringflow.training) if needs_tensorflow(m)] == [
+        "ringflow.training.rank.tf_models", "ringflow.training.rank.tf_optimizers"]
+
+
+def test_the_tensorflow_rank_never_imports_torch(tf_python):
+    """The TF venv has no torch: every module a TensorFlow rank imports is torch-free (run in that venv)."""
+    names = ["ringflow.training.rank.tensorflow_worker", "ringflow.training.rank.engines.tensorflow",
+             "ringflow.training.rank.tf_models", "ringflow.training.rank.tf_optimizers", "ringflow.training.__main__"]
+    code = ("import importlib, sys\n"
+            f"for name in {names!r}: importlib.import_module(name)\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'horovod', 'airflow'}))")
+    out = subprocess.run([tf_python, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_training_never_imports_airflow():
-    assert imported_after(modules(ringflow.training), ("airflow",)) == []
+    assert imported_after(airflow_venv_modules(), ("airflow",)) == []
 
 
 def test_training_never_imports_the_airflow_adapters():
     code = ("import importlib, sys\n"
-            f"for name in {modules(ringflow.training)!r}: importlib.import_module(name)\n"
+            f"for name in {airflow_venv_modules()!r}: importlib.import_module(name)\n"
             "print(sorted(m for m in sys.modules if m.startswith('ringflow.operators')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

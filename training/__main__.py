@@ -1,6 +1,7 @@
 """`python -m ringflow.training CONFIG`: the per-rank entry point that horovodrun/mpirun start."""
 from __future__ import annotations
 
+import os
 import sys
 
 from .formats import exit_codes
@@ -17,7 +18,20 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"[ringflow] {exc}", file=sys.stderr)
         return exit_codes.CONFIG
-    from .rank.worker import main as run_worker
+    # The engine's ranks: torch's (worker.py) or TensorFlow's (tensorflow_worker.py, in the TF venv, which
+    # has no torch), the one its launcher was started for (rank/engines: ENGINE_ENV), else the config's.
+    from .formats.engines import TF_CONFIG_LAUNCHER, TABLE
+    from .rank.engines import ENGINE_ENV, engine_name
+
+    try:
+        engine = engine_name(cfg, os.environ.get(ENGINE_ENV))
+    except ConfigError as exc:
+        print(f"[ringflow] {exc}", file=sys.stderr)
+        return exit_codes.CONFIG
+    if TABLE[engine].launcher == TF_CONFIG_LAUNCHER:
+        from .rank.tensorflow_worker import main as run_worker
+    else:
+        from .rank.worker import main as run_worker
 
     return run_worker(cfg)
 

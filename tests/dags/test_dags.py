@@ -100,6 +100,8 @@ def test_params_accept_good_values(dagbag):
                                      "health": {"stall_seconds": 300}, "model": {"hidden": [32], "dropout": 0.1},
                                      "ddp": {"bucket_cap_mb": 4}}})
     assert params.validate()["num_workers"] == 16 and params.validate()["engine"] == "ddp"
+    params.update({"engine": "tensorflow", "job_overrides": {"tensorflow": {"communication": "ring"}}})
+    assert params.validate()["engine"] == "tensorflow"
     for uri in ("builtin:digits", "/data/digits.csv", "file:///data/digits.parquet"):
         params.update({"dataset_uri": uri})
         assert params.validate()["dataset_uri"] == uri

@@ -71,6 +71,25 @@ def test_ddp_engine_from_the_form_trains_under_torchrun_and_promotes(airflow_db,
     assert json.loads((store / "models" / "digits-ddp" / "production.json").read_text())["version"] == 1
 
 
+def test_tensorflow_engine_from_the_form_trains_in_the_tf_venv_and_promotes(airflow_db, dagbag, store, tf_python):
+    """engine=tensorflow from the form: the local backend starts one TF worker per rank with its TF_CONFIG, the
+    ranks write model.npz, and the torch evaluate step scores it, so promote is the same as for the others."""
+    import os
+
+    dr, tis = run(dagbag.dags[DAG_ID], {"epochs": 1, "model_name": "digits-tf", "engine": "tensorflow"})
+    assert dr.state == "success", states(tis)
+    folder = run_folder(store, dr)
+    jobs = pathlib.Path(os.environ["RINGFLOW_LOCAL_JOBS"])
+    [job_config] = [json.loads(p.read_text()) for p in jobs.glob("*/job.json")
+                    if json.loads(p.read_text())["run_uri"] == str(folder)]
+    assert job_config["engine"] == "tensorflow"
+    result = read_result(LocalFolderStore(folder))
+    assert (result.world_size, result.step) == (2, 22)  # 1 epoch x 22 steps of 2 workers
+    pointer = json.loads((store / "models" / "digits-tf" / "production.json").read_text())
+    assert pointer["version"] == 1 and pointer["checkpoint"] == result.checkpoint
+    assert pointer["metrics"]["accuracy"] > 0.5
+
+
 def test_broken_dataset_fails_at_validate_and_writes_nothing(airflow_db, dagbag, store, tmp_path):
     from ringflow.training.formats.datasets import load_builtin
 

@@ -62,6 +62,12 @@ class JobRunner:
         return Path(cfg["run_uri"]) / JobRunner.checkpoints(cfg).prefix_of(name) / name
 
 
+@pytest.fixture(scope="session")
+def job_runner_type() -> type[JobRunner]:
+    """JobRunner itself, for module-scoped fixtures that run their jobs once in a folder of their own."""
+    return JobRunner
+
+
 @pytest.fixture
 def jobs(digits_manifest, tmp_path) -> JobRunner:
     return JobRunner(digits_manifest, tmp_path)

@@ -21,6 +21,8 @@ from .sharding import read_partition
 from ..formats.manifest import load_manifest
 from ..rank.training_state import STATE_FILE, TrainingState
 from ..formats.eval_result import EvalResult
+from ..formats.checkpoint import CheckpointCorrupt
+from ..formats.weights_npz import MODEL_FILE, from_npz
 from ..store.s3 import S3Settings
 
 
@@ -34,6 +36,18 @@ def metrics_for(task: str, outputs: torch.Tensor, targets: torch.Tensor) -> dict
     variance = torch.var(targets, unbiased=False)
     return {"mse": float(mse), "mae": float(torch.mean(torch.abs(pred - targets))),
             "r2": float(1 - mse / variance) if variance > 0 else 0.0, "loss": float(mse)}
+
+
+def model_weights(files: dict[str, bytes], where: str) -> dict[str, torch.Tensor]:
+    """The checkpoint's model state_dict: a torch engine's state.pt, or the TensorFlow engine's model.npz
+    (its parameters under torch's names and layouts, formats/weights_npz.py), so one torch module evaluates
+    every engine's runs. strict loading then refuses one that does not match the model its meta names."""
+    if STATE_FILE in files:
+        return TrainingState.from_bytes(files[STATE_FILE], f"{where}/{STATE_FILE}").model
+    if MODEL_FILE in files:
+        return {name: torch.from_numpy(array) for name, array in from_npz(files[MODEL_FILE], f"{where}/{MODEL_FILE}").items()}
+    raise CheckpointCorrupt(f"{where} holds neither {STATE_FILE} nor {MODEL_FILE} (files {sorted(files)}): it is "
+                            "not a ringflow checkpoint of a model; evaluate another checkpoint")
 
 
 def evaluate_run(run: RunFolder, checkpoint: str | None = None) -> EvalResult:
@@ -60,8 +74,7 @@ def evaluate_run(run: RunFolder, checkpoint: str | None = None) -> EvalResult:
     schema = meta["schema"]
     model, _ = build_model(ModelConfig(**model_cfg), schema["num_features"], schema["num_outputs"], schema["task"],
                            input_shape=schema.get("input_shape"))
-    state = TrainingState.from_bytes(loaded.files[STATE_FILE], f"{run.uri} {checkpoint}/{STATE_FILE}")
-    model.load_state_dict(state.model)
+    model.load_state_dict(model_weights(loaded.files, f"{run.uri} {checkpoint}"))
     model.eval()
     x, y = to_tensors(read_partition(shard_store, manifest.eval), manifest.schema)
     with torch.no_grad():

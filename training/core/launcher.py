@@ -1,13 +1,18 @@
 """Start a training job on this machine and report its exit status: horovodrun (Gloo or MPI controller) for
-the Horovod engine, torchrun (c10d rendezvous on 127.0.0.1) for the DDP engine."""
+the Horovod engine, torchrun (c10d rendezvous on 127.0.0.1) for the DDP engine, and for the TensorFlow engine
+ringflow itself: one process per worker, started with the TF venv's interpreter and its own TF_CONFIG
+(workers on 127.0.0.1 ports chosen here)."""
 from __future__ import annotations
 
+import json
 import os
+import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import uuid
 from typing import Callable
 
@@ -23,7 +28,8 @@ from ..health.oom import oom_line
 from ..health.oom_advice import JobShape
 from .failure_policy import Observation, decide
 from ..rank.engines import ENGINE_ENV, engine_name
-from ..formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, EngineError, engine_spec
+from ..formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, TF_CONFIG_LAUNCHER, EngineError, engine_spec
+from ..formats.tf_config import TF_CONFIG_ENV, tf_config
 from .preflight import preflight
 from ..rank.worker_env import ATTEMPT_ENV
 
@@ -47,6 +53,51 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct TCP ports nobody listens on now: held open together while the OS picks them, so no
+    two are the same."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+# The TensorFlow engine's venv (scripts/setup.sh makes it inside the Airflow/torch venv, so that venv never
+# imports TensorFlow): $RINGFLOW_TF_PYTHON names its interpreter, else $RINGFLOW_TF_VENV its folder.
+TF_PYTHON_ENV, TF_VENV_ENV = "RINGFLOW_TF_PYTHON", "RINGFLOW_TF_VENV"
+
+
+def tensorflow_python(environ: dict[str, str] | None = None, prefix: str = sys.prefix) -> str:
+    """The interpreter the TensorFlow engine's workers run with; FileNotFoundError saying how to make it."""
+    env = os.environ if environ is None else environ
+    python = env.get(TF_PYTHON_ENV) or os.path.join(env.get(TF_VENV_ENV) or os.path.join(prefix, "tensorflow"),
+                                                    "bin", "python")
+    if not os.path.exists(python):
+        raise FileNotFoundError(f"the TensorFlow engine's Python {python} does not exist: run scripts/setup.sh "
+                                f"(it makes the TF venv), or set ${TF_PYTHON_ENV} to a Python with tensorflow-cpu "
+                                "and ringflow installed")
+    return python
+
+
+def tf_worker_commands(config_path: str, num_workers: int, python: str,
+                       ports: list[int] | None = None) -> list[tuple[list[str], dict[str, str]]]:
+    """(argv, environment) of each TensorFlow worker of a local job: the rank entry point, its TF_CONFIG
+    (formats/tf_config.py) for workers on 127.0.0.1 at `ports` (chosen free when None), and the rank and
+    local rank variables torchrun would give (worker_env.py reads the rank before TensorFlow starts;
+    engines/tensorflow.py the local one to size its threads)."""
+    hosts = [f"127.0.0.1:{port}" for port in (ports or free_ports(num_workers))]
+    return [([python, "-m", "ringflow.training", config_path],
+             {TF_CONFIG_ENV: json.dumps(tf_config(hosts, index)), "RANK": str(index), "WORLD_SIZE": str(num_workers),
+              "LOCAL_RANK": str(index), "LOCAL_WORLD_SIZE": str(num_workers)})
+            for index in range(num_workers)]
+
+
 def torchrun_command(config_path: str, num_workers: int, python: str = sys.executable,
                      port: int | None = None) -> list[str]:
     """torchrun for one host: a c10d rendezvous on 127.0.0.1 at a free port, N ranks, no restarts (a failed
@@ -62,6 +113,9 @@ def launch_command(name: str, config_path: str, num_workers: int, controller: st
     """The engine's launcher, as the engine table says (formats/engines.py): horovodrun with `controller`, or
     torchrun (which has no controller to choose)."""
     launcher = engine_spec(name).launcher
+    if launcher == TF_CONFIG_LAUNCHER:
+        raise ValueError(f"engine {name!r} has no launcher program: its workers are started one by one "
+                         "(tf_worker_commands, run_local)")
     if launcher == "torchrun":
         return torchrun_command(config_path, num_workers, python)
     if launcher == "horovodrun":
@@ -93,7 +147,7 @@ def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONT
     output, return the job's exit code. engine: overrides the config's `engine` (`ringflow train --engine`);
     None keeps it. verify_all_shard_bytes: the preflight reads every shard byte (`--verify-shards`). SIGINT/SIGTERM stop every process of the set; after the launcher ends, any of them still
     running is stopped and named."""
-    cfg = preflight(config_path, num_workers, verify_all_shard_bytes)
+    cfg = preflight(config_path, num_workers, verify_all_shard_bytes, engine=engine)
     engine = engine_name(cfg, engine)
     # A caller that watches the job (the Airflow operator: its job id) names the attempt; else one is made.
     attempt = (extra_env or {}).get(ATTEMPT_ENV) or os.environ.get(ATTEMPT_ENV) or uuid.uuid4().hex
@@ -106,21 +160,66 @@ def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONT
     oom = OomWatch(JobShape.of(cfg, num_workers, engine), lambda: _heartbeat_step(cfg))
     with start_tracking(f"train-{os.getpid()}", mode_from_env()) as tracker, _StopOnSignal(tracker, grace):
         try:
-            proc = tracker.spawn(launch_command(engine, config_path, num_workers, controller), env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 start_new_session=True)
-            assert proc.stdout is not None
+            def on_job_line(line: str) -> None:
+                oom.feed(line)  # a rank's memory line or printed OOM verdict
+                on_line(line)
+
             with oom.running():
-                for line in proc.stdout:
-                    line = line.rstrip("\n")
-                    oom.feed(line)
-                    on_line(line)
-                launcher_code = proc.wait()
+                if engine_spec(engine).launcher == TF_CONFIG_LAUNCHER:
+                    launcher_code = _run_tf_workers(tracker, tf_worker_commands(config_path, num_workers,
+                                                                                tensorflow_python()),
+                                                    env, on_job_line, grace)
+                else:
+                    proc = tracker.spawn(launch_command(engine, config_path, num_workers, controller), env=env,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                         start_new_session=True)
+                    assert proc.stdout is not None
+                    for line in proc.stdout:
+                        on_job_line(line.rstrip("\n"))
+                    launcher_code = proc.wait()
             code = job_exit_code(launcher_code, _result_of(cfg, attempt), attempt, oom.verdict)
         finally:
             stop_leftovers(tracker, grace, _say)
             tracker.release(RELEASE_WAIT_SECONDS)
     return code
+
+
+def _run_tf_workers(tracker: ProcessTracker, commands: list[tuple[list[str], dict[str, str]]], env: dict[str, str],
+                    on_line: Callable[[str], None], grace: float) -> int:
+    """Start every TensorFlow worker in the tracked set, stream their output, and return the job's code the
+    way torchrun does: 0 when every worker exited 0, else the first failure's. A worker that fails stops
+    the others (SIGTERM, then SIGKILL after `grace`), as horovodrun and torchrun do: its peers would
+    otherwise wait in their next collective for a worker that is gone."""
+    lines: queue.Queue = queue.Queue()
+    procs = []
+    for argv, worker_env in commands:
+        proc = tracker.spawn(argv, env=env | worker_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+        procs.append(proc)
+        threading.Thread(target=_pump, args=(proc, lines), daemon=True, name=f"ringflow-tf-{proc.pid}").start()
+    running, failed, stopping = len(procs), None, False
+    while running:
+        item = lines.get()
+        if isinstance(item, str):
+            on_line(item)
+            continue
+        running -= 1
+        if item.returncode != 0 and failed is None:
+            failed = item.returncode
+            if running and not stopping:  # its peers are stopped; their output still drains through here
+                stopping = True
+                _say(f"a TensorFlow worker exited {item.returncode}: stopping the other workers")
+                threading.Thread(target=stop_processes, args=(tracker, grace), daemon=True).start()
+    return 0 if failed is None else failed
+
+
+def _pump(proc: subprocess.Popen, lines: queue.Queue) -> None:
+    """One worker's output lines into `lines`, then the worker itself once it has exited."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.put(line.rstrip("\n"))
+    proc.wait()
+    lines.put(proc)
 
 
 class _StopOnSignal:

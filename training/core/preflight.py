@@ -7,19 +7,27 @@ before it hands the job to the local or the MPIJob backend. Torch-free, so Airfl
 """
 from __future__ import annotations
 
-from ..formats.config import ConfigError, JobConfig, load_job_config
+from ..formats.config import TENSORFLOW_ENGINE, ConfigError, JobConfig, load_job_config
 from ..formats.manifest import ShardManifest
-from ..formats.model_factory import find_factory
+from ..formats.model_factory import find_factory, find_factory_module
+
+# Why a TensorFlow model factory is only looked for, not imported: it imports TensorFlow, which only the TF
+# venv has (scripts/setup.sh), not the Airflow/torch venv the preflight runs in.
+_TF_FACTORY_NOT_IMPORTED = ("looked for without importing it: a TensorFlow factory imports TensorFlow, which "
+                            "only the TF venv has; the rank checks its function when it starts")
 
 
-def check_job(cfg: JobConfig, manifest: ShardManifest, num_workers: int, *, check_factory: bool = True) -> None:
-    """Raise ConfigError unless `cfg` can train on `manifest` with `num_workers` workers.
+def check_job(cfg: JobConfig, manifest: ShardManifest, num_workers: int, *, check_factory: bool = True,
+              engine: str | None = None) -> None:
+    """Raise ConfigError unless `cfg` can train on `manifest` with `num_workers` workers under `engine` (None:
+    the config's; `ringflow train --engine` may choose another).
 
     - one partition per worker: Horovod's world size is the manifest's partition count;
     - the per-worker batch size fits a partition, and divides it: every partition holds whole minibatches of
       the shards' batch size, and another batch size that does not divide them would skip rows every epoch;
     - a custom model factory can be imported (`check_factory`; off where the job's code lives elsewhere, as in
-      an MPIJob's image, which the rank checks when it starts).
+      an MPIJob's image, which the rank checks when it starts); for the TensorFlow engine its module is only
+      looked for (find_spec), since importing it would import TensorFlow.
     """
     partitions = manifest.num_partitions
     if num_workers != partitions:
@@ -35,13 +43,17 @@ def check_job(cfg: JobConfig, manifest: ShardManifest, num_workers: int, *, chec
                           f"use {manifest.batch_size}, the shards' batch size, or re-shard with batch size "
                           f"{cfg.batch_size}")
     if check_factory and cfg.model.kind == "custom":
-        find_factory(cfg.model.factory)
+        if (engine or cfg.engine) == TENSORFLOW_ENGINE:
+            find_factory_module(cfg.model.factory, why=_TF_FACTORY_NOT_IMPORTED)
+        else:
+            find_factory(cfg.model.factory)
 
 
-def preflight(config_uri: str, num_workers: int, verify_all_shard_bytes: bool = False) -> JobConfig:
-    """Read the job config and its manifest, `check_job` them, and check the shards are what the manifest
-    describes (core/shard_check.py: sizes and footers; every byte with `verify_all_shard_bytes`): what
-    `ringflow train` runs first."""
+def preflight(config_uri: str, num_workers: int, verify_all_shard_bytes: bool = False,
+              engine: str | None = None) -> JobConfig:
+    """Read the job config and its manifest, `check_job` them for `engine` (None: the config's), and check the
+    shards are what the manifest describes (core/shard_check.py: sizes and footers; every byte with
+    `verify_all_shard_bytes`): what `ringflow train` runs first."""
     from .shard_check import ShardChanged, verify_shards
     from ..formats.manifest import ManifestError, load_manifest
     from ..store import ObjectNotFound
@@ -54,7 +66,7 @@ def preflight(config_uri: str, num_workers: int, verify_all_shard_bytes: bool = 
                           "run the shard step first or fix the path") from exc
     except ManifestError as exc:
         raise ConfigError("manifest_uri", str(exc), "re-run the shard step") from exc
-    check_job(cfg, manifest, num_workers)
+    check_job(cfg, manifest, num_workers, engine=engine)
     try:
         verify_shards(manifest, shard_store, full=verify_all_shard_bytes)
     except ShardChanged as exc:

@@ -273,6 +273,40 @@ def check_local_sgd(ddp: DdpConfig, engine: str, precision: str) -> None:
              "would put the ranks' averaging steps out of line), or remove ddp.local_sgd")
 
 
+# The collective implementations TensorFlow offers on CPUs (tf.distribute.experimental.CommunicationImplementation):
+# "ring" (gRPC ring all-reduce) or "auto" (TensorFlow picks: ring on CPUs, NCCL on GPUs).
+TF_COMMUNICATIONS = ("ring", "auto")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorflowConfig:
+    """TensorFlow MultiWorkerMirroredStrategy knobs (engine "tensorflow")."""
+
+    # "ring" by default: on CPUs "auto" resolves to it anyway; naming it keeps a GPU host from switching a
+    # job to NCCL behind its back (ringflow's TensorFlow ranks are CPU-only: tensorflow-cpu).
+    communication: str = "ring"
+
+    def __post_init__(self) -> None:
+        _require(self.communication in TF_COMMUNICATIONS, "tensorflow.communication", f"is {self.communication!r}",
+                 f"use one of {TF_COMMUNICATIONS}")
+
+
+# What the TensorFlow engine's ranks can do of what the job config offers (rank/tensorflow_worker.py).
+TENSORFLOW_ENGINE = "tensorflow"
+TF_FAULTS = ("nan_gradient", "crash")
+
+
+def check_for_tensorflow(cfg: "JobConfig") -> None:
+    """ConfigError unless the TensorFlow engine can run `cfg` as it is: its ranks train in fp32 on CPUs
+    (tensorflow-cpu) and inject only some faults. Checked by the config when it names the engine, and by
+    the TensorFlow rank when `--engine tensorflow` chose it for a config that names another."""
+    _require(cfg.precision == "fp32", "precision", f"is {cfg.precision!r} with engine \"tensorflow\"",
+             'use "fp32": the TensorFlow engine trains in fp32 on CPUs, or use engine "horovod"/"ddp" for bf16/fp16')
+    for fault in cfg.faults:
+        _require(fault.kind in TF_FAULTS, "faults[].kind", f"is {fault.kind!r} with engine \"tensorflow\"",
+                 f"use one of {TF_FAULTS} with the TensorFlow engine, or engine \"horovod\"/\"ddp\"")
+
+
 @dataclasses.dataclass(frozen=True)
 class FaultConfig:
     """Fault injection for tests only: each fault fires on `rank` once `step` is reached."""
@@ -327,6 +361,7 @@ class JobConfig:
     engine: str = DEFAULT_ENGINE
     horovod: HorovodConfig = dataclasses.field(default_factory=HorovodConfig)
     ddp: DdpConfig = dataclasses.field(default_factory=DdpConfig)
+    tensorflow: TensorflowConfig = dataclasses.field(default_factory=TensorflowConfig)
     precision: str = "fp32"
     bind_cores: str | bool = DEFAULT_BIND_CORES
     faults: tuple[FaultConfig, ...] = ()
@@ -352,6 +387,8 @@ class JobConfig:
                  f"is {self.bind_cores!r}", 'use "auto" (default: bind where the job was given CPUs of its own), '
                  'true (bind wherever every rank can have a CPU) or false (never bind)')
         check_local_sgd(self.ddp, self.engine, self.precision)
+        if self.engine == TENSORFLOW_ENGINE:
+            check_for_tensorflow(self)
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))
@@ -365,7 +402,7 @@ class JobConfig:
 # The sections that are objects of their own: (the class holding one, its field) -> its class.
 _NESTED = {(JobConfig, "checkpoint"): CheckpointConfig, (JobConfig, "model"): ModelConfig,
            (JobConfig, "health"): HealthConfig, (JobConfig, "horovod"): HorovodConfig, (JobConfig, "ddp"): DdpConfig,
-           (DdpConfig, "local_sgd"): LocalSgdConfig}
+           (JobConfig, "tensorflow"): TensorflowConfig, (DdpConfig, "local_sgd"): LocalSgdConfig}
 # Of them, those whose null means "off".
 _OPTIONAL = {(DdpConfig, "local_sgd")}
 

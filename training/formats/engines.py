@@ -14,6 +14,8 @@ import dataclasses
 
 # The backend kinds (backends/base.py's registry), named for what each creates.
 LOCAL, MPIJOB, TRAINJOB = "local", "mpijob", "trainjob"
+# The launcher of engines whose ranks ringflow starts itself, one process each with its TF_CONFIG.
+TF_CONFIG_LAUNCHER = "tf_config"
 # How a backend that refuses an engine is replaced, in words a person can act on.
 _BACKEND_HOW = {
     LOCAL: "locally (backend=LocalProcessBackend())",
@@ -34,7 +36,8 @@ class EngineSpec:
     """One data-parallel engine.
 
     name: the config's `engine`. config_section: its knobs in the job config (JobConfig.<section>).
-    launcher: what starts a local job's ranks ("horovodrun", "torchrun"); controllers: the launcher's
+    launcher: what starts a local job's ranks ("horovodrun", "torchrun", or "tf_config": ringflow itself, one
+    process per worker with its TF_CONFIG); controllers: the launcher's
     controllers to choose from, first the default (none for torchrun). pod_launcher: what starts the ranks in
     a cluster job's pods ("mpirun" over the workers' sshd, "torchrun" on every node, or "tf_config": on every
     node a ringflow entry that writes the worker's TF_CONFIG and starts its rank). backends: the backend
@@ -66,9 +69,13 @@ TABLE: dict[str, EngineSpec] = {e.name: e for e in (
     EngineSpec("ddp", config_section="ddp", launcher="torchrun", controllers=(),
            pod_launcher="torchrun", backends=(LOCAL, TRAINJOB), trainjob_runtime="ringflow-torch",
            trainjob_runtime_setting="ddp_runtime", rank_engine="ringflow.training.rank.engines.ddp:DdpEngine"),
+    # TensorFlow's MultiWorkerMirroredStrategy: no launcher program; ringflow starts one process per worker
+    # with its TF_CONFIG (tf_config.py) and the TF venv's interpreter. Its rank is torch-free and has a loop
+    # of its own: `python -m ringflow.training` hands a "tf_config" engine's rank to
+    # rank/tensorflow_worker.py, which starts this rank_engine.
     EngineSpec("tensorflow", config_section="tensorflow", launcher="tf_config", controllers=(),
-               pod_launcher="tf_config", backends=(LOCAL, TRAINJOB), trainjob_runtime="ringflow-tensorflow",
-               trainjob_runtime_setting="tensorflow_runtime", rank_engine="ringflow.training.rank.engines.tensorflow:TensorflowEngine"),
+           pod_launcher="tf_config", backends=(LOCAL, TRAINJOB), trainjob_runtime="ringflow-tensorflow",
+           trainjob_runtime_setting="tensorflow_runtime", rank_engine="ringflow.training.rank.engines.tensorflow:TensorflowEngine"),
 )}
 ENGINES = tuple(TABLE)
 DEFAULT_ENGINE = "horovod"

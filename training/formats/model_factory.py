@@ -6,6 +6,7 @@ calls the factory. Torch-free: importing the user's module is the only thing tha
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Callable
 
 from .config import ConfigError
@@ -24,3 +25,21 @@ def find_factory(path: str) -> Callable:
         raise ConfigError("model.factory", f"{module_name!r} has no callable {attr!r}",
                           "name a function that returns (model, loss_fn)")
     return factory
+
+
+def find_factory_module(path: str, *, why: str) -> None:
+    """Check that the module of `package.module:function` is installed here, without importing it (only its
+    parent packages are imported, as Python must to find it): for a factory whose module imports what this
+    interpreter lacks, as a TensorFlow factory in the Airflow/torch venv. `why` says, in the message, why it
+    was not imported. The function itself is checked where the factory is called."""
+    module_name = path.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module_name)
+    except ImportError as exc:  # a parent package is missing, or fails to import
+        raise ConfigError("model.factory", f"module {module_name!r} cannot be found ({exc}; {why})",
+                          "install the package on every worker and where the job is checked, or fix the "
+                          "import path") from exc
+    if found is None:
+        raise ConfigError("model.factory", f"module {module_name!r} is not installed here ({why})",
+                          "install the package on every worker and where the job is checked, or fix the "
+                          "import path")

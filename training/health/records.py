@@ -38,6 +38,23 @@ def record(kind: str, **fields: Any) -> dict[str, Any]:
     return _strict({"type": kind, "time": time.time(), **fields})
 
 
+def step_record(rows: list[list[float]], meta: dict[str, Any], batch_size: int) -> dict[str, Any]:
+    """The `step` record of one measured step, from every rank's [step_time, sync_time, loss,
+    first_nonfinite_step (-1: none)] row in rank order and the step's meta (step, epoch, grad_norm): the
+    one shape every engine's monitor writes (rank/monitor.py for torch, rank/tensorflow_worker.py)."""
+    step_times = [r[0] for r in rows]
+    sync_times = [r[1] for r in rows]
+    losses = [r[2] for r in rows]
+    return record(
+        "step", step=meta["step"], epoch=meta["epoch"], step_time=step_times, sync_time=sync_times,
+        compute_time=[max(t - s, 0.0) for t, s in zip(step_times, sync_times)],
+        loss=sum(losses) / len(losses), grad_norm=meta["grad_norm"],
+        nonfinite_ranks=[rank for rank, r in enumerate(rows) if r[3] >= 0],
+        first_nonfinite_step=[int(r[3]) if r[3] >= 0 else None for r in rows],
+        samples_per_sec=len(rows) * batch_size / max(max(step_times), 1e-9),
+    )
+
+
 def parse(text: str | bytes) -> list[dict[str, Any]]:
     """Every complete line; a last line cut short by a concurrent write is ignored, not an error."""
     if isinstance(text, bytes):

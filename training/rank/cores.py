@@ -26,6 +26,8 @@ from .cpu_limits import cpu_quota_cores, host_cpu_count, usable_cpus
 # torch intra-op threads per rank, instead of one per CPU of its share (bench/throughput.py measures one
 # core per rank with it).
 TORCH_THREADS_ENV = "RINGFLOW_TORCH_THREADS"
+# What a rank's threads are called in its CPU line: torch's by default; a TensorFlow rank names its own.
+TORCH_THREAD = "torch thread"
 # Open MPI sets it in a rank that mpirun bound itself (mpirun without `-bind-to none`, which binds up to 2
 # ranks to a core each by default): that mask is already the rank's own share.
 OMPI_BOUND_ENV = "OMPI_MCA_orte_bound_at_launch"
@@ -34,14 +36,15 @@ OMPI_BOUND_ENV = "OMPI_MCA_orte_bound_at_launch"
 @dataclasses.dataclass(frozen=True)
 class CpuShare:
     cpus: tuple[int, ...]  # where this rank's threads run: its own CPUs when bound, else every usable one
-    threads: int           # torch intra-op threads: the cores' worth the rank may use, at least 1
+    threads: int           # intra-op threads (torch's, or TensorFlow's): the cores' worth the rank may use, at least 1
     bound: bool            # the rank binds itself to `cpus`
     reason: str            # why, for the log line
 
-    def describe(self, local_rank: int, local_size: int) -> str:
+    def describe(self, local_rank: int, local_size: int, thread: str = TORCH_THREAD) -> str:
+        """One line: where the rank runs, how many `thread`s (what its library's threads are called), why."""
         where = "bound to" if self.bound else "not bound, runs on"
         return (f"local rank {local_rank} of {local_size}: {where} CPUs {cpu_list(self.cpus)}, "
-                f"{_count(self.threads, 'torch thread')} ({self.reason})")
+                f"{_count(self.threads, thread)} ({self.reason})")
 
 
 def decide_cpu_share(usable: Sequence[int], quota_cores: float | None, host_cpus: int, local_rank: int,
@@ -116,9 +119,9 @@ def local_rank_from_env(environ: Mapping[str, str],
 
 
 def claim_cpu_share(bind_cores: str | bool, local_rank: int, local_size: int,
-                    environ: Mapping[str, str] = os.environ) -> CpuShare:
+                    environ: Mapping[str, str] = os.environ, thread: str = TORCH_THREAD) -> CpuShare:
     """Decide this rank's share from what the host gives this process, bind every thread of it there when
-    the share says so, and print one line saying what and why. Called before the engine's library starts
+    the share says so, and print one line saying what and why (`thread`: what its intra-op threads are). Called before the engine's library starts
     its threads; threads already running (pyarrow's, jemalloc's start at import) are bound too."""
     usable = usable_cpus()
     share = decide_cpu_share(usable, cpu_quota_cores(), host_cpu_count(), local_rank, local_size, bind_cores,
@@ -139,7 +142,7 @@ def claim_cpu_share(bind_cores: str | bool, local_rank: int, local_size: int,
             share = dataclasses.replace(share, cpus=usable, bound=False,
                                         reason=f"binding failed ({exc.strerror or exc}); set bind_cores false to "
                                                f"not try")
-    print(f"[ringflow] {share.describe(local_rank, local_size)}", flush=True)
+    print(f"[ringflow] {share.describe(local_rank, local_size, thread)}", flush=True)
     return share
 
 

@@ -24,7 +24,6 @@ someone reads `last_loss` (a float() of a GPU tensor waits for the device).
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Callable, Sequence
 
@@ -33,21 +32,11 @@ import torch
 from .callbacks.base import Callback
 from .data import Cursor, PartitionData
 from .engine import Engine
+from .step_timing import StepTiming
 from ..health.verdict import Verdict
 
 HOOKS = ("before_backward", "after_backward", "on_gradients_ready", "after_optimizer_step", "on_step_end",
          "on_train_end")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class StepTiming:
-    step: int
-    epoch: int
-    step_time: float  # seconds from the end of the previous step, micro-batches and all-reduce included
-    # Of which the gradient all-reduce not hidden behind compute, as the engine measures it
-    # (Engine.step_sync_seconds: Horovod waits in sync_gradients, DDP inside backward).
-    sync_time: float
-    samples: int      # rows this rank trained on in this step
 
 
 def last_step_of(epochs: int, batches_per_epoch: int, accumulation_steps: int) -> int:

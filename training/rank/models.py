@@ -2,8 +2,6 @@
 convolutional factory for image-shaped inputs, the example of one)."""
 from __future__ import annotations
 
-import inspect
-import math
 from typing import Callable, Sequence
 
 import torch
@@ -11,6 +9,7 @@ from torch import nn
 
 from ..formats.config import ConfigError, ModelConfig
 from ..formats.model_factory import find_factory
+from .model_inputs import accepts, square_image_shape
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -63,22 +62,8 @@ def conv_net(num_features: int, num_outputs: int, task: str, input_shape: Sequen
     """A custom-model factory for (channels, height, width) inputs: `{"kind": "custom", "factory":
     "ringflow.training.rank.models:conv_net", "kwargs": {"channels": [16, 32]}}`. Without `input_shape` (a caller
     that only knows the number of features) the input is taken as one square channel."""
-    if input_shape is None:
-        side = math.isqrt(num_features)
-        input_shape = (1, side, side)
-    if len(input_shape) != 3 or math.prod(input_shape) != num_features:
-        raise ConfigError("model.factory", f"conv_net needs (channels, height, width) inputs; the data has shape "
-                          f"{list(input_shape)} ({num_features} features)",
-                          "shard a dataset with one C x H x W tensor column, or use the mlp")
+    input_shape = square_image_shape(num_features, input_shape)
     return ConvNet(int(input_shape[0]), num_outputs, tuple(channels)), default_loss(task)
-
-
-def _accepts(factory: Callable, name: str) -> bool:
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def build_model(cfg: ModelConfig, num_features: int, num_outputs: int, task: str,
@@ -90,7 +75,7 @@ def build_model(cfg: ModelConfig, num_features: int, num_outputs: int, task: str
         return TabularMLP(num_features, num_outputs, cfg.hidden, cfg.dropout), default_loss(task)
     factory = find_factory(cfg.factory)
     kwargs = dict(cfg.kwargs)
-    if input_shape is not None and "input_shape" not in kwargs and _accepts(factory, "input_shape"):
+    if input_shape is not None and "input_shape" not in kwargs and accepts(factory, "input_shape"):
         kwargs["input_shape"] = tuple(input_shape)
     built = factory(num_features, num_outputs, task, **kwargs)
     if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], nn.Module) and callable(built[1])):

@@ -13,7 +13,7 @@ import torch
 
 from ..formats.config import HealthConfig
 from .engine import Engine
-from ..health.records import HealthLog, record
+from ..health.records import HealthLog, record, step_record
 from ..health.replica_schedule import SYNCHRONOUS, ReplicaSchedule
 from ..health.verdict import HealthJudge, Verdict
 
@@ -102,7 +102,7 @@ class SyncHealthMonitor:
             return verdict
         if not math.isfinite(grad_norm):
             rows = self._wait(self._gather(local, "ringflow.health.step.now")).tolist()
-            return self._add(self._step_record(rows, meta), force=True)
+            return self._add(step_record(rows, meta, self._batch_size), force=True)
         self._pending_step = (self._gather(local, "ringflow.health.step"), meta)
         return verdict
 
@@ -136,26 +136,13 @@ class SyncHealthMonitor:
         if self._pending_step is not None and (before_step is None or self._pending_step[1]["step"] < before_step):
             handle, meta = self._pending_step
             self._pending_step = None
-            verdict = self._add(self._step_record(self._wait(handle).tolist(), meta))
+            verdict = self._add(step_record(self._wait(handle).tolist(), meta, self._batch_size))
         if self._pending_checksum is not None:
             handle, step = self._pending_checksum
             self._pending_checksum = None
             sums = [r[0] for r in self._wait(handle).tolist()]
             verdict = self._add(record("checksum", step=step, checksums=sums)) or verdict
         return verdict
-
-    def _step_record(self, rows: list[list[float]], meta: dict) -> dict:
-        step_times = [r[0] for r in rows]
-        sync_times = [r[1] for r in rows]
-        losses = [r[2] for r in rows]
-        return record(
-            "step", step=meta["step"], epoch=meta["epoch"], step_time=step_times, sync_time=sync_times,
-            compute_time=[max(t - s, 0.0) for t, s in zip(step_times, sync_times)],
-            loss=sum(losses) / len(losses), grad_norm=meta["grad_norm"],
-            nonfinite_ranks=[rank for rank, r in enumerate(rows) if r[3] >= 0],
-            first_nonfinite_step=[int(r[3]) if r[3] >= 0 else None for r in rows],
-            samples_per_sec=len(rows) * self._batch_size / max(max(step_times), 1e-9),
-        )
 
     def _add(self, rec: dict, force: bool = False) -> Verdict | None:
         """Log and judge one record; the verdict if it stops the job. A fatal finding is the judge's

@@ -314,7 +314,7 @@ class S3Store(ObjectStore):
         is asked for again, from the first byte not yet received (botocore retries only up to the headers)."""
         name = self._name(key)
         received: list[bytes] = []
-        have = 0
+        have, etag = 0, ""
         with self._errors("download", key):
             for attempt in range(1, self._settings.max_attempts + 1):
                 extra = {}

@@ -25,12 +25,20 @@ def test_horovod_runs_under_horovodrun_with_its_controller():
     assert cmd[0].endswith("horovodrun") and "--gloo" in cmd and cmd[-2:] == ["ringflow.training", "/j.json"]
 
 
-def test_an_engine_without_a_local_launcher_here_is_refused_by_name_never_run_by_another():
+def test_an_engine_without_a_local_launcher_here_is_refused_by_name_never_run_by_another(monkeypatch):
+    import dataclasses
+
+    from ringflow.training.formats import engines
     from ringflow.training.formats.engines import EngineError
 
-    # TensorFlow's local launcher comes with its rank (branch wt/tf); until then, no horovodrun in its place.
-    with pytest.raises(EngineError, match=r"engine 'tensorflow' has no local launcher.*'tf_config'.*TrainJob"):
+    # TensorFlow has no launcher program: its workers are started one by one, never by horovodrun.
+    with pytest.raises(ValueError, match=r"engine 'tensorflow' has no launcher program.*tf_worker_commands"):
         launcher.launch_command("tensorflow", "/j.json", 2)
+    # An engine whose launcher this ringflow does not have is refused by name.
+    other = dataclasses.replace(engines.TABLE["ddp"], name="jax", launcher="jaxrun")
+    monkeypatch.setitem(engines.TABLE, "jax", other)
+    with pytest.raises(EngineError, match=r"engine 'jax' has no local launcher.*'jaxrun'.*TrainJob"):
+        launcher.launch_command("jax", "/j.json", 2)
 
 
 def test_free_port_is_free():
@@ -61,3 +69,34 @@ def test_run_local_starts_the_chosen_engine_and_tells_the_ranks(jobs, monkeypatc
     assert seen["env"][ENGINE_ENV] == expected
     assert ("torch.distributed.run" in seen["command"]) == (expected == "ddp")
     assert seen["command"][-2:] == ["ringflow.training", str(path)]
+
+
+def test_tensorflow_workers_each_get_their_tf_config_on_loopback_ports():
+    commands = launcher.tf_worker_commands("/j.json", 2, "/tf/bin/python", ports=[20001, 20002])
+    assert [argv for argv, _ in commands] == [["/tf/bin/python", "-m", "ringflow.training", "/j.json"]] * 2
+    envs = [env for _, env in commands]
+    assert [json.loads(env["TF_CONFIG"]) for env in envs] == [
+        {"cluster": {"worker": ["127.0.0.1:20001", "127.0.0.1:20002"]}, "task": {"type": "worker", "index": i}}
+        for i in (0, 1)]
+    assert [(e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) for e in envs] == [
+        ("0", "2", "0", "2"), ("1", "2", "1", "2")]
+
+
+def test_free_ports_are_distinct():
+    ports = launcher.free_ports(4)
+    assert len(set(ports)) == 4
+
+
+def test_the_tensorflow_python_comes_from_the_environment_or_the_venv(tmp_path):
+    python = tmp_path / "tf" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.touch()
+    assert launcher.tensorflow_python({"RINGFLOW_TF_PYTHON": str(python)}) == str(python)
+    assert launcher.tensorflow_python({"RINGFLOW_TF_VENV": str(tmp_path / "tf")}) == str(python)
+    with pytest.raises(FileNotFoundError, match="run scripts/setup.sh"):
+        launcher.tensorflow_python({}, prefix=str(tmp_path / "nowhere"))
+
+
+def test_tensorflow_has_no_launcher_program():
+    with pytest.raises(ValueError, match="started one by one"):
+        launcher.launch_command("tensorflow", "/j.json", 2)

@@ -86,3 +86,44 @@ def test_preflight_reads_the_config_and_the_manifest(tmp_path):
     path.write_text(json.dumps({"manifest_uri": str(tmp_path / "missing.json"), "run_uri": "/r"}))
     with pytest.raises(ConfigError, match="does not exist; run the shard step first"):
         preflight(str(path), 2)
+
+
+# A user's TensorFlow factory module, which imports what this (Airflow/torch) venv lacks.
+TF_FACTORY_MODULE = "import tensorflow_only_in_the_tf_venv_xyz\n\ndef build(*args, **kwargs):\n    pass\n"
+
+
+@pytest.mark.parametrize("engine, factory, says", [
+    # The TF engine: the module is looked for, never imported, so one importing TensorFlow passes here...
+    ("tensorflow", "user_tf_models:build", None),
+    ("tensorflow", "ringflow.training.rank.models:conv_net", None),  # the twin's torch path, mapped by the rank
+    ("tensorflow", "user_tf_models:no_such_function", None),  # the function: the rank checks it when it starts
+    # ...and a module that is not there fails, saying why it was not imported.
+    ("tensorflow", "no_such_module_xyz:build", "'no_such_module_xyz' is not installed here.*only the TF venv "
+                                               "has.*install the package on every worker and where the job is checked"),
+    ("tensorflow", "no_such_package_xyz.models:build", "'no_such_package_xyz.models' cannot be found.*"
+                                                       "No module named 'no_such_package_xyz'"),
+    # The torch engines import it: the same module fails, naming the import.
+    ("horovod", "user_tf_models:build", "'user_tf_models' cannot be imported.*tensorflow_only_in_the_tf_venv_xyz"),
+    ("ddp", "user_tf_models:build", "cannot be imported"),
+    ("horovod", "ringflow.training.rank.models:conv_net", None),
+])
+def test_the_factory_check_per_engine(tmp_path, monkeypatch, engine, factory, says):
+    (tmp_path / "user_tf_models.py").write_text(TF_FACTORY_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = job(model={"kind": "custom", "factory": factory})
+    if says is None:
+        check_job(cfg, manifest(), 2, engine=engine)
+        return
+    with pytest.raises(ConfigError, match=says) as err:
+        check_job(cfg, manifest(), 2, engine=engine)
+    assert err.value.field == "model.factory"
+
+
+def test_the_factory_check_follows_the_config_engine_unless_overridden(tmp_path, monkeypatch):
+    """`ringflow train --engine` overrides the config's engine: the check is the engine's that will run."""
+    (tmp_path / "user_tf_models.py").write_text(TF_FACTORY_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tf_job = job(engine="tensorflow", model={"kind": "custom", "factory": "user_tf_models:build"})
+    check_job(tf_job, manifest(), 2)
+    with pytest.raises(ConfigError, match="cannot be imported"):
+        check_job(tf_job, manifest(), 2, engine="horovod")

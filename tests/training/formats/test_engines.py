@@ -21,14 +21,7 @@ def test_the_table(name, launcher, pod_launcher, backends, runtime, section):
         launcher, pod_launcher, backends, runtime, section)
 
 
-# TensorFlow's config section and rank land with its local engine (branch wt/tf); strict, so the mark goes
-# as soon as they are here.
-_LOCAL_PART_ELSEWHERE = pytest.mark.xfail(strict=True, reason="the TensorFlow rank and config section come "
-                                                              "with the local TF engine (branch wt/tf)")
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_LOCAL_PART_ELSEWHERE) if n == "tensorflow" else n
-                                  for n in TABLE])
+@pytest.mark.parametrize("name", list(TABLE))
 def test_every_entry_has_its_config_section_and_rank_module(name):
     spec = TABLE[name]
     assert spec.config_section in {f.name for f in dataclasses.fields(JobConfig)}, spec.name

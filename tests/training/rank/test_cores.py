@@ -170,6 +170,16 @@ def test_the_thread_override_is_the_shares_thread_count(restored_affinity, monke
         claim_cpu_share(False, 0, 1, environ={cores.TORCH_THREADS_ENV: "two"})
 
 
+def test_the_cpu_line_names_the_ranks_own_threads(restored_affinity, monkeypatch, capsys):
+    """A TensorFlow rank sizes TensorFlow's intra-op pool, not torch's: its line says so."""
+    from ringflow.training.rank.engines.tensorflow import TF_THREAD
+
+    monkeypatch.setattr(cores, "cpu_quota_cores", lambda: None)
+    claim_cpu_share(False, 0, 1, environ={cores.TORCH_THREADS_ENV: "2"}, thread=TF_THREAD)
+    out = capsys.readouterr().out
+    assert "2 TensorFlow intra-op threads" in out and "torch" not in out.replace("RINGFLOW_TORCH_THREADS", "")
+
+
 def test_a_sandbox_that_forbids_binding_trains_unbound(restored_affinity, monkeypatch, capsys):
     def forbidden(pid, cpus):
         raise PermissionError(1, "Operation not permitted")

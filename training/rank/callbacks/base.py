@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from ...health.verdict import Verdict
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch only for the hints: Liveness (a callback) runs in the torch-free TensorFlow rank too
+    import torch
+
     from ..loop import StepTiming, TrainingLoop
 
 
@@ -20,7 +20,7 @@ class Callback:
     def on_train_start(self, loop: "TrainingLoop") -> None:
         """Resume and the first collectives are done; the first step comes next."""
 
-    def before_backward(self, loop: "TrainingLoop", loss: torch.Tensor) -> torch.Tensor:
+    def before_backward(self, loop: "TrainingLoop", loss: "torch.Tensor") -> "torch.Tensor":
         """The micro-batch's loss before backward (step = loop.step + 1); may return another loss."""
         return loss
 

@@ -10,26 +10,13 @@ its clock (and rank 0 is the one rank that writes checkpoints), so it is not com
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 
 from .base import Callback
 from ..engine import Engine
-
-WARMUP_STEPS = 10
-
-
-def job_samples_per_sec(samples: Sequence[float], seconds: Sequence[float]) -> float:
-    """The job's rate from each rank's samples and seconds over the same timed steps (between barriers):
-    the slowest rank's rate times the number of ranks. ringflow's result and every peer in the benchmarks
-    use this one definition."""
-    if not samples or len(samples) != len(seconds):
-        raise ValueError(f"one (samples, seconds) pair per rank: got {len(samples)} samples, {len(seconds)} seconds")
-    if min(seconds) <= 0:
-        raise ValueError(f"a rank timed {min(seconds)} seconds; time at least one step")
-    return min(n / t for n, t in zip(samples, seconds)) * len(samples)
-
+from ..samples_rate import WARMUP_STEPS, job_samples_per_sec  # noqa: F401 - where tests and bench find them
 
 class Throughput(Callback):
     def __init__(self, engine: Engine, monitor_seconds: Callable[[], float]):
