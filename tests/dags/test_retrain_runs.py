@@ -71,6 +71,7 @@ def test_ddp_engine_from_the_form_trains_under_torchrun_and_promotes(airflow_db,
     assert json.loads((store / "models" / "digits-ddp" / "production.json").read_text())["version"] == 1
 
 
+@pytest.mark.background  # mostly TensorFlow's import in two workers: run beside the main lane (scripts/test.sh)
 def test_tensorflow_engine_from_the_form_trains_in_the_tf_venv_and_promotes(airflow_db, dagbag, store, tf_python):
     """engine=tensorflow from the form: the local backend starts one TF worker per rank with its TF_CONFIG, the
     ranks write model.npz, and the torch evaluate step scores it, so promote is the same as for the others."""
