@@ -34,7 +34,7 @@ bench: setup
 	$(PY) -m bench.orchestration_overhead
 	$(PY) -m bench.data_scaling
 	$(PY) -m bench.watcher_cost
-	$(PY) -m bench.engines_crosscheck  # needs the TF venv (scripts/setup.sh makes it)
+	$(PY) -m bench.engines_crosscheck --repeats 3  # needs the TF venv (scripts/setup.sh makes it)
 	$(PY) -m bench.data_memory  # last: it needs root (memory cgroups)
 
 # The GPU path in minutes where a GPU exists (one short job per engine; bench/results/gpu_check.md); without

@@ -4,7 +4,6 @@ ringflow itself: one process per worker, started with the TF venv's interpreter 
 (workers on 127.0.0.1 ports chosen here)."""
 from __future__ import annotations
 
-import json
 import os
 import queue
 import shutil
@@ -21,6 +20,7 @@ from .backends.processes.stop import (
     KILL_WAIT_SECONDS, ProcessesRemain, grace_from_env, stop_leftovers, stop_processes,
 )
 from .backends.processes.oom_watch import OomWatch
+from .backends.processes.supervise import shell_status
 from .backends.processes.tracker import RELEASE_WAIT_SECONDS, ProcessTracker
 from .backends.processes.tracking import mode_from_env, start_tracking
 from ..formats.config import JobConfig
@@ -29,7 +29,7 @@ from ..health.oom_advice import JobShape
 from .failure_policy import Observation, decide
 from ..rank.engines import ENGINE_ENV, engine_name
 from ..formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, TF_CONFIG_LAUNCHER, EngineError, engine_spec
-from ..formats.tf_config import TF_CONFIG_ENV, tf_config
+from ..formats.tf_config import tf_worker_env
 from .preflight import preflight
 from ..rank.worker_env import ATTEMPT_ENV
 
@@ -92,9 +92,7 @@ def tf_worker_commands(config_path: str, num_workers: int, python: str,
     local rank variables torchrun would give (worker_env.py reads the rank before TensorFlow starts;
     engines/tensorflow.py the local one to size its threads)."""
     hosts = [f"127.0.0.1:{port}" for port in (ports or free_ports(num_workers))]
-    return [([python, "-m", "ringflow.training", config_path],
-             {TF_CONFIG_ENV: json.dumps(tf_config(hosts, index)), "RANK": str(index), "WORLD_SIZE": str(num_workers),
-              "LOCAL_RANK": str(index), "LOCAL_WORLD_SIZE": str(num_workers)})
+    return [([python, "-m", "ringflow.training", config_path], tf_worker_env(hosts, index, index, num_workers))
             for index in range(num_workers)]
 
 
@@ -157,6 +155,12 @@ def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONT
     # of its own and Open MPI puts each rank in a process group of its own, so a frozen or wedged mpirun
     # passes nothing on. The tracked set reaches every rank directly (backends/processes).
     grace = grace_from_env()
+    tf_workers = None
+    if engine_spec(engine).launcher == TF_CONFIG_LAUNCHER:
+        try:  # before anything starts: a missing TF venv is one line saying how to make it, not a traceback
+            tf_workers = tf_worker_commands(config_path, num_workers, tensorflow_python())
+        except FileNotFoundError as exc:
+            raise EngineError(str(exc)) from exc
     oom = OomWatch(JobShape.of(cfg, num_workers, engine), lambda: _heartbeat_step(cfg))
     with start_tracking(f"train-{os.getpid()}", mode_from_env()) as tracker, _StopOnSignal(tracker, grace):
         try:
@@ -165,10 +169,8 @@ def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONT
                 on_line(line)
 
             with oom.running():
-                if engine_spec(engine).launcher == TF_CONFIG_LAUNCHER:
-                    launcher_code = _run_tf_workers(tracker, tf_worker_commands(config_path, num_workers,
-                                                                                tensorflow_python()),
-                                                    env, on_job_line, grace)
+                if tf_workers is not None:
+                    launcher_code = _run_tf_workers(tracker, tf_workers, env, on_job_line, grace)
                 else:
                     proc = tracker.spawn(launch_command(engine, config_path, num_workers, controller), env=env,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -205,7 +207,7 @@ def _run_tf_workers(tracker: ProcessTracker, commands: list[tuple[list[str], dic
             continue
         running -= 1
         if item.returncode != 0 and failed is None:
-            failed = item.returncode
+            failed = shell_status(item.returncode)  # a worker killed by signal N: 128 + N, as a shell says
             if running and not stopping:  # its peers are stopped; their output still drains through here
                 stopping = True
                 _say(f"a TensorFlow worker exited {item.returncode}: stopping the other workers")

@@ -41,6 +41,23 @@ class CheckpointCorrupt(ValueError):
     """A checkpoint's manifest is malformed or one of its files does not match the manifest."""
 
 
+class CheckpointOfAnotherEngine(ValueError):
+    """A checkpoint of the run that another engine family wrote (the torch engines' state.pt, TensorFlow's
+    model.npz): refused, not skipped like a corrupt one, which would start the run over without a word."""
+
+
+def require_file(loaded: "LoadedCheckpoint", name: str, where: str, engine: str) -> bytes:
+    """`name` of `loaded`, which the `engine` rank resumes from; CheckpointOfAnotherEngine when the checkpoint
+    does not hold it. Its manifest lists every file its writer wrote, so a missing one is another writer's
+    checkpoint (a file listed but gone is found by the load, as corrupt)."""
+    if name not in loaded.files:
+        raise CheckpointOfAnotherEngine(
+            f"{where} holds {sorted(loaded.files)}, not {name}: another engine wrote it (horovod and ddp write "
+            f"state.pt, tensorflow model.npz), so engine {engine!r} cannot resume it; resume with the engine "
+            "that wrote it, or give this job a new run_uri")
+    return loaded.files[name]
+
+
 class CheckpointWarning(UserWarning):
     """A checkpoint was skipped while looking for one to resume from."""
 

@@ -8,10 +8,16 @@ No TensorFlow here: a pure function over plain values.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 # The environment variable TensorFlow reads.
 TF_CONFIG_ENV = "TF_CONFIG"
+# The rank variables torchrun gives its ranks, given to TensorFlow workers too: the rank reads its rank and the
+# job's size before TensorFlow starts (liveness, rank 0's last word: rank/worker_env.py), and its place among
+# its host's workers to size its threads (rank/engines/tensorflow.py).
+RANK_ENV, WORLD_SIZE_ENV, LOCAL_RANK_ENV, LOCAL_WORLD_SIZE_ENV = "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
+WORKER_ENV = (TF_CONFIG_ENV, RANK_ENV, WORLD_SIZE_ENV, LOCAL_RANK_ENV, LOCAL_WORLD_SIZE_ENV)
 
 
 def tf_config(worker_hosts: list[str], index: int) -> dict[str, Any]:
@@ -31,3 +37,14 @@ def tf_config(worker_hosts: list[str], index: int) -> dict[str, Any]:
 def _host_port(address: str) -> bool:
     host, sep, port = address.rpartition(":")
     return bool(host) and bool(sep) and port.isdigit() and 0 < int(port) < 65536
+
+
+def tf_worker_env(worker_hosts: list[str], index: int, local_rank: int, local_size: int) -> dict[str, str]:
+    """Everything ringflow gives TensorFlow worker `index` of `worker_hosts`, wherever it runs: its TF_CONFIG and
+    the rank variables (WORKER_ENV). `local_rank` of `local_size`: its place among the workers of its host (a
+    local job: all of them; a pod: 0 of 1)."""
+    if not 0 <= local_rank < local_size:
+        raise ValueError(f"local_rank {local_rank} of {local_size}: give the worker's place among its host's workers")
+    return {TF_CONFIG_ENV: json.dumps(tf_config(worker_hosts, index)), RANK_ENV: str(index),
+            WORLD_SIZE_ENV: str(len(worker_hosts)), LOCAL_RANK_ENV: str(local_rank),
+            LOCAL_WORLD_SIZE_ENV: str(local_size)}

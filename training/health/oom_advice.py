@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from ..formats.config import JobConfig
+from ..formats.engines import engine_spec
 
 MiB = 2**20
 
@@ -28,6 +29,9 @@ class JobShape:
     world_size: int
     engine: str = "horovod"                 # whose section holds backward_passes_per_step
     hidden: tuple[int, ...] | None = None   # the built-in MLP's hidden widths; None: a model.factory model
+    # Whether the engine can add up backward passes before a step (its section has backward_passes_per_step;
+    # TensorFlow's has none): else no advice to accumulate.
+    accumulates: bool = True
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "backward_passes_per_step", "world_size"):
@@ -39,9 +43,9 @@ class JobShape:
     def of(cls, cfg: JobConfig, world_size: int, engine: str | None = None) -> "JobShape":
         """engine: the one the job runs with, where it overrides the config's (`ringflow train --engine`)."""
         engine = engine or cfg.engine
-        section = cfg.ddp if engine == "ddp" else cfg.horovod
-        return cls(cfg.batch_size, section.backward_passes_per_step, world_size, engine,
-                   tuple(cfg.model.hidden) if cfg.model.factory is None else None)
+        passes = getattr(getattr(cfg, engine_spec(engine).config_section), "backward_passes_per_step", None)
+        return cls(cfg.batch_size, passes or 1, world_size, engine,
+                   tuple(cfg.model.hidden) if cfg.model.factory is None else None, accumulates=passes is not None)
 
     @property
     def global_batch(self) -> int:
@@ -86,7 +90,7 @@ def advise(shape: JobShape | None, limit_bytes: int | None = None, limit_source:
     else:
         out = []
         b, k, n = shape.batch_size, shape.backward_passes_per_step, shape.world_size
-        if b > 1:
+        if b > 1 and shape.accumulates:
             f = smallest_factor(b)
             key = f"{shape.engine}.backward_passes_per_step"
             out.append(Advice(ACCUMULATE, {"batch_size": b // f, key: k * f},

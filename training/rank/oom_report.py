@@ -40,7 +40,7 @@ def end_on_oom(exc: BaseException, kind: str, cfg: JobConfig, engine, trainer, s
     `trainer`: the engine's RankRun once it exists (None before)."""
     step = trainer.training_step() if trainer is not None else None
     evidence = oom_evidence(exc, kind, engine.rank, step, device_memory(engine) if device_memory else None)
-    verdict = oom_verdict(evidence, JobShape.of(cfg, engine.size))
+    verdict = oom_verdict(evidence, JobShape.of(cfg, engine.size, engine.name))  # the engine that ran
     print(f"[ringflow] rank {engine.rank}: health verdict OOM: {verdict.reason}", file=sys.stderr, flush=True)
     print(oom_line(verdict), file=sys.stderr, flush=True)
     if trainer is not None and getattr(trainer, "guard", None) is not None \

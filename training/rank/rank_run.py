@@ -148,6 +148,7 @@ def run_rank(cfg: JobConfig, start_engine, make_trainer, device_memory=None) -> 
     for its evidence). Any other exception is raised on (a traceback, exit 1). The engine's `shutdown`, if
     it has one, runs last."""
     from .oom_report import end_on_oom
+    from ..formats.checkpoint import CheckpointOfAnotherEngine
     from .rank_start import begin_early, store_failed
     from ..health.oom import classify
     from ..store import StoreConfigError, StoreUnavailable
@@ -161,6 +162,11 @@ def run_rank(cfg: JobConfig, start_engine, make_trainer, device_memory=None) -> 
         return trainer.train()
     except (StoreUnavailable, StoreConfigError) as exc:
         return store_failed(exc, cfg, time.monotonic() - started, engine.rank, engine.size, trainer, start)
+    except CheckpointOfAnotherEngine as exc:
+        # Bad input, the same on every try: one line and the config's code, which the failure policy does
+        # not retry.
+        print(f"[ringflow] rank {engine.rank}: {exc}", file=sys.stderr, flush=True)
+        return exit_codes.CONFIG
     except Exception as exc:
         kind = classify(exc)
         if kind is None:

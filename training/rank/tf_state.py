@@ -13,7 +13,7 @@ import dataclasses
 
 import numpy as np
 
-from ..formats.checkpoint import CheckpointCorrupt, LoadedCheckpoint
+from ..formats.checkpoint import CheckpointCorrupt, LoadedCheckpoint, require_file
 from ..formats.weights_npz import MODEL_FILE, OPTIMIZER_FILE, from_npz, to_npz
 
 
@@ -34,12 +34,10 @@ class TfTrainingState:
 
     @classmethod
     def from_loaded(cls, loaded: LoadedCheckpoint, where: str) -> "TfTrainingState":
-        """The state of a checkpoint a TensorFlow rank wrote; CheckpointCorrupt (skipped by a resume) for any
-        other, a torch engine's state.pt included: its tensors cannot be read without torch."""
-        missing = [f for f in (MODEL_FILE, OPTIMIZER_FILE) if f not in loaded.files]
-        if missing:
-            raise CheckpointCorrupt(f"{where} has no {missing[0]}: it was not written by the tensorflow engine "
-                                    f"(files {sorted(loaded.files)}); resume it with the engine that wrote it")
+        """The state of a checkpoint a TensorFlow rank wrote; CheckpointOfAnotherEngine for a torch engine's
+        (state.pt: its tensors cannot be read without torch), CheckpointCorrupt for a broken one."""
+        for name in (MODEL_FILE, OPTIMIZER_FILE):
+            require_file(loaded, name, where, "tensorflow")  # a torch engine's state.pt: refused, not skipped
         meta = loaded.manifest.meta
         try:
             epoch, batch = meta["cursor"]

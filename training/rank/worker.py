@@ -26,7 +26,7 @@ from .callbacks.garbage_collection import ScheduledGarbageCollection
 from .callbacks.health import HealthMonitoring
 from .callbacks.logging import ProgressLog, say
 from .callbacks.throughput import Throughput
-from ..formats.checkpoint import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint
+from ..formats.checkpoint import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint, require_file
 from .checkpoint_writer import AsyncCheckpointWriter, WrittenCheckpoint
 from ..formats.config import JobConfig
 from .data import Cursor, PartitionData
@@ -132,8 +132,9 @@ class Trainer(RankRun):
         # Every rank reads the checkpoint itself; the broadcast that follows makes rank 0's copy the truth.
         def decode(loaded: LoadedCheckpoint) -> tuple[LoadedCheckpoint, TrainingState]:
             # An unsafe state.pt (UnsafeCheckpoint, a CheckpointCorrupt) is skipped like a corrupt file.
-            return loaded, TrainingState.from_bytes(loaded.files[STATE_FILE],
-                                                    f"{self.run_folder.uri} {loaded.manifest.name}/{STATE_FILE}")
+            where = f"{self.run_folder.uri} {loaded.manifest.name}"
+            data = require_file(loaded, STATE_FILE, where, self.engine.name)
+            return loaded, TrainingState.from_bytes(data, f"{where}/{STATE_FILE}")
 
         def newest_safe(moved):
             self.skipped_checkpoints = []  # a retried read starts over

@@ -97,6 +97,12 @@ def test_the_tensorflow_python_comes_from_the_environment_or_the_venv(tmp_path):
         launcher.tensorflow_python({}, prefix=str(tmp_path / "nowhere"))
 
 
-def test_tensorflow_has_no_launcher_program():
-    with pytest.raises(ValueError, match="started one by one"):
-        launcher.launch_command("tensorflow", "/j.json", 2)
+def test_a_missing_tf_venv_is_refused_in_one_line_before_anything_starts(jobs, monkeypatch, tmp_path):
+    from ringflow.training.formats.engines import EngineError
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *a, **k: pytest.fail("nothing may start"))
+    monkeypatch.setenv("RINGFLOW_TF_PYTHON", str(tmp_path / "no-tf" / "bin" / "python"))
+    path = jobs.root / "tf.json"
+    path.write_text(json.dumps(jobs.config("tf") | {"engine": "tensorflow"}))
+    with pytest.raises(EngineError, match="run scripts/setup.sh"):
+        launcher.run_local(str(path), 2)

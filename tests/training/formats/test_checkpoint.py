@@ -198,3 +198,22 @@ def test_checkpoint_name():
     assert checkpoint_name(40) == "ckpt-000000040"
     with pytest.raises(ValueError):
         CheckpointStore(None, keep_last=0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("written, wanted, engine", [
+    ({"state.pt": b"torch"}, "model.npz", "tensorflow"),     # a torch engine's checkpoint, resumed by TensorFlow
+    ({"model.npz": b"m", "optimizer.npz": b"o"}, "state.pt", "ddp"),  # and the other way round
+])
+def test_a_checkpoint_of_another_engine_is_refused_not_skipped(object_store, written, wanted, engine):
+    from ringflow.training.formats.checkpoint import CheckpointOfAnotherEngine, require_file
+
+    ckpts = CheckpointStore(object_store)
+    ckpts.save(10, written, {})
+    # It verifies: latest_valid returns it rather than skipping it as corrupt ...
+    loaded = ckpts.latest_valid()
+    assert loaded is not None and loaded.step == 10
+    # ... and the rank that cannot read it says whose it is and what to do.
+    with pytest.raises(CheckpointOfAnotherEngine, match=rf"not {wanted}: another engine wrote it .*engine "
+                                                        rf"'{engine}' cannot resume it; resume with the engine"):
+        ckpts.latest_valid(decode=lambda c: require_file(c, wanted, "run ckpt-000000010", engine))
+    assert require_file(loaded, next(iter(written)), "here", engine) == next(iter(written.values()))

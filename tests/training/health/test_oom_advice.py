@@ -31,6 +31,9 @@ ROWS = {
         JobShape(64, 1, 2, "horovod", None), 256 * MiB,
         [(ACCUMULATE, {"batch_size": 32, "horovod.backward_passes_per_step": 2}), (SMALLER_MODEL, {}),
          (MORE_WORKERS, {"num_workers": 4, "batch_size": 32}), (MORE_MEMORY, {"memory_bytes": 512 * MiB})]),
+    "tensorflow: no accumulation to offer, more workers at a smaller batch keep the global batch": (
+        JobShape(32, 1, 2, "tensorflow", (64,), accumulates=False), None,
+        [(SMALLER_MODEL, {"model.hidden": [32]}), (MORE_WORKERS, {"num_workers": 4, "batch_size": 16})]),
     "the job's config not known (seen by Kubernetes): words, no numbers": (
         None, 2 * 2**30,
         [(ACCUMULATE, {}), (SMALLER_MODEL, {}), (MORE_WORKERS, {}), (MORE_MEMORY, {"memory_bytes": 4 * 2**30})]),
@@ -58,6 +61,9 @@ def test_the_shape_of_a_job_config():
                                "engine": "ddp", "ddp": {"backward_passes_per_step": 2}})
     assert JobShape.of(cfg, 4) == JobShape(16, 2, 4, "ddp", (64, 64))
     assert JobShape.of(cfg, 4, engine="horovod").backward_passes_per_step == 1
+    # TensorFlow's section has no backward_passes_per_step: one pass per step, nothing to accumulate.
+    tf_shape = JobShape.of(cfg, 4, engine="tensorflow")
+    assert (tf_shape.backward_passes_per_step, tf_shape.accumulates) == (1, False)
 
 
 @pytest.mark.parametrize("n, f", [(2, 2), (9, 3), (45, 3), (49, 7), (13, 13)])

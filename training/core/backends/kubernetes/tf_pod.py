@@ -18,20 +18,19 @@ and no Kubernetes client.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Mapping
 
 from .jobset_names import NODE, TRAINER_PORT, pod_address
 from ....formats import exit_codes
-from ....formats.tf_config import TF_CONFIG_ENV, tf_config
+from ....formats.tf_config import TF_CONFIG_ENV, WORKER_ENV, tf_config, tf_worker_env
 
 INDEX_ENV = "JOB_COMPLETION_INDEX"
 JOBSET_ENV = "RINGFLOW_JOBSET_NAME"
 NUM_WORKERS_ENV = "RINGFLOW_NUM_WORKERS"
 # What the pod sets or is given; a TrainJob's own env must not set them (trainjob.RESERVED_ENV).
-MANAGED_ENV = (TF_CONFIG_ENV, INDEX_ENV, JOBSET_ENV, NUM_WORKERS_ENV)
+MANAGED_ENV = WORKER_ENV + (INDEX_ENV, JOBSET_ENV, NUM_WORKERS_ENV)
 
 
 class PodEnvError(ValueError):
@@ -50,8 +49,8 @@ def worker_hosts(jobset: str, num_workers: int) -> list[str]:
     return [f"{pod_address(jobset, NODE, i)}:{TRAINER_PORT}" for i in range(num_workers)]
 
 
-def pod_tf_config(environ: Mapping[str, str]) -> dict:
-    """This pod's TF_CONFIG, from its environment (see the module's docstring)."""
+def pod_workers(environ: Mapping[str, str]) -> tuple[list[str], int]:
+    """Every worker's address and this pod's index, from its environment (see the module's docstring)."""
     num_workers = _whole(environ, NUM_WORKERS_ENV, "the TrainJob's env sets it (TrainJobBackend does)", 1)
     index = _whole(environ, INDEX_ENV, "the Job controller sets it in Indexed Jobs: run this in a pod of the "
                                        "ringflow-tensorflow runtime (kubectl apply -k deploy/trainer)", 0)
@@ -62,7 +61,19 @@ def pod_tf_config(environ: Mapping[str, str]) -> dict:
     if index >= num_workers:
         raise PodEnvError(f"${INDEX_ENV} is {index} but ${NUM_WORKERS_ENV} is {num_workers}; the TrainJob's "
                           "numNodes and its env disagree: let TrainJobBackend write both")
-    return tf_config(worker_hosts(jobset, num_workers), index)
+    return worker_hosts(jobset, num_workers), index
+
+
+def pod_tf_config(environ: Mapping[str, str]) -> dict:
+    """This pod's TF_CONFIG."""
+    return tf_config(*pod_workers(environ))
+
+
+def pod_worker_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What this pod's worker is given (formats/tf_config.WORKER_ENV): its TF_CONFIG and rank variables, the
+    only worker on its host (one worker per pod)."""
+    hosts, index = pod_workers(environ)
+    return tf_worker_env(hosts, index, 0, 1)
 
 
 def rank_command(config_path: str) -> list[str]:
@@ -76,15 +87,15 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ)
         print("usage: python -m ringflow.training.core.backends.kubernetes.tf_pod JOB_CONFIG", file=sys.stderr)
         return exit_codes.CONFIG
     try:
-        config = pod_tf_config(environ)
+        worker_env = pod_worker_env(environ)
     except ValueError as exc:  # PodEnvError, or tf_config's own
         print(f"[ringflow] cannot derive TF_CONFIG: {exc}", file=sys.stderr, flush=True)
         return exit_codes.CONFIG
-    print(f"[ringflow] {TF_CONFIG_ENV}={json.dumps(config)}", file=sys.stderr, flush=True)
+    print(f"[ringflow] {TF_CONFIG_ENV}={worker_env[TF_CONFIG_ENV]}", file=sys.stderr, flush=True)
     command = rank_command(argv[0])
     # exec, not a child: the rank is the container's process, so the kubelet's SIGTERM reaches it directly
     # and its exit status is the container's, which the outcome reads (trainjob_outcome.py).
-    os.execve(command[0], command, dict(environ) | {TF_CONFIG_ENV: json.dumps(config)})
+    os.execve(command[0], command, dict(environ) | worker_env)
     return exit_codes.ERROR  # not reached: execve returns only by raising
 
 

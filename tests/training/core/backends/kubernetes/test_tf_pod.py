@@ -50,6 +50,10 @@ def test_main_becomes_the_rank_with_tf_config_set(monkeypatch):
     ((path, argv, child_env),) = execs
     assert path == sys.executable and argv == [sys.executable, "-m", "ringflow.training", "/etc/ringflow/job.json"]
     assert json.loads(child_env.pop("TF_CONFIG")) == tf_pod.pod_tf_config(env)
+    # The rank variables torchrun would give: its rank and the job's size, the only worker on its host.
+    assert {k: child_env.pop(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")} == {
+        "RANK": "1", "WORLD_SIZE": str(len(tf_pod.pod_tf_config(env)["cluster"]["worker"])), "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1"}
     assert child_env == env  # everything else passes through unchanged
 
 
