@@ -53,7 +53,7 @@ def params(dataset_default: str) -> dict[str, Param]:
                         description="horovod: Horovod under horovodrun (or an MPIJob or TrainJob); ddp: "
                                     "PyTorch DistributedDataParallel under torchrun (or a TrainJob); tensorflow: "
                                     "TensorFlow MultiWorkerMirroredStrategy, one process per worker started by "
-                                    "ringflow with its TF_CONFIG (local backend only for now)"),
+                                    "ringflow with its TF_CONFIG (or a TrainJob)"),
         "gate_metric": Param("accuracy", type="string", enum=["accuracy", "loss"], title="Promotion metric",
                              section="Promotion gate"),
         "gate_mode": Param("max", type="string", enum=["max", "min"], title="Better is",

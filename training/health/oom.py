@@ -1,6 +1,6 @@
 """Out of memory: the one OOM verdict, whoever saw it, with its evidence and what to change.
 
-    rank raises it (worker.py)        torch OOM, TensorFlow ResourceExhaustedError, MemoryError
+    rank raises it (rank_run.py)      torch OOM, TensorFlow ResourceExhaustedError, MemoryError
     the launcher sees it (oom_watch)  the kernel's OOM killer SIGKILLed a local rank in its memory cgroup
     the cluster says it (outcome.py)  a pod's container terminated with reason OOMKilled
 
