@@ -13,6 +13,7 @@ The cap stays (the rank's evidence reads it); 256 MiB of room is left for the ra
 """
 import os
 import resource
+import time
 
 import torch
 
@@ -48,6 +49,10 @@ class Hungry(torch.nn.Module):
 
     def run_out(self):
         if self.how == "kernel":
+            # A real OOM comes after a while, when rank 0's heartbeat has long shown its step (the launcher
+            # names the step from it: a killed rank says nothing). Here it comes at step 3, within a second of
+            # the start, so the rank lets a few of rank 0's heartbeats (the test sets 0.25 s) pass first.
+            time.sleep(1.5)
             block = bytearray(2048 * MiB)
             block[::4096] = b"x" * len(block[::4096])  # touched: charged to the cgroup page by page
             return
