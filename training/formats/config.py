@@ -332,6 +332,12 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 BIND_CORES_AUTO = "auto"
 BIND_CORES = (BIND_CORES_AUTO, True, False)
 DEFAULT_BIND_CORES = BIND_CORES_AUTO
+# Whether a retry changes the job after a health verdict (training/core/remediation.py): "off" reruns it as
+# it was; "auto" applies the remediation policy's change (a lower learning rate, wider all-reduce buckets, a
+# smaller per-worker batch, ...). Off by default: a change to the training is the owner's to opt into. The
+# policy exists; the operator's retry does not apply it yet (remediation.py says how it will).
+REMEDIATION_OFF, REMEDIATION_AUTO = "off", "auto"
+REMEDIATIONS = (REMEDIATION_OFF, REMEDIATION_AUTO)
 
 
 def is_bind_cores(value: Any) -> bool:
@@ -362,6 +368,7 @@ class JobConfig:
     precision: str = "fp32"
     bind_cores: str | bool = DEFAULT_BIND_CORES
     faults: tuple[FaultConfig, ...] = ()
+    remediation: str = REMEDIATION_OFF
 
     def __post_init__(self) -> None:
         _require(isinstance(self.manifest_uri, str) and self.manifest_uri.endswith(".json"), "manifest_uri",
@@ -383,6 +390,9 @@ class JobConfig:
         _require(is_bind_cores(self.bind_cores), "bind_cores",
                  f"is {self.bind_cores!r}", 'use "auto" (default: bind where the job was given CPUs of its own), '
                  'true (bind wherever every rank can have a CPU) or false (never bind)')
+        _require(self.remediation in REMEDIATIONS, "remediation", f"is {self.remediation!r}",
+                 'use "off" (default: a retry reruns the job unchanged) or "auto" (a retry after a health '
+                 'verdict applies the remediation policy\'s change, README "Job config")')
         check_engine_fits(self, self.engine)
 
     def to_dict(self) -> dict[str, Any]:
