@@ -30,10 +30,10 @@ from pathlib import Path
 from .common import BATCH, CLASSES, FEATURES, HIDDEN, ROWS_PER_RANK, environment, machine, shown_environment, spread
 from .peer_worker import LEARNING_RATE  # the learning rate the throughput benches train with
 from .results_file import add_results_arguments, write_results
+from ringflow.training.formats.engines import ENGINES, HOROVOD
 
 BIN = Path(sys.executable).parent
-ENGINES = ("horovod", "ddp", "tensorflow")
-BASELINE = "horovod"
+BASELINE = HOROVOD
 # Rows held out for the evaluate step: its accuracy is each engine's final metric.
 EVAL_FRACTION = 0.2
 

@@ -18,7 +18,7 @@ import torch
 from ringflow.training.rank.callbacks.throughput import job_samples_per_sec
 from ringflow.training.formats.config import BIND_CORES, DEFAULT_BIND_CORES
 from ringflow.training.rank.cores import claim_cpu_share, local_rank_from_env
-from ringflow.training.rank.engines.ddp import LOCAL_RANK_ENV as DDP_LOCAL_RANK_ENV
+from ringflow.training.formats.tf_config import LOCAL_PLACE_ENV as DDP_LOCAL_RANK_ENV
 from ringflow.training.rank.engines.horovod import LOCAL_RANK_ENV as HOROVOD_LOCAL_RANK_ENV
 from ringflow.training.rank.models import TabularMLP
 

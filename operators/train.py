@@ -314,6 +314,7 @@ class TrainOperator(BaseOperator):
         plot = self._save_health_plot(run, records)
         self._set_run_links(run, plot_saved=plot is not None)
         mlflow_run_id = self._log_to_mlflow(context, event, run, records)
+        self._log_health_summary(seen.own_result, decision.verdict, records)
         if decision.action != SUCCEED:
             evidence = decision.verdict.evidence if decision.verdict else None
             message += f"; evidence: {json.dumps(evidence, default=str)}" if evidence else ""
@@ -328,6 +329,19 @@ class TrainOperator(BaseOperator):
                 "checkpoint": result.checkpoint, "step": result.step, "loss": doc["loss"],
                 "verdict": doc["verdict"], "resumed_from": result.resumed_from, "health_plot": plot,
                 "mlflow_run_id": mlflow_run_id}
+
+    def _log_health_summary(self, result: RunResult | None, verdict: Any,
+                            records: list[dict[str, Any]] | None) -> None:
+        """The one-screen health summary (core/runs/health_summary.py), last in the log before the outcome."""
+        from ringflow.training.core.runs.health_summary import health_summary
+
+        try:
+            lines = health_summary(result, verdict, records)
+        except Exception as exc:  # noqa: BLE001 - a summary that cannot be made must not hide the job's outcome
+            self.log.warning("could not summarize the run's health: %s", exc)
+            return
+        for line in lines:
+            self.log.info("%s", line)
 
     def _stop_job(self, job_id: str, stopped_itself: bool) -> str:
         """Stop the job as the policy decided; the words that end the task's message."""

@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
         return exit_codes.CONFIG
     # The engine's ranks: torch's (worker.py) or TensorFlow's (tensorflow_worker.py, in the TF venv, which
     # has no torch), the one its launcher was started for (rank/engines: ENGINE_ENV), else the config's.
-    from .formats.engines import TF_CONFIG_LAUNCHER, TABLE
+    from .formats.engines import engine_spec
     from .rank.engines import ENGINE_ENV, engine_name
 
     try:
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"[ringflow] {exc}", file=sys.stderr)
         return exit_codes.CONFIG
-    if TABLE[engine].launcher == TF_CONFIG_LAUNCHER:
+    if engine_spec(engine).starts_workers_itself:
         from .rank.tensorflow_worker import main as run_worker
     else:
         from .rank.worker import main as run_worker

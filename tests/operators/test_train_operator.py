@@ -158,6 +158,19 @@ def test_execute_complete_returns_the_jobs_own_result(tmp_path, digits_manifest)
         op.execute_complete(context(), finished_event("succeeded"))
 
 
+def test_execute_complete_logs_the_health_summary(tmp_path, digits_manifest, capsys):
+    from ringflow.training.health.verdict import Verdict
+
+    op = operator(tmp_path, digits_manifest)
+    nan = finished_event(verdict=Verdict("NONFINITE", "NaN/Inf in rank(s) [1] at step 4", {"step": 4}))
+    with pytest.raises(AirflowFailException):
+        op.execute_complete(context(), nan)
+    said = capsys.readouterr().out  # the task logger (structlog) writes to stdout here
+    summary = said[said.index("── health summary ──"):]
+    assert "verdict: NONFINITE: NaN/Inf in rank(s) [1] at step 4" in summary
+    assert "result: none written by this attempt" in summary
+
+
 def test_a_run_folder_whose_health_records_cannot_be_read_is_still_handed_on(tmp_path, digits_manifest):
     from ringflow.training.formats.run_layout import HEALTH
 

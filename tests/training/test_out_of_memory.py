@@ -6,6 +6,8 @@ all-reduce (a hang would run into the subprocess timeout: stall_seconds is set f
   Horovod, through the local backend and the Airflow trigger: the operator's path;
 - Python's MemoryError, past an RLIMIT_AS cap (what prlimit sets), on rank 1 under DDP: `ringflow train`;
 - torch's CPU allocator failing past the same cap, on rank 0 under Horovod: its result.json and record.
+- numpy's allocator refusing 2**48 bytes in a TensorFlow worker's step (TensorFlow's ResourceExhaustedError), on
+  worker 1: the TensorFlow job ends as a torch job does (tf_memory_hungry_model.py).
 The model that runs out is tests/training/memory_hungry_model.py. Kubernetes' OOMKilled is the emulator's
 (kubernetes/test_mpijob_backend.py); the classification of every kind, tests/training/health/test_oom.py.
 """
@@ -19,7 +21,7 @@ import pytest
 
 from memory_cgroup import CgroupUnavailable, memory_cgroup
 from ringflow.training.formats import exit_codes
-from ringflow.training.health.oom import OOM_LINE
+from ringflow.training.health.oom import OOM_LINE, oom_in_log
 
 pytestmark = pytest.mark.slow
 
@@ -109,3 +111,24 @@ def test_torch_oom_on_rank_0_under_horovod_is_its_result(jobs, ranks_find_the_mo
     assert (e["rank"], e["step"], e["requested_bytes"]) == (0, AT_STEP, 8 * 2**30)
     assert e["limit_source"].startswith("RLIMIT_AS") and e["peak_rss_bytes"] > 0
     assert [r for r in jobs.health(cfg) if r["type"] == "oom"][0]["evidence"]["rank"] == 0
+
+
+@pytest.mark.background  # most of it is two workers importing TensorFlow, one core each at most
+def test_memory_error_on_tensorflow_worker_1_ends_the_job(jobs, ranks_find_the_model, tf_python):
+    model = {"kind": "custom", "factory": "tf_memory_hungry_model:build", "kwargs": {"oom_rank": 1, "at_step": AT_STEP}}
+    cfg = jobs.config("tf-memory-error", epochs=1, engine="tensorflow", health=NO_STALL, model=model)
+    code, out = jobs.run(cfg, timeout=300)
+    # Worker 0 waits in the step's all-reduce: the launcher stops it once worker 1 has ended (a hang would
+    # run into the timeout), and the job exits with the OOM's code.
+    assert code == exit_codes.BY_VERDICT["OOM"], out[-3000:]
+    said = f"rank 1 ran out of memory at step {AT_STEP}: TensorFlow's ResourceExhaustedError"
+    assert f"rank 1: health verdict OOM: {said}" in out, out[-3000:]  # worker 1's own word
+    assert f"[ringflow] health verdict OOM: {said}" in out  # the launcher's, from the line it read
+    verdicts = [oom_in_log(line) for line in out.splitlines() if OOM_LINE in line]
+    assert verdicts and all(v.status == "OOM" for v in verdicts), out[-3000:]
+    evidence = verdicts[-1].evidence  # numpy's MemoryError, raised out of the step by TensorFlow as its own
+    assert (evidence["kind"], evidence["rank"], evidence["step"]) == ("tf_resource_exhausted", 1, AT_STEP), evidence
+    # Worker 0 (the records' writer; its flusher may not have written them all before it was stopped) never
+    # got past the step: its all-reduce waited for worker 1.
+    steps = [r["step"] for r in jobs.health(cfg) if r["type"] == "step"]
+    assert all(step < AT_STEP for step in steps), steps

@@ -28,7 +28,7 @@ from ..health.oom import oom_line
 from ..health.oom_advice import JobShape
 from .failure_policy import Observation, decide
 from ..rank.engines import ENGINE_ENV, engine_name
-from ..formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, TF_CONFIG_LAUNCHER, EngineError, engine_spec
+from ..formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, TABLE, EngineError, engine_spec
 from ..formats.tf_config import tf_worker_env
 from .preflight import preflight
 from ..rank.worker_env import ATTEMPT_ENV
@@ -106,22 +106,36 @@ def torchrun_command(config_path: str, num_workers: int, python: str = sys.execu
             "--max-restarts", "0", "-m", "ringflow.training", config_path]
 
 
+# The launcher programs this ringflow has (the engine table's `launcher`), each one's command; torchrun has no
+# controller to choose.
+LAUNCHER_PROGRAMS: dict[str, Callable[[str, int, str, str], list[str]]] = {
+    "horovodrun": horovodrun_command,
+    "torchrun": lambda config_path, num_workers, controller, python: torchrun_command(config_path, num_workers,
+                                                                                       python),
+}
+
+
 def launch_command(name: str, config_path: str, num_workers: int, controller: str = DEFAULT_CONTROLLER,
                    python: str = sys.executable) -> list[str]:
     """The engine's launcher, as the engine table says (formats/engines.py): horovodrun with `controller`, or
     torchrun (which has no controller to choose)."""
-    launcher = engine_spec(name).launcher
-    if launcher == TF_CONFIG_LAUNCHER:
+    spec = engine_spec(name)
+    if spec.starts_workers_itself:
         raise ValueError(f"engine {name!r} has no launcher program: its workers are started one by one "
                          "(tf_worker_commands, run_local)")
-    if launcher == "torchrun":
-        return torchrun_command(config_path, num_workers, python)
-    if launcher == "horovodrun":
-        return horovodrun_command(config_path, num_workers, controller, python)
+    command = LAUNCHER_PROGRAMS.get(spec.launcher)
+    if command is not None:
+        return command(config_path, num_workers, controller, python)
     # Never another engine's launcher: an engine whose local launcher is not here is refused by name.
-    raise EngineError(f"engine {name!r} has no local launcher in this ringflow ({launcher!r} is not here yet); "
+    raise EngineError(f"engine {name!r} has no local launcher in this ringflow (no {spec.launcher!r} here); "
                       "run it as a Kubeflow TrainJob (set $RINGFLOW_TRAINJOB_SETTINGS), or set engine to "
-                      '"horovod" or "ddp"')
+                      + " or ".join(f'"{n}"' for n in local_engines()))
+
+
+def local_engines() -> tuple[str, ...]:
+    """The engines this ringflow can run on this host: a launcher program launch_command has, or workers it
+    starts itself (tf_worker_commands)."""
+    return tuple(n for n, e in TABLE.items() if e.launcher in LAUNCHER_PROGRAMS or e.starts_workers_itself)
 
 
 def rank_environment(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -156,7 +170,7 @@ def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONT
     # passes nothing on. The tracked set reaches every rank directly (backends/processes).
     grace = grace_from_env()
     tf_workers = None
-    if engine_spec(engine).launcher == TF_CONFIG_LAUNCHER:
+    if engine_spec(engine).starts_workers_itself:
         try:  # before anything starts: a missing TF venv is one line saying how to make it, not a traceback
             tf_workers = tf_worker_commands(config_path, num_workers, tensorflow_python())
         except FileNotFoundError as exc:

@@ -7,7 +7,8 @@ before it hands the job to the local or the MPIJob backend. Torch-free, so Airfl
 """
 from __future__ import annotations
 
-from ..formats.config import TENSORFLOW_ENGINE, ConfigError, JobConfig, load_job_config
+from ..formats.config import ConfigError, JobConfig, load_job_config
+from ..formats.engines import engine_spec
 from ..formats.manifest import ShardManifest
 from ..formats.model_factory import find_factory, find_factory_module
 
@@ -43,7 +44,7 @@ def check_job(cfg: JobConfig, manifest: ShardManifest, num_workers: int, *, chec
                           f"use {manifest.batch_size}, the shards' batch size, or re-shard with batch size "
                           f"{cfg.batch_size}")
     if check_factory and cfg.model.kind == "custom":
-        if (engine or cfg.engine) == TENSORFLOW_ENGINE:
+        if engine_spec(engine or cfg.engine).starts_workers_itself:  # its ranks run in the TF venv
             find_factory_module(cfg.model.factory, why=_TF_FACTORY_NOT_IMPORTED)
         else:
             find_factory(cfg.model.factory)

@@ -11,7 +11,7 @@ import re
 from typing import Any, Mapping
 
 # The data-parallel engines and their facts: the one table (formats/engines.py).
-from .engines import DEFAULT_ENGINE, ENGINES
+from .engines import DDP, DEFAULT_ENGINE, ENGINES, TENSORFLOW
 from .engines import TABLE as ENGINE_TABLE
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -258,21 +258,6 @@ class DdpConfig:
                  f"is {self.local_sgd!r}", 'give an object like {"period": 4, "warmup_steps": 0}, or leave it out')
 
 
-def check_local_sgd(ddp: DdpConfig, engine: str, precision: str) -> None:
-    """Refuse ddp.local_sgd where it cannot run: under Horovod (its DistributedOptimizer all-reduces every
-    step; it has no periodic averaging) and in fp16 (each rank's GradScaler would skip its own overflowing
-    steps, so the ranks' averaging steps, counted in optimizer steps, would fall out of line and their
-    all-reduces pair up wrongly)."""
-    if ddp.local_sgd is None:
-        return
-    _require(engine == "ddp", "ddp.local_sgd", f"is set, but the engine is {engine!r}",
-             'use "engine": "ddp" (or --engine ddp) for post-local SGD, or remove ddp.local_sgd to train '
-             "synchronously under Horovod")
-    _require(precision != "fp16", "ddp.local_sgd", 'is set with "precision": "fp16"',
-             'use "bf16" or "fp32" with local SGD (fp16\'s loss scaling skips steps on each rank alone, which '
-             "would put the ranks' averaging steps out of line), or remove ddp.local_sgd")
-
-
 # The collective implementations TensorFlow offers on CPUs (tf.distribute.experimental.CommunicationImplementation):
 # "ring" (gRPC ring all-reduce) or "auto" (TensorFlow picks: ring on CPUs, NCCL on GPUs).
 TF_COMMUNICATIONS = ("ring", "auto")
@@ -291,20 +276,32 @@ class TensorflowConfig:
                  f"use one of {TF_COMMUNICATIONS}")
 
 
-# What the TensorFlow engine's ranks can do of what the job config offers (rank/tensorflow_worker.py).
-TENSORFLOW_ENGINE = "tensorflow"
+# The faults the TensorFlow engine's ranks inject (rank/tensorflow_worker.py); the torch ranks have them all.
 TF_FAULTS = ("nan_gradient", "crash")
 
 
-def check_for_tensorflow(cfg: "JobConfig") -> None:
-    """ConfigError unless the TensorFlow engine can run `cfg` as it is: its ranks train in fp32 on CPUs
-    (tensorflow-cpu) and inject only some faults. Checked by the config when it names the engine, and by
-    the TensorFlow rank when `--engine tensorflow` chose it for a config that names another."""
-    _require(cfg.precision == "fp32", "precision", f"is {cfg.precision!r} with engine \"tensorflow\"",
-             'use "fp32": the TensorFlow engine trains in fp32 on CPUs, or use engine "horovod"/"ddp" for bf16/fp16')
-    for fault in cfg.faults:
-        _require(fault.kind in TF_FAULTS, "faults[].kind", f"is {fault.kind!r} with engine \"tensorflow\"",
-                 f"use one of {TF_FAULTS} with the TensorFlow engine, or engine \"horovod\"/\"ddp\"")
+def check_engine_fits(cfg: "JobConfig", engine: str) -> None:
+    """ConfigError unless `engine` can run `cfg` as it is. Checked by the config for its own `engine`, and by
+    the launch (rank/engines.engine_name) for `--engine`/$RINGFLOW_ENGINE, which the config never saw:
+    - ddp.local_sgd runs under DDP only: Horovod's DistributedOptimizer all-reduces every step (it has no
+      periodic averaging) and TensorFlow's strategy has none either; and not in fp16 (each rank's GradScaler
+      would skip its own overflowing steps, so the ranks' averaging steps, counted in optimizer steps, would
+      fall out of line and their all-reduces pair up wrongly);
+    - TensorFlow's ranks train in fp32 on CPUs (tensorflow-cpu) and inject only TF_FAULTS."""
+    others = " or ".join(f'"{name}"' for name in ENGINES if name != engine)
+    if cfg.ddp.local_sgd is not None:
+        _require(engine == DDP, "ddp.local_sgd", f"is set, but the engine is {engine!r}",
+                 f'use "engine": "{DDP}" (or --engine {DDP}) for post-local SGD, or remove ddp.local_sgd to train '
+                 "synchronously")
+        _require(cfg.precision != "fp16", "ddp.local_sgd", 'is set with "precision": "fp16"',
+                 'use "bf16" or "fp32" with local SGD (fp16\'s loss scaling skips steps on each rank alone, which '
+                 "would put the ranks' averaging steps out of line), or remove ddp.local_sgd")
+    if engine == TENSORFLOW:
+        _require(cfg.precision == "fp32", "precision", f'is {cfg.precision!r} with engine "{TENSORFLOW}"',
+                 f'use "fp32": the TensorFlow engine trains in fp32 on CPUs, or use engine {others} for bf16/fp16')
+        for fault in cfg.faults:
+            _require(fault.kind in TF_FAULTS, "faults[].kind", f'is {fault.kind!r} with engine "{TENSORFLOW}"',
+                     f"use one of {TF_FAULTS} with the TensorFlow engine, or engine {others}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,6 +332,12 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 BIND_CORES_AUTO = "auto"
 BIND_CORES = (BIND_CORES_AUTO, True, False)
 DEFAULT_BIND_CORES = BIND_CORES_AUTO
+# Whether a retry changes the job after a health verdict (training/core/remediation.py): "off" reruns it as
+# it was; "auto" applies the remediation policy's change (a lower learning rate, wider all-reduce buckets, a
+# smaller per-worker batch, ...). Off by default: a change to the training is the owner's to opt into. The
+# policy exists; the operator's retry does not apply it yet (remediation.py says how it will).
+REMEDIATION_OFF, REMEDIATION_AUTO = "off", "auto"
+REMEDIATIONS = (REMEDIATION_OFF, REMEDIATION_AUTO)
 
 
 def is_bind_cores(value: Any) -> bool:
@@ -365,6 +368,7 @@ class JobConfig:
     precision: str = "fp32"
     bind_cores: str | bool = DEFAULT_BIND_CORES
     faults: tuple[FaultConfig, ...] = ()
+    remediation: str = REMEDIATION_OFF
 
     def __post_init__(self) -> None:
         _require(isinstance(self.manifest_uri, str) and self.manifest_uri.endswith(".json"), "manifest_uri",
@@ -386,9 +390,10 @@ class JobConfig:
         _require(is_bind_cores(self.bind_cores), "bind_cores",
                  f"is {self.bind_cores!r}", 'use "auto" (default: bind where the job was given CPUs of its own), '
                  'true (bind wherever every rank can have a CPU) or false (never bind)')
-        check_local_sgd(self.ddp, self.engine, self.precision)
-        if self.engine == TENSORFLOW_ENGINE:
-            check_for_tensorflow(self)
+        _require(self.remediation in REMEDIATIONS, "remediation", f"is {self.remediation!r}",
+                 'use "off" (default: a retry reruns the job unchanged) or "auto" (a retry after a health '
+                 'verdict applies the remediation policy\'s change, README "Job config")')
+        check_engine_fits(self, self.engine)
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))

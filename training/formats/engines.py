@@ -14,6 +14,8 @@ import dataclasses
 
 # The backend kinds (backends/base.py's registry), named for what each creates.
 LOCAL, MPIJOB, TRAINJOB = "local", "mpijob", "trainjob"
+# The engines' names (the config's `engine`), each spelled here only.
+HOROVOD, DDP, TENSORFLOW = "horovod", "ddp", "tensorflow"
 # The launcher of engines whose ranks ringflow starts itself, one process each with its TF_CONFIG.
 TF_CONFIG_LAUNCHER = "tf_config"
 # How a backend that refuses an engine is replaced, in words a person can act on.
@@ -60,25 +62,31 @@ class EngineSpec:
     def default_controller(self) -> str | None:
         return self.controllers[0] if self.controllers else None
 
+    @property
+    def starts_workers_itself(self) -> bool:
+        """No launcher program: ringflow starts each worker with its TF_CONFIG, in the TF venv's interpreter
+        (torch-free ranks: rank/tensorflow_worker.py)."""
+        return self.launcher == TF_CONFIG_LAUNCHER
+
 
 TABLE: dict[str, EngineSpec] = {e.name: e for e in (
     # Horovod's controller: "mpi" was chosen by bench/throughput.py (bench/results/throughput.md).
-    EngineSpec("horovod", config_section="horovod", launcher="horovodrun", controllers=("mpi", "gloo"),
+    EngineSpec(HOROVOD, config_section="horovod", launcher="horovodrun", controllers=("mpi", "gloo"),
            pod_launcher="mpirun", backends=(LOCAL, MPIJOB, TRAINJOB), trainjob_runtime="ringflow-horovod",
            trainjob_runtime_setting="horovod_runtime", rank_engine="ringflow.training.rank.engines.horovod:HorovodEngine"),
-    EngineSpec("ddp", config_section="ddp", launcher="torchrun", controllers=(),
+    EngineSpec(DDP, config_section="ddp", launcher="torchrun", controllers=(),
            pod_launcher="torchrun", backends=(LOCAL, TRAINJOB), trainjob_runtime="ringflow-torch",
            trainjob_runtime_setting="ddp_runtime", rank_engine="ringflow.training.rank.engines.ddp:DdpEngine"),
     # TensorFlow's MultiWorkerMirroredStrategy: no launcher program; ringflow starts one process per worker
     # with its TF_CONFIG (tf_config.py) and the TF venv's interpreter. Its rank is torch-free and has a loop
     # of its own: `python -m ringflow.training` hands a "tf_config" engine's rank to
     # rank/tensorflow_worker.py, which starts this rank_engine.
-    EngineSpec("tensorflow", config_section="tensorflow", launcher="tf_config", controllers=(),
-           pod_launcher="tf_config", backends=(LOCAL, TRAINJOB), trainjob_runtime="ringflow-tensorflow",
+    EngineSpec(TENSORFLOW, config_section="tensorflow", launcher=TF_CONFIG_LAUNCHER, controllers=(),
+           pod_launcher=TF_CONFIG_LAUNCHER, backends=(LOCAL, TRAINJOB), trainjob_runtime="ringflow-tensorflow",
            trainjob_runtime_setting="tensorflow_runtime", rank_engine="ringflow.training.rank.engines.tensorflow:TensorflowEngine"),
 )}
 ENGINES = tuple(TABLE)
-DEFAULT_ENGINE = "horovod"
+DEFAULT_ENGINE = HOROVOD
 # horovodrun's controllers (the local launcher's --gloo/--mpi), and the default.
 CONTROLLERS = tuple(sorted(TABLE[DEFAULT_ENGINE].controllers))
 DEFAULT_CONTROLLER = TABLE[DEFAULT_ENGINE].default_controller

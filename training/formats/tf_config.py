@@ -17,6 +17,8 @@ TF_CONFIG_ENV = "TF_CONFIG"
 # job's size before TensorFlow starts (liveness, rank 0's last word: rank/worker_env.py), and its place among
 # its host's workers to size its threads (rank/engines/tensorflow.py).
 RANK_ENV, WORLD_SIZE_ENV, LOCAL_RANK_ENV, LOCAL_WORLD_SIZE_ENV = "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
+# The local pair, as the ranks read it (rank/cores.local_rank_from_env: pairs of launcher variables).
+LOCAL_PLACE_ENV = ((LOCAL_RANK_ENV, LOCAL_WORLD_SIZE_ENV),)
 WORKER_ENV = (TF_CONFIG_ENV, RANK_ENV, WORLD_SIZE_ENV, LOCAL_RANK_ENV, LOCAL_WORLD_SIZE_ENV)
 
 

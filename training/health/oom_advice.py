@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from ..formats.config import JobConfig
-from ..formats.engines import engine_spec
+from ..formats.engines import DEFAULT_ENGINE, engine_spec
 
 MiB = 2**20
 
@@ -27,7 +27,7 @@ class JobShape:
     batch_size: int
     backward_passes_per_step: int
     world_size: int
-    engine: str = "horovod"                 # whose section holds backward_passes_per_step
+    engine: str = DEFAULT_ENGINE            # whose section holds backward_passes_per_step
     hidden: tuple[int, ...] | None = None   # the built-in MLP's hidden widths; None: a model.factory model
     # Whether the engine can add up backward passes before a step (its section has backward_passes_per_step;
     # TensorFlow's has none): else no advice to accumulate.

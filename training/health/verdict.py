@@ -39,6 +39,9 @@ OOM = "OOM"
 # nothing more. Never in the records (a fenced attempt writes none); only in its log and exit status.
 FENCED = "FENCED"
 FATAL = (NONFINITE, DIVERGED, OOM, STALLED, STORE_UNAVAILABLE, FENCED)
+# What a DEGRADED verdict found (its evidence's "kind"): a rank slower than the others, or an all-reduce
+# that takes most of each step.
+STRAGGLER, SYNC_BOUND = "straggler", "sync_share"
 # Fewer measured steps than this and a straggler or sync-share reading is noise, not evidence.
 MIN_STEPS_FOR_DEGRADED = 5
 
@@ -272,16 +275,24 @@ def _store_in(r, cfg) -> Verdict | None:
                              error=r.get("error"), last_step=r.get("last_step"))
 
 
+def slowest_rank(compute: list[float]) -> tuple[int, float, float]:
+    """Of one step's per-rank compute times (two ranks or more): the slowest rank, its time as a multiple
+    of the others' median, and by how many seconds it exceeds that median. The straggler verdict and the
+    task log's health summary (core/runs/health_summary.py) both read a step this way."""
+    worst = max(range(len(compute)), key=compute.__getitem__)
+    rest = statistics.median(compute[:worst] + compute[worst + 1:])
+    return worst, compute[worst] / max(rest, 1e-9), compute[worst] - rest
+
+
 def _straggler(window, cfg) -> Verdict | None:
     ratios, lags, slowest = [], [], Counter()
     for r in window:
         compute = r["compute_time"]
         if len(compute) < 2:
             return None
-        worst = max(range(len(compute)), key=compute.__getitem__)
-        rest = statistics.median(compute[:worst] + compute[worst + 1:])
-        ratios.append(compute[worst] / max(rest, 1e-9))
-        lags.append(compute[worst] - rest)
+        worst, ratio, lag = slowest_rank(compute)
+        ratios.append(ratio)
+        lags.append(lag)
         slowest[worst] += 1
     ratio = statistics.median(ratios)
     if ratio <= cfg.straggler_ratio or statistics.median(lags) < cfg.straggler_min_lag_seconds:
@@ -291,7 +302,7 @@ def _straggler(window, cfg) -> Verdict | None:
                    f"straggler: rank {rank} computes {ratio:.2f}x slower than the others (limit "
                    f"{cfg.straggler_ratio:g}x) in {count} of the last {len(window)} steps; every rank waits for "
                    "it in all-reduce. Check that host's load, CPU throttling or its data partition",
-                   {"kind": "straggler", "rank": rank, "ratio": ratio, "steps": [window[0]["step"], window[-1]["step"]]})
+                   {"kind": STRAGGLER, "rank": rank, "ratio": ratio, "steps": [window[0]["step"], window[-1]["step"]]})
 
 
 def _sync_bound(window, cfg) -> Verdict | None:
@@ -305,7 +316,7 @@ def _sync_bound(window, cfg) -> Verdict | None:
                    f"sync-bound: all-reduce takes {share:.0%} of each step (limit {cfg.max_sync_share:.0%}); "
                    "raise the per-worker batch size, use backward_passes_per_step > 1, enable fp16 "
                    "compression, or use fewer workers",
-                   {"kind": "sync_share", "share": share, "steps": [window[0]["step"], window[-1]["step"]]})
+                   {"kind": SYNC_BOUND, "share": share, "steps": [window[0]["step"], window[-1]["step"]]})
 
 
 def _finite(value) -> bool:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from ..formats.config import PRECISIONS, ConfigError
-from ..formats.engines import ENGINES
+from ..formats.engines import DDP, ENGINES
 
 # autocast's dtype for each precision; fp32 runs without autocast.
 AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -64,7 +64,7 @@ def choose_placement(cuda_devices: int, local_rank: int, engine: str, precision:
         if precision == "fp16":
             raise ConfigError("precision", "is 'fp16' but this rank has no GPU",
                               'use "bf16" (CPU autocast) or "fp32" on CPU; fp16 needs a CUDA GPU for its loss scaling')
-        return Placement("cpu", "gloo" if engine == "ddp" else None, AUTOCAST_DTYPES.get(precision), False, False)
+        return Placement("cpu", "gloo" if engine == DDP else None, AUTOCAST_DTYPES.get(precision), False, False)
     if local_rank >= cuda_devices:
         raise PlacementError(
             f"local rank {local_rank} on a host whose ranks see {cuda_devices} GPU(s): one rank per GPU, so start "
@@ -77,7 +77,7 @@ def choose_placement(cuda_devices: int, local_rank: int, engine: str, precision:
             "with HOROVOD_GPU_OPERATIONS=NCCL), the ddp engine, or hide the GPUs (CUDA_VISIBLE_DEVICES=) to "
             "train on the CPU")
     # DDP on a GPU: NCCL for the gradients, Gloo still for CPU tensors (the health monitor's small gathers).
-    return Placement(f"cuda:{local_rank}", "cpu:gloo,cuda:nccl" if engine == "ddp" else None,
+    return Placement(f"cuda:{local_rank}", "cpu:gloo,cuda:nccl" if engine == DDP else None,
                      AUTOCAST_DTYPES.get(precision), precision == "fp16", True)
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..formats import exit_codes
 from ..formats.checkpoint import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint
-from ..formats.config import ConfigError, JobConfig, check_for_tensorflow
+from ..formats.config import ConfigError, JobConfig
 from ..formats.run_result import SUCCEEDED, RunResult
 from ..health.progress import RESTORE
 from ..health.records import record, step_record
@@ -281,9 +281,6 @@ class TfTrainer(RankRun):
                     if stop is not None:
                         break
                 self._apply(grads)
-                if self.faults and self._due("perturb_replica", self.step) is not None:
-                    first = next(iter(self.params.values()))
-                    first.assign_add(tf.fill(first.shape, 1e-2))
                 if health.enabled and self.step % health.checksum_every_steps == 0:
                     stop = self._timed(self._checksum)
                     if stop is not None:
@@ -331,11 +328,8 @@ class TfTrainer(RankRun):
 
 
 def main(cfg: JobConfig) -> int:
-    try:
-        check_for_tensorflow(cfg)  # a config that names another engine, run with --engine tensorflow
-    except ConfigError as exc:
-        print(f"[ringflow] {exc}", file=sys.stderr, flush=True)
-        return exit_codes.CONFIG
+    # That the engine fits the config, `--engine tensorflow` included, was checked before: engine_name, in
+    # `python -m ringflow.training` as in the launcher's preflight.
     from .engines.tensorflow import TensorflowEngine
 
     # Out of memory (ResourceExhaustedError, MemoryError) ends the rank as a torch rank's does (run_rank).

@@ -37,8 +37,11 @@ def test_an_engine_without_a_local_launcher_here_is_refused_by_name_never_run_by
     # An engine whose launcher this ringflow does not have is refused by name.
     other = dataclasses.replace(engines.TABLE["ddp"], name="jax", launcher="jaxrun")
     monkeypatch.setitem(engines.TABLE, "jax", other)
-    with pytest.raises(EngineError, match=r"engine 'jax' has no local launcher.*'jaxrun'.*TrainJob"):
+    with pytest.raises(EngineError, match=r"engine 'jax' has no local launcher.*'jaxrun'.*TrainJob") as err:
         launcher.launch_command("jax", "/j.json", 2)
+    # The engines to use instead are the table's that run here: never the refused one.
+    assert launcher.local_engines() == ("horovod", "ddp", "tensorflow")
+    assert str(err.value).endswith('set engine to "horovod" or "ddp" or "tensorflow"')
 
 
 def test_free_port_is_free():

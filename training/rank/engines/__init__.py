@@ -9,7 +9,7 @@ import importlib
 import os
 from typing import TYPE_CHECKING, Mapping
 
-from ...formats.config import ConfigError, JobConfig, check_local_sgd
+from ...formats.config import ConfigError, JobConfig, check_engine_fits
 from ...formats.engines import ENGINES, TABLE
 
 if TYPE_CHECKING:
@@ -26,7 +26,9 @@ def engine_name(cfg: JobConfig, override: str | None = None) -> str:
     if name not in ENGINES:
         raise ConfigError("engine", f"is {name!r} (from --engine or ${ENGINE_ENV})",
                           f"use one of {ENGINES}")
-    check_local_sgd(cfg.ddp, name, cfg.precision)  # the config allowed it for its own engine, not the override
+    # The config checked itself against its own engine, not the override: an override that cannot run it is
+    # refused here, before the launch (preflight calls this too), not by every rank once started.
+    check_engine_fits(cfg, name)
     return name
 
 

@@ -21,6 +21,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ...formats.config import DdpConfig, JobConfig
+from ...formats.engines import DDP
+from ...formats.tf_config import LOCAL_PLACE_ENV, RANK_ENV, WORLD_SIZE_ENV
 from ..cores import claim_cpu_share, local_rank_from_env
 from ..devices import Placement, place_rank
 from ..engine import Engine, share_host_cores
@@ -28,9 +30,7 @@ from .local_sgd import LocalSgd
 from ..training_state import on_cpu
 
 # What torchrun sets for every rank; without them there is no process group to join.
-TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-# This rank's index among its host's ranks, and how many there are.
-LOCAL_RANK_ENV = (("LOCAL_RANK", "LOCAL_WORLD_SIZE"),)
+TORCHRUN_ENV = (RANK_ENV, WORLD_SIZE_ENV, "MASTER_ADDR", "MASTER_PORT")
 
 
 class SyncClock:
@@ -94,7 +94,7 @@ class AccumulatingDDP(DistributedDataParallel):
 
 
 class DdpEngine(Engine):
-    name = "ddp"
+    name = DDP
 
     def __init__(self, cfg: DdpConfig, rank: int, size: int, placement: Placement | None = None):
         self.cfg, self.rank, self.size = cfg, rank, size
@@ -114,7 +114,7 @@ class DdpEngine(Engine):
             raise RuntimeError(f"engine 'ddp': this rank has no {', '.join(missing)} in its environment, so it was "
                                f"not started by torchrun; launch the job with `ringflow train CONFIG --engine ddp` "
                                f"(or torchrun -m ringflow.training CONFIG)")
-        local_rank, local_size = local_rank_from_env(environ, LOCAL_RANK_ENV) or (0, 1)
+        local_rank, local_size = local_rank_from_env(environ, LOCAL_PLACE_ENV) or (0, 1)
         # Bound before the process group starts Gloo's threads, so they start on the rank's own CPUs.
         share_host_cores(claim_cpu_share(cfg.bind_cores, local_rank, local_size, environ))
         # The rank's GPU is made current before the process group exists, so NCCL binds to it.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from ...formats.config import HorovodConfig, JobConfig
+from ...formats.engines import HOROVOD
 from ..cores import claim_cpu_share, local_rank_from_env
 from ..devices import Placement, place_rank
 from ..engine import Engine, share_host_cores
@@ -21,7 +22,7 @@ LOCAL_RANK_ENV = (
 
 
 class HorovodEngine(Engine):
-    name = "horovod"
+    name = HOROVOD
 
     def __init__(self, hvd, cfg: HorovodConfig, placement: Placement | None = None):
         self.hvd, self.cfg = hvd, cfg

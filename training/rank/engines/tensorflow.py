@@ -18,17 +18,16 @@ import os
 import numpy as np
 
 from ...formats.config import JobConfig
+from ...formats.engines import TENSORFLOW
+from ...formats.tf_config import LOCAL_PLACE_ENV
 from ..cores import claim_cpu_share, local_rank_from_env
 
-# What the local launcher sets beside TF_CONFIG (core/launcher.py), as torchrun does: this worker's place on
-# its host, before TensorFlow starts its thread pools.
-LOCAL_RANK_ENV = (("LOCAL_RANK", "LOCAL_WORLD_SIZE"),)
 # What this rank's CPU line calls the threads its share sizes (cores.claim_cpu_share): TensorFlow's, not torch's.
 TF_THREAD = "TensorFlow intra-op thread"
 
 
 class TensorflowEngine:
-    name = "tensorflow"
+    name = TENSORFLOW
 
     def __init__(self, strategy, rank: int, size: int):
         import tensorflow as tf
@@ -57,7 +56,7 @@ class TensorflowEngine:
     @classmethod
     def start(cls, cfg: JobConfig) -> "TensorflowEngine":
         """Join the job: threads for this worker's share of the CPUs, then the strategy from TF_CONFIG."""
-        on_host = local_rank_from_env(os.environ, LOCAL_RANK_ENV)
+        on_host = local_rank_from_env(os.environ, LOCAL_PLACE_ENV)  # before TF starts its thread pools
         share = claim_cpu_share(cfg.bind_cores, *on_host, thread=TF_THREAD) if on_host else None
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up notices, not its errors
         import tensorflow as tf

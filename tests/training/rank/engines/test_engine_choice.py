@@ -28,3 +28,32 @@ def test_an_unknown_override_says_where_it_came_from():
 def test_a_ddp_rank_not_started_by_torchrun_is_told_how_to_launch():
     with pytest.raises(RuntimeError, match=r"no RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.*--engine ddp"):
         DdpEngine.start(job(engine="ddp"), environ={})
+
+
+LOCAL_SGD = {"engine": "ddp", "ddp": {"local_sgd": {"period": 4}}}
+
+
+@pytest.mark.parametrize("fields, override, refused", [
+    # (the config, which its own engine accepts; --engine; the field the override is refused on, or None)
+    ({"precision": "bf16"}, "tensorflow", "precision"),
+    ({"faults": [{"kind": "hang"}]}, "tensorflow", "faults[].kind"),
+    ({"faults": [{"kind": "perturb_replica"}]}, "tensorflow", "faults[].kind"),
+    ({"faults": [{"kind": "crash"}]}, "tensorflow", None),
+    (LOCAL_SGD, "tensorflow", "ddp.local_sgd"),
+    (LOCAL_SGD, "horovod", "ddp.local_sgd"),
+    (LOCAL_SGD | {"precision": "bf16"}, "ddp", None),
+    ({"engine": "tensorflow"}, "horovod", None),
+    ({"precision": "bf16", "faults": [{"kind": "hang"}]}, "ddp", None),
+])
+def test_an_override_is_checked_against_the_config_as_the_config_checks_its_own_engine(fields, override, refused):
+    cfg = job(**fields)
+    if refused is None:
+        assert engine_name(cfg, override) == override
+        return
+    with pytest.raises(ConfigError) as err:
+        engine_name(cfg, override)
+    assert err.value.field == refused
+    # The same refusal as a config that names the engine itself: one check for both.
+    with pytest.raises(ConfigError) as own:
+        job(**(fields | {"engine": override}))
+    assert str(own.value) == str(err.value)

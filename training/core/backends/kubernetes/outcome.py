@@ -18,7 +18,7 @@ from typing import Any
 
 from ..base import (FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, JobStatus,
                                               exit_reason)
-from .labels import JOB_ROLE_LABEL
+from .labels import COMPLETION_INDEX_LABEL, JOB_ROLE_LABEL
 from ....health.oom import KUBERNETES_OOMKILLED, MemoryEvidence, oom_verdict
 from ....health.verdict import Verdict
 
@@ -155,10 +155,14 @@ _TRAILING_INDEX = re.compile(r"-(\d+)$")
 
 def pod_rank(pod: dict[str, Any], roles: PodRoles) -> int | None:
     """The rank a rank-hosting pod runs (one rank per worker pod: mpijob.py's slotsPerWorker 1; a torchrun
-    node of one process), from its replica-index label or its name's trailing index; None for the launcher."""
+    node of one process; a TensorFlow worker), from its Indexed Job's completion index (a TrainJob's JobSet
+    pod), its replica-index label (an MPIJob's worker) or its name's trailing index; None for the launcher."""
     if roles.role(pod) not in roles.workers:
         return None
-    index = ((pod.get("metadata") or {}).get("labels") or {}).get(REPLICA_INDEX_LABEL)
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    # The completion index first: a JobSet pod has no replica-index label, and its name ends in a random
+    # suffix (<jobset>-node-0-<i>-<rand5>) that can be all digits, so the name would give a wrong rank.
+    index = labels.get(COMPLETION_INDEX_LABEL, labels.get(REPLICA_INDEX_LABEL))
     if index is None:
         match = _TRAILING_INDEX.search(pod_name(pod))
         index = match.group(1) if match else None

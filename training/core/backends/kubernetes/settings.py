@@ -9,6 +9,7 @@ import dataclasses
 import re
 from typing import Any, ClassVar, Self
 
+from ringflow.training.formats.engines import DDP, HOROVOD, TENSORFLOW
 from ringflow.training.formats.engines import TABLE as ENGINE_TABLE
 
 PLACEMENTS = ("pack", "spread")
@@ -281,9 +282,9 @@ class TrainJobSettings(PodSettings):
     """
 
     active_deadline_seconds: int | None = None
-    horovod_runtime: str = ENGINE_TABLE["horovod"].trainjob_runtime
-    ddp_runtime: str = ENGINE_TABLE["ddp"].trainjob_runtime
-    tensorflow_runtime: str = ENGINE_TABLE["tensorflow"].trainjob_runtime
+    horovod_runtime: str = ENGINE_TABLE[HOROVOD].trainjob_runtime
+    ddp_runtime: str = ENGINE_TABLE[DDP].trainjob_runtime
+    tensorflow_runtime: str = ENGINE_TABLE[TENSORFLOW].trainjob_runtime
     tensorflow_python: str = "/opt/tensorflow/bin/python"
 
     def _check(self) -> None:

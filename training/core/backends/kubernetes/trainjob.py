@@ -26,7 +26,8 @@ from . import labels as L
 from . import tf_pod
 from .jobset_names import LAUNCHER, NODE, TRAINER_PORT, pod_hostname
 from .settings import SettingsError, TrainJobSettings
-from ringflow.training.formats.engines import DEFAULT_ENGINE, TRAINJOB, EngineError, check_backend
+from ringflow.training.formats.engines import (DEFAULT_ENGINE, TF_CONFIG_LAUNCHER, TRAINJOB, EngineError,
+                                                check_backend)
 from ringflow.training.rank.engines import ENGINE_ENV
 
 __all__ = ["API_VERSION", "KIND", "TRAINER_RELEASE", "build_trainjob", "engine_of", "tf_pod_command", "torchrun_command"]
@@ -48,7 +49,7 @@ RESERVED_ENV = {
                 "OMPI_MCA_orte_set_default_slots"),
     "torchrun": ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"),
     # What a TensorFlow pod derives TF_CONFIG from, and TF_CONFIG itself (tf_pod.py).
-    "tf_config": tf_pod.MANAGED_ENV,
+    TF_CONFIG_LAUNCHER: tf_pod.MANAGED_ENV,
 }
 
 
@@ -98,16 +99,17 @@ def tf_pod_command(python: str) -> list[str]:
 def _command(spec: JobSpec, settings: TrainJobSettings, engine: str) -> list[str]:
     if _pod_launcher(engine) == "torchrun":
         return torchrun_command(settings.python)
-    if _pod_launcher(engine) == "tf_config":
+    if _pod_launcher(engine) == TF_CONFIG_LAUNCHER:
         return tf_pod_command(settings.tensorflow_python)
     # Ranks on the other nodes start through ssh with a bare environment: mpirun forwards what they need.
     names = list(P.FORWARDED_ENV) + P.store_env_names(settings) + sorted(spec.env) + [ENGINE_ENV]
     return P.mpirun_command(spec.num_workers, names, settings.python)
 
 
-def _launcher_env(spec: JobSpec, engine: str) -> dict[str, str]:
-    # A TensorFlow pod's node count: the number numNodes gets, which no downward API field exposes.
-    if _pod_launcher(engine) == "tf_config":
+def _tf_pod_env(spec: JobSpec, engine: str) -> dict[str, str]:
+    """What a TensorFlow pod derives its TF_CONFIG from beside the downward API (tf_pod.py); nothing for the
+    other engines. Its node count: the number numNodes gets, which no downward API field exposes."""
+    if _pod_launcher(engine) == TF_CONFIG_LAUNCHER:
         return {tf_pod.NUM_WORKERS_ENV: str(spec.num_workers)}
     return {}
 
@@ -136,7 +138,7 @@ def build_trainjob(spec: JobSpec, settings: TrainJobSettings) -> dict[str, Any]:
         "command": command[:1],
         "args": command[1:],
         # Every rank starts the engine its launcher was chosen for, whatever the config says.
-        "env": P.store_env(settings) + P.plain_env(spec.env | {ENGINE_ENV: engine} | _launcher_env(spec, engine)),
+        "env": P.store_env(settings) + P.plain_env(spec.env | {ENGINE_ENV: engine} | _tf_pod_env(spec, engine)),
         "numNodes": spec.num_workers,
         "numProcPerNode": 1,  # one rank per node (JobSpec.num_workers is the world size)
         "resourcesPerNode": settings.worker.to_k8s(),

@@ -18,7 +18,7 @@ from .outcome import (MPIJOB_ROLES, JobWords, PodRoles, ended, pod_name,
                                                            true_conditions, waiting_or_running)
 from .jobset_names import TRAINER_PORT
 from .trainjob import LAUNCHER, NODE, TORCH_MASTER_PORT
-from ringflow.training.formats.engines import DEFAULT_ENGINE, engine_spec
+from ringflow.training.formats.engines import DEFAULT_ENGINE, TF_CONFIG_LAUNCHER, engine_spec
 
 MPI_ROLES = PodRoles(role_label=L.REPLICATED_JOB_LABEL, launcher=LAUNCHER, workers=(NODE,),
                          unreachable_roles=(LAUNCHER,), unreachable=MPIJOB_ROLES.unreachable,
@@ -28,7 +28,7 @@ MPI_ROLES = PodRoles(role_label=L.REPLICATED_JOB_LABEL, launcher=LAUNCHER, worke
 TORCH_ROLES = torch_roles(L.REPLICATED_JOB_LABEL, NODE, TORCH_MASTER_PORT)
 TF_ROLES = tf_roles(L.REPLICATED_JOB_LABEL, NODE, TRAINER_PORT)
 # How to read the pods, by what starts the ranks in them (the engine table's pod_launcher).
-ROLES = {"mpirun": MPI_ROLES, "torchrun": TORCH_ROLES, "tf_config": TF_ROLES}
+ROLES = {"mpirun": MPI_ROLES, "torchrun": TORCH_ROLES, TF_CONFIG_LAUNCHER: TF_ROLES}
 # Trainer says Complete where the MPI Operator says Succeeded; every pod of a TrainJob is a node.
 TRAINJOB_WORDS = JobWords(kind="TrainJob", succeeded="Complete", failed_first="the job", rank_pod="node",
                           not_started="waiting for Kubeflow Trainer to start the job's pods")

@@ -22,7 +22,7 @@ BACKOFF = ("Failed", "FailedJobs", "jobset failed due to reaching max number of 
 
 
 def pod(rjob, i=0, phase="Running", *, state=None, last=None, restarts=0, ready=True, reason=None, message=None,
-        attempt=0, created="2030-01-01T00:00:00Z"):
+        attempt=0, created="2030-01-01T00:00:00Z", name=None):
     status = {"phase": phase, "containerStatuses": [{
         "name": "node", "image": IMAGE, "restartCount": restarts, "state": state or {"running": {}},
         **({"lastState": {"terminated": last}} if last else {})}],
@@ -31,7 +31,7 @@ def pod(rjob, i=0, phase="Running", *, state=None, last=None, restarts=0, ready=
         status["reason"] = reason
     if message:
         status["message"] = message
-    return {"metadata": {"name": f"j-{rjob}-0-{i}-a{attempt}", "creationTimestamp": created, "labels": {
+    return {"metadata": {"name": name or f"j-{rjob}-0-{i}-a{attempt}", "creationTimestamp": created, "labels": {
                 "jobset.sigs.k8s.io/jobset-name": "j", "jobset.sigs.k8s.io/replicatedjob-name": rjob,
                 "jobset.sigs.k8s.io/restart-attempt": str(attempt), "batch.kubernetes.io/job-completion-index": str(i)}},
             "spec": {"containers": [{"name": "node", "image": IMAGE, "resources": {"limits": {"memory": "2Gi"}}}]},
@@ -81,6 +81,13 @@ CASES = [
      FAILED, ["j-node-0-0-a0", "OOMKilled", "memory limit 2Gi", "batch size"], None),  # mpirun still runs
     ("OOM in a failed ddp job", job("ddp", BACKOFF), [failed("node", 1, code=137, reason="OOMKilled"), pod("node", 0)],
      FAILED, ["node j-node-0-1-a0 was OOMKilled", "batch size", "FailedJobs"], 137),
+    # A real JobSet pod's name ends in a random suffix, here all digits: the rank is its completion index.
+    ("OOM-killed tensorflow worker: its rank from the completion index", job("tensorflow", BACKOFF),
+     [failed("node", 1, code=137, reason="OOMKilled", name="j-node-0-1-40213"), pod("node", 0)],
+     FAILED, ["rank 1 ran out of memory", "node j-node-0-1-40213 was OOMKilled", "FailedJobs"], 137),
+    ("OOM-killed ddp node 0 named like index 7", job("ddp", BACKOFF),
+     [failed("node", 0, code=137, reason="OOMKilled", name="j-node-0-0-7"), pod("node", 1)],
+     FAILED, ["rank 0 ran out of memory", "j-node-0-0-7 was OOMKilled"], 137),
     ("evicted", job(), [pod("launcher"), pod("node", phase="Failed", reason="Evicted",
                                              message="The node was low on resource: memory.")],
      FAILED, ["evicted", "low on resource", "requests"], None),

@@ -1,0 +1,238 @@
+"""What the next try of a training job changes after a health verdict (`remediation: "auto"`). Pure: the
+same verdict, config and history always give the same `Remedy`. Table-tested
+(tests/training/core/test_remediation.py, README "Job config").
+
+    NONFINITE          resume from the newest checkpoint before the first non-finite step, with the learning
+                       rate halved; at most twice
+    DEGRADED sync      a larger Horovod fusion threshold / DDP bucket (doubled, at most twice), then fp16
+                       gradient compression (Horovod)
+    DEGRADED straggler on Kubernetes: keep the next try off that rank's node (at most two nodes)
+    STORE_UNAVAILABLE  wait, then retry: the wait doubles with each such retry, up to a cap
+    OOM                the OOM advice that keeps the global batch: a smaller per-worker batch with more
+                       backward passes per step; at most twice
+    anything else      nothing to change (STALLED, FENCED, no verdict: the failure policy decides alone)
+
+Every rung is bounded because a remedy that did not help the first times will not the next: the retries
+are better spent failing with the evidence a person needs. A Remedy says one of three things (`action`):
+CHANGE (the next try runs with `settings` applied, and where given resumes before `resume_before_step`,
+avoids `avoid_nodes`, or starts after `wait_seconds`), AS_IS (this policy has nothing to change; the
+failure policy's decision stands) or GIVE_UP (the verdict has remedies but none is left or none applies:
+the next try would meet the same failure, so the task fails).
+
+How it will be wired (not yet): the operator's retry (`TrainOperator.execute` with try_number > 1) reads
+the last try's RunResult and its verdict from the run folder, the history from the remedies earlier tries
+recorded in their results, calls `remedy`, and under CHANGE launches with `Remedy.applied_to(config)` (the
+backend taking `avoid_nodes` as node anti-affinity, the resume taking `resume_before_step`) and records
+the Remedy in the run result, the task log, the health plot's title and MLflow; under GIVE_UP the failure
+policy (failure_policy.py) fails the task instead of retrying it unchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+from ..formats.config import REMEDIATION_AUTO, JobConfig
+from ..formats.engines import MPIJOB, TRAINJOB, engine_spec
+from ..health.oom_advice import ACCUMULATE, JobShape, advise
+from ..health.verdict import (DEGRADED, NONFINITE, OOM, STORE_UNAVAILABLE, STRAGGLER, SYNC_BOUND,
+                              Verdict)
+
+CHANGE, AS_IS, GIVE_UP = "change", "as_is", "give_up"
+ACTIONS = (CHANGE, AS_IS, GIVE_UP)
+# The remedies, one a rung of a verdict's ladder.
+LOWER_LEARNING_RATE = "lower_learning_rate"
+WIDER_BUCKETS = "wider_buckets"
+COMPRESS_GRADIENTS = "compress_gradients"
+AVOID_NODE = "avoid_node"
+WAIT_FOR_STORE = "wait_for_store"
+SMALLER_BATCH = "smaller_batch"
+REMEDIES = (LOWER_LEARNING_RATE, WIDER_BUCKETS, COMPRESS_GRADIENTS, AVOID_NODE, WAIT_FOR_STORE, SMALLER_BATCH)
+
+# NaN/Inf again after the learning rate was halved twice (a quarter of the owner's) is the data or the
+# model, not the step size: lowering it further would only train slower into the same NaN.
+LEARNING_RATE_FACTOR = 0.5
+MAX_LEARNING_RATE_CUTS = 2
+# Each doubling of the fusion threshold / bucket halves the number of all-reduces per step; past two
+# (4x) the per-call latency is no longer what the step waits for, the bandwidth is: compression is next.
+BUCKET_FACTOR = 2
+MAX_BUCKET_RAISES = 2
+# Each engine's setting for the size of the gradients one all-reduce carries (TensorFlow's has none).
+BUCKET_SETTING = {"horovod": "fusion_threshold_mb", "ddp": "bucket_cap_mb"}
+# A straggler that follows the job onto a third node is its data partition or its work, not the node.
+MAX_AVOIDED_NODES = 2
+# A store outage is not the job's fault and ends on its own: wait longer each time, never give up here
+# (the task's retries bound how often).
+STORE_WAIT_SECONDS = 60.0
+MAX_STORE_WAIT_SECONDS = 600.0
+# Two smaller batches and still out of memory: the model, its gradients and optimizer state fill the rank,
+# which no batch size changes (oom_advice.py's later options are the owner's: a smaller model, more memory).
+MAX_BATCH_SPLITS = 2
+# The backends whose pods a next try can keep off a node (TrainJob and MPIJob pods have a node each).
+NODE_BACKENDS = (MPIJOB, TRAINJOB)
+
+
+@dataclasses.dataclass(frozen=True)
+class Remedy:
+    """The next try's change. `verdict`: what it answers (the status, and for DEGRADED its kind, e.g.
+    "DEGRADED/straggler"). `words`: why, a sentence for the task log. Under CHANGE: `remedy` (one of
+    REMEDIES), `settings` (dotted config key -> new value), and where it applies `resume_before_step` (resume
+    from the newest checkpoint before this step), `avoid_nodes` (every node the next try must keep off, this
+    remedy's and the earlier ones') and `wait_seconds` (before the next try starts)."""
+
+    action: str
+    verdict: str
+    words: str
+    remedy: str | None = None
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    resume_before_step: int | None = None
+    avoid_nodes: tuple[str, ...] = ()
+    wait_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ValueError(f"remedy action {self.action!r}: use one of {ACTIONS}")
+        if (self.action == CHANGE) != (self.remedy in REMEDIES):
+            raise ValueError(f"remedy {self.remedy!r} with action {self.action!r}: a change names one of "
+                             f"{REMEDIES}, {AS_IS!r} and {GIVE_UP!r} none")
+        if self.action != CHANGE and (self.settings or self.avoid_nodes or self.wait_seconds
+                                      or self.resume_before_step is not None):
+            raise ValueError(f"remedy action {self.action!r} changes nothing; give settings, nodes, a wait or a "
+                             f"resume step only with {CHANGE!r}")
+        object.__setattr__(self, "settings", dict(self.settings))
+        object.__setattr__(self, "avoid_nodes", tuple(self.avoid_nodes))
+
+    @property
+    def changes(self) -> bool:
+        return self.action == CHANGE
+
+    def applied_to(self, cfg: JobConfig) -> JobConfig:
+        """`cfg` with `settings` set, checked again as a whole (JobConfig.from_dict)."""
+        doc = cfg.to_dict()
+        for key, value in self.settings.items():
+            *path, name = key.split(".")
+            section = doc
+            for part in path:
+                section = section[part]
+            section[name] = value
+        return JobConfig.from_dict(doc)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"settings": dict(self.settings), "avoid_nodes": list(self.avoid_nodes)}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> "Remedy":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in known})
+
+
+def verdict_name(verdict: Verdict | None) -> str:
+    """The verdict's status, and for DEGRADED what it found: the key a remedy answers."""
+    if verdict is None:
+        return "none"
+    kind = verdict.evidence.get("kind") if verdict.status == DEGRADED else None
+    return f"{verdict.status}/{kind}" if kind else verdict.status
+
+
+def remedy(verdict: Verdict | None, cfg: JobConfig, history: Sequence[Remedy], *, world_size: int,
+           backend_kind: str, rank_nodes: Mapping[int, str] | None = None) -> Remedy:
+    """The next try's change after a try ended on `verdict`. cfg: the config that try ran with (earlier
+    remedies already applied). history: the remedies earlier tries of this run took, oldest first.
+    world_size/backend_kind: where it ran. rank_nodes: rank -> the node it ran on, where the backend knows."""
+    name = verdict_name(verdict)
+    if cfg.remediation != REMEDIATION_AUTO:
+        return Remedy(AS_IS, name, f'remediation is "{cfg.remediation}": the next try runs unchanged (set '
+                                   '"remediation": "auto" for ringflow to change it after a health verdict)')
+    rule = _RULES.get(name)
+    if rule is None:
+        return Remedy(AS_IS, name, f"no remedy for {name}: the failure policy retries or fails it as it would "
+                                   "without remediation")
+    taken = [h for h in history if h.changes]
+    return rule(verdict, cfg, taken, world_size=world_size, backend_kind=backend_kind, rank_nodes=rank_nodes or {})
+
+
+def _count(history: Sequence[Remedy], kind: str) -> int:
+    return sum(h.remedy == kind for h in history)
+
+
+def _nonfinite(verdict: Verdict, cfg: JobConfig, history, **_) -> Remedy:
+    name, cuts = verdict_name(verdict), _count(history, LOWER_LEARNING_RATE)
+    if cuts >= MAX_LEARNING_RATE_CUTS:
+        return Remedy(GIVE_UP, name, f"NaN/Inf again after the learning rate was cut {cuts} times (now "
+                                     f"{cfg.learning_rate:g}): check the input data for NaN/Inf or clip gradients")
+    step = verdict.evidence.get("step")
+    lr = cfg.learning_rate * LEARNING_RATE_FACTOR
+    where = f"the newest checkpoint before step {step}" if step is not None else "the newest checkpoint"
+    return Remedy(CHANGE, name, f"NaN/Inf at step {step}: resume from {where} with learning_rate "
+                                f"{cfg.learning_rate:g} -> {lr:g} (cut {cuts + 1} of {MAX_LEARNING_RATE_CUTS})",
+                  LOWER_LEARNING_RATE, {"learning_rate": lr}, resume_before_step=step)
+
+
+def _sync_bound(verdict: Verdict, cfg: JobConfig, history, **_) -> Remedy:
+    name, raises = verdict_name(verdict), _count(history, WIDER_BUCKETS)
+    share = verdict.evidence.get("share")
+    said = f"all-reduce took {share:.0%} of each step" if isinstance(share, (int, float)) else "sync-bound"
+    section = engine_spec(cfg.engine).config_section
+    knob = BUCKET_SETTING.get(cfg.engine)
+    if knob is not None and raises < MAX_BUCKET_RAISES:
+        settings = getattr(cfg, section)
+        now = getattr(settings, knob)
+        # Horovod's 0 turns fusion off: doubling it would keep it off, so the next try gets the default back.
+        new = now * BUCKET_FACTOR if now > 0 else getattr(type(settings), knob)
+        return Remedy(CHANGE, name, f"{said}: {section}.{knob} {now:g} -> {new:g} MB, fewer and larger "
+                                    f"all-reduces (raise {raises + 1} of {MAX_BUCKET_RAISES})",
+                      WIDER_BUCKETS, {f"{section}.{knob}": new})
+    if cfg.engine == "horovod" and not cfg.horovod.fp16_compression:
+        return Remedy(CHANGE, name, f"{said} with larger fusion buffers too: horovod.fp16_compression on, "
+                                    "half the bytes on the wire", COMPRESS_GRADIENTS,
+                      {"horovod.fp16_compression": True})
+    return Remedy(GIVE_UP, name, f"{said} and ringflow has no remedy left for engine {cfg.engine!r}: raise "
+                                 "batch_size or backward_passes_per_step, or use fewer workers")
+
+
+def _straggler(verdict: Verdict, cfg: JobConfig, history, *, backend_kind: str, rank_nodes, **_) -> Remedy:
+    name, rank = verdict_name(verdict), verdict.evidence.get("rank")
+    if backend_kind not in NODE_BACKENDS:
+        return Remedy(GIVE_UP, name, f"rank {rank} straggles on a {backend_kind} backend, where every try runs "
+                                     "on the same host: check its load, or the rank's data partition")
+    avoided = tuple(n for h in history if h.remedy == AVOID_NODE for n in h.avoid_nodes)
+    avoided = tuple(dict.fromkeys(avoided))
+    node = rank_nodes.get(rank)
+    if node is None:
+        return Remedy(GIVE_UP, name, f"rank {rank} straggles, and the node it ran on is not known: check the "
+                                     "job's pods for the node, and that node's load")
+    if len(avoided) >= MAX_AVOIDED_NODES or node in avoided:
+        return Remedy(GIVE_UP, name, f"rank {rank} straggles on node {node} after the job kept off "
+                                     f"{list(avoided)}: it follows the job, so look at the rank's data partition "
+                                     "or work, not the nodes")
+    also = f" (and off {list(avoided)}, as before)" if avoided else ""
+    return Remedy(CHANGE, name, f"rank {rank} straggles on node {node}: the next try keeps off it{also}",
+                  AVOID_NODE, avoid_nodes=avoided + (node,))
+
+
+def _store(verdict: Verdict, cfg: JobConfig, history, **_) -> Remedy:
+    waits = _count(history, WAIT_FOR_STORE)
+    wait = min(STORE_WAIT_SECONDS * 2 ** waits, MAX_STORE_WAIT_SECONDS)
+    store = verdict.evidence.get("store") or "the store"
+    return Remedy(CHANGE, verdict_name(verdict), f"{store} was unavailable: wait {wait:g}s for it, then retry "
+                                                 "from the last checkpoint", WAIT_FOR_STORE, wait_seconds=wait)
+
+
+def _oom(verdict: Verdict, cfg: JobConfig, history, *, world_size: int, **_) -> Remedy:
+    name, splits = verdict_name(verdict), _count(history, SMALLER_BATCH)
+    if splits >= MAX_BATCH_SPLITS:
+        return Remedy(GIVE_UP, name, f"out of memory again after the per-worker batch was made smaller {splits} "
+                                     f"times (now {cfg.batch_size}): use a smaller model or give each rank more "
+                                     "memory")
+    # From the config, not the verdict's evidence: an OOM seen outside the job (a pod OOMKilled) carries
+    # advice without numbers, since the config was not known where it was seen.
+    advice = next((a for a in advise(JobShape.of(cfg, world_size)) if a.option == ACCUMULATE), None)
+    if advice is None:
+        return Remedy(GIVE_UP, name, f"out of memory with batch_size {cfg.batch_size} on engine {cfg.engine!r}, "
+                                     "which cannot be split keeping the global batch: use a smaller model or give "
+                                     "each rank more memory")
+    return Remedy(CHANGE, name, f"out of memory: {advice.words} (split {splits + 1} of {MAX_BATCH_SPLITS})",
+                  SMALLER_BATCH, advice.settings)
+
+
+_RULES = {NONFINITE: _nonfinite, f"{DEGRADED}/{SYNC_BOUND}": _sync_bound, f"{DEGRADED}/{STRAGGLER}": _straggler,
+          STORE_UNAVAILABLE: _store, OOM: _oom}
