@@ -25,7 +25,7 @@ bench: setup
 	$(PY) -m bench.throughput --skip-table --steps 5000 --jobs 1 --out throughput_in_job  # long enough for the 30 s checkpoint floor
 	$(PY) -m bench.health_overhead
 	$(PY) -m bench.health_overhead --engine ddp --out health_overhead-ddp
-	$(PY) -m bench.local_sgd
+	$(PY) -m bench.local_sgd --repeats 3 --epochs 2
 	$(PY) -m bench.checkpoint_overhead
 	$(PY) -m bench.checkpoint_profile
 	$(PY) -m bench.bind_cores

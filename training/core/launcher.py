@@ -48,9 +48,7 @@ def horovodrun_command(config_path: str, num_workers: int, controller: str = DEF
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on now, for torchrun's rendezvous (the OS picks it; a clash is unlikely)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_ports(1, host)[0]
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
