@@ -179,7 +179,9 @@ class TrainOperator(BaseOperator):
         checked when the task runs); None leaves the config's default, or what job_config says.
     :param job_config: overrides of the training config (model, health, horovod, ...; see
         ringflow.training.formats.config.JobConfig), applied last (templated: a dict, or JSON / a dict literal).
-        Injected `faults` (tests only) apply on the first try only.
+        Injected `faults` (tests only) apply on the try they name (`on_try`, the first by default). With
+        `remediation: "auto"` a retry runs with the remedy for the verdict the last try failed on
+        (training/core/remediation.py; remedies.jsonl in the run folder).
     :param backend: where the job runs; local `horovodrun`/`torchrun`/TF worker processes by default, or
         ringflow.training.core.backends.kubernetes.backend.MPIJobBackend for Kubeflow MPIJobs (Horovod), or
         ringflow.training.core.backends.kubernetes.trainjob_backend.TrainJobBackend for Kubeflow Trainer TrainJobs.
