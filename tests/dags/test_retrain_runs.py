@@ -192,6 +192,8 @@ def test_remediation_walks_a_chain_of_faults_to_a_healthy_promoted_model(airflow
     promoted; a gate that requires no remediation refuses the same run."""
     from ringflow.training.core.gate import Gate
     from ringflow.training.core.promotion import promote_run
+    from ringflow.training.formats.checkpoint import step_of
+    from ringflow.training.formats.run_folder import RunFolder
 
     dag = dagbag.dags[DAG_ID]
     train = dag.get_task("digits.train")
@@ -208,6 +210,11 @@ def test_remediation_walks_a_chain_of_faults_to_a_healthy_promoted_model(airflow
     assert result.succeeded and result.verdict.status == "HEALTHY"
     assert [(r["try"], r["verdict"], r["remedy"]) for r in result.remedies] == [
         (2, "NONFINITE", "lower_learning_rate"), (3, "OOM", "smaller_batch")]
+    # try 2 resumed before the NaN's step; every try's start record names each rank's node
+    starts = [r for r in RunFolder.open(str(folder)).read_health() if r.get("type") == "start"]
+    assert len(starts) == 3 and all(len(r["nodes"]) == 2 for r in starts)
+    assert starts[1]["resumed_from"] is not None and step_of(starts[1]["resumed_from"]) < 10
+    assert (folder / "health.png").is_file()
     # the task log: one line per change, with the why; the health summary names them too
     assert re.search(r"remediation: try 2 will run changed after NONFINITE: NaN/Inf at step 10", out), out[-3000:]
     assert re.search(r"remediation: try 3 will run changed after OOM: out of memory", out), out[-3000:]
