@@ -315,25 +315,25 @@ class TrainOperator(BaseOperator):
             method_name="execute_complete",
         )
 
-    def _planned_remedies(self, try_number: int) -> list[PlannedRemedy]:
-        """The remedies earlier tries of this task planned (the run folder's remedies.jsonl); none on the
-        first try, when the run folder may not exist yet."""
-        if try_number <= 1:
-            return []
+    def _planned_remedies(self, try_number: int, run: Any = None) -> list[PlannedRemedy]:
+        """The remedies earlier tries of this task planned (the run folder's remedies.jsonl, read from `run`
+        when given): none on the first try, when the run folder may not exist yet, nor without
+        `remediation: "auto"` (the run folder is then not read for them)."""
         from ringflow.operators.connections import open_run_folder
+        from ringflow.training.formats.config import REMEDIATION_AUTO
 
-        docs = open_run_folder(self.run_uri, self.conn_id).read_remedies()
-        return [PlannedRemedy.from_dict(d) for d in docs]
+        if try_number <= 1 or self.build_config(self.run_uri, try_number)["remediation"] != REMEDIATION_AUTO:
+            return []
+        run = run if run is not None else open_run_folder(self.run_uri, self.conn_id)
+        return [PlannedRemedy.from_dict(d) for d in run.read_remedies()]
 
     def try_config(self, try_number: int, planned: Sequence[PlannedRemedy]) -> dict[str, Any]:
-        """The config try `try_number` runs with: the task's own (build_config), and under `remediation:
-        "auto"` every change the remedies planned up to this try made (remediation.apply_remedies)."""
-        from ringflow.training.formats.config import REMEDIATION_AUTO, JobConfig
+        """The config try `try_number` runs with: the task's own (build_config) with every change the remedies
+        planned up to this try made (remediation.apply_remedies; none planned: the task's own)."""
+        from ringflow.training.formats.config import JobConfig
 
         config = self.build_config(self.run_uri, try_number)
-        if config["remediation"] != REMEDIATION_AUTO or not planned:
-            return config
-        return apply_remedies(JobConfig.from_dict(config), planned, try_number).to_dict()
+        return apply_remedies(JobConfig.from_dict(config), planned, try_number).to_dict() if planned else config
 
     def _preflight(self, config: dict[str, Any], num_workers: int, backend: Backend) -> None:
         """training/core/preflight.py's check, here for every backend: the manifest is read with this task's
@@ -364,7 +364,8 @@ class TrainOperator(BaseOperator):
         config = self.try_config(try_number, planned) if planned is not None else None
         remedied = self._remediate(decision, seen, run, records, config, planned, try_number)
         if remedied is not decision:
-            message += remedied.reason[len(decision.reason):]  # the remedy's words after the policy's
+            # remediated() appends the remedy's words to the policy's reason: the task's message gets them too.
+            message += remedied.reason.removeprefix(decision.reason)
             decision = remedied
         applied = (config or {}).get("remedies") or []
         plot = self._save_health_plot(run, records, applied)
@@ -389,12 +390,10 @@ class TrainOperator(BaseOperator):
     def _read_planned(self, run: Any, try_number: int) -> list[PlannedRemedy] | None:
         """The remedies planned so far (remedies.jsonl); None when the run folder cannot say (the try's config
         is then not known for sure, and nothing is remediated)."""
-        if try_number <= 1:
-            return []
         if run is None:
-            return None
+            return None if try_number > 1 else []
         try:
-            return [PlannedRemedy.from_dict(d) for d in run.read_remedies()]
+            return self._planned_remedies(try_number, run)
         except Exception as exc:  # noqa: BLE001 - the job's own outcome must still decide the task
             self.log.warning("could not read the remedies of earlier tries in %s: %s", self.run_uri, exc)
             return None

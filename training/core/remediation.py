@@ -302,7 +302,11 @@ class PlannedRemedy:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "PlannedRemedy":
-        return cls(int(doc["try"]), Remedy.from_dict(doc))
+        try:
+            return cls(int(doc["try"]), Remedy.from_dict(doc))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"a line of remedies.jsonl is not a planned remedy ({exc!r}: {dict(doc)}); delete the "
+                             "file to retry without the remedies of earlier tries") from None
 
     def applied(self) -> dict[str, Any]:
         """What the ranks get in their config's `remedies`, and write in their result."""

@@ -230,3 +230,8 @@ def test_the_ranks_nodes_come_from_the_newest_start_record():
                {"type": "start"}]
     assert rank_nodes(records) == {0: "n2", 1: "n3"}
     assert rank_nodes([{"type": "step"}]) == {} and rank_nodes(None) == {}
+
+
+def test_a_line_that_is_no_planned_remedy_says_what_to_do():
+    with pytest.raises(ValueError, match="not a planned remedy.*delete the file"):
+        PlannedRemedy.from_dict({"remedy": "smaller_batch"})
