@@ -179,3 +179,44 @@ def test_two_models_in_one_dag_each_promote_by_their_own_gate(airflow_db, dagbag
     runs = [pathlib.Path(store_layout.run_uri(str(store), "ringflow_two_models", dr.run_id, g)) for g in ("digits", "diabetes")]
     assert [p["run_uri"] for p in (digits, diabetes)] == [str(r) for r in runs]
     assert all((r / "eval.json").is_file() for r in runs)
+
+
+def test_remediation_walks_a_chain_of_faults_to_a_healthy_promoted_model(airflow_db, dagbag, store, capfd):
+    """`remediation: "auto"`, one run, three tries (README: the fault table): try 1 meets a NaN (NONFINITE:
+    the learning rate halved, resumed before the NaN's step), try 2 an OOM above a per-worker batch of 16
+    (the batch halved, twice the backward passes: the same global batch), try 3 trains HEALTHY and is
+    promoted; a gate that requires no remediation refuses the same run."""
+    from ringflow.training.core.gate import Gate
+    from ringflow.training.core.promotion import promote_run
+    from ringflow.training.formats.checkpoint import step_of
+    from ringflow.training.formats.run_folder import RunFolder
+
+    dag = dagbag.dags[DAG_ID]
+    train = dag.get_task("digits.train")
+    train.retries, train.retry_delay = 2, dt.timedelta(seconds=1)
+    oom = [{"kind": "oom", "rank": rank, "step": 15, "above_batch": 16, "on_try": 2} for rank in (0, 1)]
+    inject_faults(dag, remediation="auto", checkpoint={"every_steps": 5},
+                  faults=[{"kind": "nan_gradient", "rank": 1, "step": 10}, *oom])
+    dr, tis = run(dag, {"epochs": 2, "model_name": "digits-remedied"})
+    out = capfd.readouterr().out
+    assert dr.state == "success", states(tis)
+    assert tis["train"].try_number == 3
+    folder = run_folder(store, dr)
+    result = read_result(LocalFolderStore(folder))
+    assert result.succeeded and result.verdict.status == "HEALTHY"
+    assert [(r["try"], r["verdict"], r["remedy"]) for r in result.remedies] == [
+        (2, "NONFINITE", "lower_learning_rate"), (3, "OOM", "smaller_batch")]
+    # try 2 resumed before the NaN's step; every try's start record names each rank's node
+    starts = [r for r in RunFolder.open(str(folder)).read_health() if r.get("type") == "start"]
+    assert len(starts) == 3 and all(len(r["nodes"]) == 2 for r in starts)
+    assert starts[1]["resumed_from"] is not None and step_of(starts[1]["resumed_from"]) < 10
+    assert (folder / "health.png").is_file()
+    # the task log: one line per change, with the why; the health summary names them too
+    assert re.search(r"remediation: try 2 will run changed after NONFINITE: NaN/Inf at step 10", out), out[-3000:]
+    assert re.search(r"remediation: try 3 will run changed after OOM: out of memory", out), out[-3000:]
+    assert "remediated: try 3: smaller_batch after OOM" in out
+    pointer = json.loads((store / "models" / "digits-remedied" / "production.json").read_text())
+    assert pointer["version"] == 1 and pointer["checkpoint"] == result.checkpoint  # the DAG's gate allows it
+    strict = promote_run(LocalFolderStore(store), str(store), str(folder), "digits-strict",
+                         Gate(compare_to_production=False, require_no_remediation=True))
+    assert not strict.promoted and "requires no remediation" in strict.reason

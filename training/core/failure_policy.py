@@ -28,6 +28,7 @@ from ..formats import exit_codes
 from .backends.base import FAILED, STATES, SUCCEEDED, TERMINAL
 from ..health.verdict import DIVERGED, HEALTHY, NONFINITE, OOM, Verdict
 from ..formats.run_result import RunResult
+from . import remediation
 
 SUCCEED, RETRY, FAIL, WATCH = "succeed", "retry", "fail", "watch"
 ACTIONS = (SUCCEED, RETRY, FAIL, WATCH)
@@ -189,3 +190,18 @@ def _finished(seen: Observation, result: RunResult | None) -> Decision:
     # The job's own failure: its result says which, whatever the process layers made of it.
     said = _words(result.verdict) if result.verdict else seen.reason or exit_codes.meaning(result.exit_code)
     return Decision(_failure(verdict), said, result.exit_code, state=FAILED, verdict=verdict)
+
+
+def remediated(decision: Decision, remedy: remediation.Remedy) -> Decision:
+    """The decision once the remediation policy (`remediation: "auto"`, remediation.py) has answered its
+    verdict: a failure it can change is retried with the change, even one the policy alone fails (a NaN, an
+    OOM: the next try is no longer the same job); one it has no remedy left for fails without retry, since the
+    next try would meet it again; AS_IS leaves the decision as it was. Success and watching are not its to
+    change. Pure, as `decide`."""
+    if decision.action not in (RETRY, FAIL) or decision.verdict is None:
+        return decision
+    if remedy.action == remediation.CHANGE:
+        return dataclasses.replace(decision, action=RETRY, reason=f"{decision.reason}; the next try: {remedy.words}")
+    if remedy.action == remediation.GIVE_UP:
+        return dataclasses.replace(decision, action=FAIL, reason=f"{decision.reason}; no remedy left: {remedy.words}")
+    return decision

@@ -306,20 +306,40 @@ def check_engine_fits(cfg: "JobConfig", engine: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class FaultConfig:
-    """Fault injection for tests only: each fault fires on `rank` once `step` is reached."""
+    """Fault injection for tests only: each fault fires on `rank` once `step` is reached, on the task's try
+    `on_try` (the operator keeps only that try's faults: one run can walk a chain of faults, a different one
+    on each try; the first try when not given). `seconds`: how long a slow_rank fault sleeps each step. `oom`
+    raises the engine's out-of-memory error when the per-worker batch is above `above_batch`, as a rank whose
+    activations no longer fit would (a smaller batch then trains: the OOM remedy's test)."""
 
     kind: str
     rank: int = 0
     step: int = 1
     seconds: float = 0.0
+    on_try: int = 1
+    above_batch: int = 0
 
-    KINDS = ("nan_gradient", "slow_rank", "perturb_replica", "hang", "crash")
+    KINDS = ("nan_gradient", "slow_rank", "perturb_replica", "hang", "crash", "oom")
 
     def __post_init__(self) -> None:
         _require(self.kind in self.KINDS, "faults[].kind", f"is {self.kind!r}", f"use one of {self.KINDS}")
         _positive_int(self, "rank", "faults[].rank", minimum=0)
         _positive_int(self, "step", "faults[].step")
         _positive_number(self, "seconds", "faults[].seconds", allow_zero=True)
+        _positive_int(self, "on_try", "faults[].on_try")
+        _positive_int(self, "above_batch", "faults[].above_batch", minimum=0)
+
+
+# What a remedy the operator applied (training/core/remediation.py's Remedy) says in the config the ranks get,
+# and so in their result: the try it was applied on, the verdict it answers, the remedy and why.
+APPLIED_REMEDY_FIELDS = ("try", "verdict", "remedy", "words")
+
+
+def _check_applied_remedy(doc: Any) -> dict[str, Any]:
+    _require(isinstance(doc, Mapping) and all(k in doc for k in APPLIED_REMEDY_FIELDS), "remedies[]",
+             f"is {doc!r}", f"give objects with {APPLIED_REMEDY_FIELDS} (the operator writes them; leave "
+                            "remedies out of job_config)")
+    return json.loads(json.dumps(dict(doc)))
 
 
 OPTIMIZERS = ("sgd", "adam")
@@ -335,7 +355,7 @@ DEFAULT_BIND_CORES = BIND_CORES_AUTO
 # Whether a retry changes the job after a health verdict (training/core/remediation.py): "off" reruns it as
 # it was; "auto" applies the remediation policy's change (a lower learning rate, wider all-reduce buckets, a
 # smaller per-worker batch, ...). Off by default: a change to the training is the owner's to opt into. The
-# policy exists; the operator's retry does not apply it yet (remediation.py says how it will).
+# operator's retry applies it (operators/train.py); `remedies` then lists what was applied.
 REMEDIATION_OFF, REMEDIATION_AUTO = "off", "auto"
 REMEDIATIONS = (REMEDIATION_OFF, REMEDIATION_AUTO)
 
@@ -369,6 +389,11 @@ class JobConfig:
     bind_cores: str | bool = DEFAULT_BIND_CORES
     faults: tuple[FaultConfig, ...] = ()
     remediation: str = REMEDIATION_OFF
+    # Set by the operator's retry under "auto" (operators/train.py), never by hand: resume from the newest
+    # checkpoint before this step (None: the newest), and the remedies applied so far, oldest first, which
+    # the ranks copy into their result.
+    resume_before_step: int | None = None
+    remedies: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         _require(isinstance(self.manifest_uri, str) and self.manifest_uri.endswith(".json"), "manifest_uri",
@@ -393,6 +418,11 @@ class JobConfig:
         _require(self.remediation in REMEDIATIONS, "remediation", f"is {self.remediation!r}",
                  'use "off" (default: a retry reruns the job unchanged) or "auto" (a retry after a health '
                  'verdict applies the remediation policy\'s change, README "Job config")')
+        if self.resume_before_step is not None:
+            _positive_int(self, "resume_before_step", "resume_before_step")
+        _require(isinstance(self.remedies, (tuple, list)), "remedies", f"is {self.remedies!r}",
+                 "give a list of applied remedies (the operator writes it), or leave it out")
+        object.__setattr__(self, "remedies", tuple(_check_applied_remedy(r) for r in self.remedies))
         check_engine_fits(self, self.engine)
 
     def to_dict(self) -> dict[str, Any]:

@@ -6,7 +6,12 @@
      "resumed_from": "ckpt-…" | null, "world_size": 2,
      "skipped_checkpoints": [{"name": "ckpt-…", "reason": "…"}],   # newer ones the resume passed over
      "samples_per_sec_after_warmup": 5100.0 | null, "health_monitor_share_after_warmup": 0.013 | null,
-     "checkpoint_blocked_seconds": 0.4 | null}
+     "checkpoint_blocked_seconds": 0.4 | null,
+     "remedies": [{"try": 2, "verdict": "NONFINITE", "remedy": "lower_learning_rate", "words": "…"}]}
+
+`remedies`: what the operator's retries changed before this attempt (`remediation: "auto"`,
+training/core/remediation.py), oldest first, as the ranks got it in their config: the result says what
+changed (the promotion gate can refuse a remediated model).
 
 `checkpoint_blocked_seconds`: rank 0's training thread's time in checkpoints (snapshots, and waits for a
 previous upload still running; checkpoint_writer.py); the uploads themselves run in the background.
@@ -69,6 +74,8 @@ class RunResult:
     checkpoint_blocked_seconds: float | None = None
     # Newer checkpoints the resume passed over (corrupt, unsafe), and why: the step it went back to is explained.
     skipped_checkpoints: tuple[SkippedCheckpoint, ...] = ()
+    # The remedies applied before this attempt (JobConfig.remedies), oldest first; () when none.
+    remedies: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -86,6 +93,11 @@ class RunResult:
                                   f"{1 if name == 'world_size' else 0}")
         if self.verdict is not None and not isinstance(self.verdict, Verdict):
             raise ResultError(f"result verdict is a {type(self.verdict).__name__}; use a health Verdict")
+
+    @property
+    def remediated(self) -> bool:
+        """Whether a remedy changed the training before this attempt (the gate's "no remediation")."""
+        return bool(self.remedies)
 
     @property
     def succeeded(self) -> bool:
@@ -106,6 +118,7 @@ class RunResult:
         doc = {"format": FORMAT} | {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         doc["verdict"] = self.verdict.to_dict() if self.verdict else None
         doc["skipped_checkpoints"] = [dataclasses.asdict(s) for s in self.skipped_checkpoints]
+        doc["remedies"] = [dict(r) for r in self.remedies]
         return json.loads(json.dumps(_strict(doc), default=str))  # plain JSON: evidence may hold tuples
 
     def to_json(self) -> bytes:
@@ -130,7 +143,8 @@ class RunResult:
                        health_monitor_share_after_warmup=_float(doc.get("health_monitor_share_after_warmup")),
                        checkpoint_blocked_seconds=_float(doc.get("checkpoint_blocked_seconds")),
                        skipped_checkpoints=tuple(SkippedCheckpoint(str(s["name"]), str(s["reason"]))
-                                                 for s in doc.get("skipped_checkpoints") or ()))
+                                                 for s in doc.get("skipped_checkpoints") or ()),
+                       remedies=tuple(dict(r) for r in doc.get("remedies") or ()))
         except ResultError as exc:
             raise ResultError(f"{where}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:

@@ -119,7 +119,10 @@ class TfTrainer(RankRun):
 
         def newest_safe(moved):
             self.skipped_checkpoints = []
-            return self.published().latest_valid(progress=moved, decode=decode, skipped=self.skipped_checkpoints)
+            # Before cfg.resume_before_step when a remedy set it: the newest checkpoint may already hold what
+            # the retry must not resume into (a NaN/Inf step's neighbourhood).
+            return self.published().latest_valid(progress=moved, decode=decode, skipped=self.skipped_checkpoints,
+                                                  before_step=self.cfg.resume_before_step)
 
         found = store_call(self.progress, "read of the newest checkpoint", self.run_folder, newest_safe)
         if found is None:
@@ -322,6 +325,7 @@ class TfTrainer(RankRun):
         return RunResult(status=status, attempt=self.attempt, step=self.step, epoch=self.cursor.epoch,
                          world_size=self.size, checkpoint=checkpoint, verdict=verdict, loss=self.last_loss,
                          resumed_from=self.resumed_from, skipped_checkpoints=tuple(self.skipped_checkpoints),
+                         remedies=self.cfg.remedies,
                          samples_per_sec_after_warmup=self.samples_per_sec,
                          health_monitor_share_after_warmup=self.monitor_share,
                          checkpoint_blocked_seconds=self.checkpoint_seconds if self.rank == 0 else None)

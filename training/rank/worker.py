@@ -38,6 +38,7 @@ from ..health.records import HealthLog, record
 from ..health.verdict import Verdict
 from .loop import TrainingLoop, last_step_of
 from .models import build_model
+from .node_names import gather_node_names
 from ..formats.run_result import SUCCEEDED, RunResult
 from .training_state import STATE_FILE, TrainingState
 from .rank_run import RankRun, run_rank
@@ -102,7 +103,8 @@ class Trainer(RankRun):
         self.health = HealthMonitoring(self.monitor, self.health_log, cfg.health, self.rank, self.checkpointing.due,
                                        {"world_size": self.size, "engine": engine.name,
                                         "device": placement.device, "precision": cfg.precision,
-                                        "resumed_from": self.resumed_from, "health": self._health_dict()})
+                                        "resumed_from": self.resumed_from, "health": self._health_dict(),
+                                        "nodes": gather_node_names(engine)})
         self.throughput = Throughput(engine, lambda: self.health.seconds_in_monitor)
         self.garbage_collection = (ScheduledGarbageCollection(cfg.gc_every_steps) if cfg.gc_every_steps else None)
         # In this order on every hook: faults act before anything measures, the health verdict comes before
@@ -138,7 +140,10 @@ class Trainer(RankRun):
 
         def newest_safe(moved):
             self.skipped_checkpoints = []  # a retried read starts over
-            return self.published().latest_valid(progress=moved, decode=decode, skipped=self.skipped_checkpoints)
+            # Before cfg.resume_before_step when a remedy set it: the newest checkpoint may already hold what
+            # the retry must not resume into (a NaN/Inf step's neighbourhood).
+            return self.published().latest_valid(progress=moved, decode=decode, skipped=self.skipped_checkpoints,
+                                                  before_step=self.cfg.resume_before_step)
 
         found = store_call(self.progress, "read of the newest checkpoint", self.run_folder, newest_safe)
         if found is None:
@@ -164,6 +169,7 @@ class Trainer(RankRun):
         return RunResult(status=status, attempt=self.attempt, step=at.step, epoch=at.cursor.epoch,
                          world_size=self.size, checkpoint=checkpoint, verdict=verdict, loss=at.last_loss,
                          resumed_from=self.resumed_from, skipped_checkpoints=tuple(self.skipped_checkpoints),
+                         remedies=self.cfg.remedies,
                          samples_per_sec_after_warmup=throughput.samples_per_sec if throughput else None,
                          health_monitor_share_after_warmup=throughput.monitor_share if throughput else None,
                          checkpoint_blocked_seconds=(self.checkpointing.blocked_seconds

@@ -101,3 +101,28 @@ def test_a_bad_checkpoint_cadence_names_its_field(section, field):
 
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         CheckpointConfig(**section)
+
+
+def test_a_fault_names_its_try_and_an_oom_fault_its_batch():
+    cfg = JobConfig.from_dict(valid() | {"faults": [{"kind": "oom", "rank": 0, "step": 2, "above_batch": 16, "on_try": 2}]})
+    (fault,) = cfg.faults
+    assert (fault.kind, fault.on_try, fault.above_batch) == ("oom", 2, 16)
+    assert JobConfig.from_dict(valid() | {"faults": [{"kind": "crash"}]}).faults[0].on_try == 1
+    for bad, field in (({"kind": "crash", "on_try": 0}, "faults[].on_try"),
+                       ({"kind": "oom", "above_batch": -1}, "faults[].above_batch")):
+        with pytest.raises(ConfigError) as err:
+            JobConfig.from_dict(valid() | {"faults": [bad]})
+        assert err.value.field == field
+
+
+def test_what_a_remedy_sets_is_checked_like_the_rest():
+    applied = {"try": 2, "verdict": "OOM", "remedy": "smaller_batch", "words": "out of memory"}
+    cfg = JobConfig.from_dict(valid() | {"resume_before_step": 40, "remedies": [applied]})
+    assert cfg.resume_before_step == 40 and cfg.remedies == (applied,)
+    assert JobConfig.from_dict(cfg.to_dict()) == cfg
+    for bad, field in (({"resume_before_step": 0}, "resume_before_step"),
+                       ({"remedies": [{"remedy": "x"}]}, "remedies[]"),
+                       ({"remedies": "lower_learning_rate"}, "remedies")):
+        with pytest.raises(ConfigError) as err:
+            JobConfig.from_dict(valid() | bad)
+        assert err.value.field == field

@@ -120,7 +120,8 @@ def _pod_patch(spec: JobSpec, settings: TrainJobSettings) -> dict[str, Any]:
         "volumes": [P.config_volume(spec.name)],
         **P.pod_settings(settings),
         # Launcher and nodes all host ranks: pack or spread all of them.
-        "affinity": P.placement_affinity(settings.placement, {L.JOBSET_NAME_LABEL: spec.name}),
+        "affinity": P.with_avoided_nodes(P.placement_affinity(settings.placement, {L.JOBSET_NAME_LABEL: spec.name}),
+                                         spec.avoid_nodes),
     }
     return {"metadata": {"labels": L.job_labels(spec.labels)}, "spec": pod}
 
@@ -138,7 +139,8 @@ def build_trainjob(spec: JobSpec, settings: TrainJobSettings) -> dict[str, Any]:
         "command": command[:1],
         "args": command[1:],
         # Every rank starts the engine its launcher was chosen for, whatever the config says.
-        "env": P.store_env(settings) + P.plain_env(spec.env | {ENGINE_ENV: engine} | _tf_pod_env(spec, engine)),
+        "env": P.store_env(settings) + P.plain_env(spec.env | {ENGINE_ENV: engine} | _tf_pod_env(spec, engine))
+        + P.node_name_env(),
         "numNodes": spec.num_workers,
         "numProcPerNode": 1,  # one rank per node (JobSpec.num_workers is the world size)
         "resourcesPerNode": settings.worker.to_k8s(),
