@@ -148,6 +148,10 @@ class HealthConfig:
     # How often rank 0 rewrites heartbeat.json (its last completed step and when), whatever the two
     # settings above say: the watcher outside the job judges a stall on it. None: heartbeat_interval().
     heartbeat_seconds: float | None = None
+    # On a NaN/Inf step every rank replays that step's minibatch on the newest checkpoint (rank/replay.py) to
+    # tell bad data from a transient fault; the row search and rank 0's wait for the ranks' reports stop after
+    # this long. 0 turns replay off (the verdict then says so, and remediation lowers the learning rate).
+    replay_seconds: float = 60.0
 
     # Below a quarter of stall_seconds a late heartbeat write cannot make a live job look stalled; above
     # 10 s it only costs writes (one small object per interval).
@@ -170,6 +174,7 @@ class HealthConfig:
         _positive_number(self, "store_timeout_seconds", "health.store_timeout_seconds")
         _positive_number(self, "divergence_tolerance", "health.divergence_tolerance")
         _positive_number(self, "flush_seconds", "health.flush_seconds")
+        _positive_number(self, "replay_seconds", "health.replay_seconds", allow_zero=True)
         _require(isinstance(self.stop_on_degraded, bool), "health.stop_on_degraded",
                  f"is {self.stop_on_degraded!r}", "use true or false")
         _require(isinstance(self.nonfinite_every_step, bool), "health.nonfinite_every_step",
@@ -322,6 +327,21 @@ class FaultConfig:
         _positive_number(self, "seconds", "faults[].seconds", allow_zero=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class RowRef:
+    """One row of the training data: the partition file (its manifest key) and the row's number in that file
+    (0-based, file order). What a NONFINITE verdict's replay names (evidence.replay.rows) and `skip_rows` takes."""
+
+    file: str
+    row: int
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.file, str) and bool(self.file), "skip_rows[].file", f"is {self.file!r}",
+                 "use the partition key the NONFINITE verdict's evidence.replay.rows names (e.g. "
+                 '"part-00001.parquet")')
+        _positive_int(self, "row", "skip_rows[].row", minimum=0)
+
+
 OPTIMIZERS = ("sgd", "adam")
 # The numeric precision of forward and backward (training/rank/devices.py): fp32 everywhere, or autocast to
 # bfloat16 (CPU or GPU) or float16 (GPU only: its loss scaling, torch.amp.GradScaler, is CUDA's).
@@ -369,6 +389,9 @@ class JobConfig:
     bind_cores: str | bool = DEFAULT_BIND_CORES
     faults: tuple[FaultConfig, ...] = ()
     remediation: str = REMEDIATION_OFF
+    # Rows the reader never serves (rank/partition_batches.py), e.g. the rows a NONFINITE verdict's replay
+    # named as giving a non-finite loss or gradient alone.
+    skip_rows: tuple[RowRef, ...] = ()
 
     def __post_init__(self) -> None:
         _require(isinstance(self.manifest_uri, str) and self.manifest_uri.endswith(".json"), "manifest_uri",
@@ -393,6 +416,11 @@ class JobConfig:
         _require(self.remediation in REMEDIATIONS, "remediation", f"is {self.remediation!r}",
                  'use "off" (default: a retry reruns the job unchanged) or "auto" (a retry after a health '
                  'verdict applies the remediation policy\'s change, README "Job config")')
+        _require(isinstance(self.skip_rows, tuple) and all(isinstance(r, RowRef) for r in self.skip_rows),
+                 "skip_rows", f"is {self.skip_rows!r}", 'give a list of {"file": <partition key>, "row": <n>}')
+        repeated = [r for i, r in enumerate(self.skip_rows) if r in self.skip_rows[:i]]
+        _require(not repeated, "skip_rows", f"lists {repeated[0] if repeated else None} more than once",
+                 "list each row once")
         check_engine_fits(self, self.engine)
 
     def to_dict(self) -> dict[str, Any]:
@@ -432,6 +460,10 @@ def _build(cls: type, doc: Mapping[str, Any], path: str) -> Any:
         elif cls is JobConfig and name == "faults":
             _require(isinstance(value, list), name, "is not a list", "give a list of fault objects")
             value = tuple(_build(FaultConfig, f, "faults[].") for f in value)
+        elif cls is JobConfig and name == "skip_rows":
+            _require(isinstance(value, list) and all(isinstance(r, Mapping) for r in value), name,
+                     f"is {value!r}", 'give a list of {"file": <partition key>, "row": <n>} objects')
+            value = tuple(_build(RowRef, r, "skip_rows[].") for r in value)
         kwargs[name] = value
     try:
         return cls(**kwargs)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from typing import Sequence
 
 import torch
@@ -26,7 +27,8 @@ from .callbacks.garbage_collection import ScheduledGarbageCollection
 from .callbacks.health import HealthMonitoring
 from .callbacks.logging import ProgressLog, say
 from .callbacks.throughput import Throughput
-from ..formats.checkpoint import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint, require_file
+from ..formats.checkpoint import (CheckpointStore, LoadedCheckpoint, SkippedCheckpoint, first_loadable,
+                                  require_file, step_of)
 from .checkpoint_writer import AsyncCheckpointWriter, WrittenCheckpoint
 from ..formats.config import JobConfig
 from .data import Cursor, PartitionData
@@ -38,9 +40,14 @@ from ..health.records import HealthLog, record
 from ..health.verdict import Verdict
 from .loop import TrainingLoop, last_step_of
 from .models import build_model
-from ..formats.run_result import SUCCEEDED, RunResult
+from ..formats.replay_report import ReplayReport, replay_evidence
+from ..formats.run_folder import RunFolder
+from ..formats.run_result import FAILED, SUCCEEDED, RunResult
 from .training_state import STATE_FILE, TrainingState
-from .rank_run import RankRun, run_rank
+from .rank_run import RankRun, run_rank, unreplayed
+from .replay import StepReplay
+from .replay_exchange import GRACE_SECONDS, gather_reports, publish_report, wait_for_gathered
+from .step_minibatches import step_minibatches
 from .rank_start import RankStart, store_call
 
 
@@ -71,15 +78,12 @@ class Trainer(RankRun):
         # The engine chose this rank's device and precision when it started (devices.py).
         placement = engine.placement
         self.data = PartitionData(manifest_store, manifest, self.rank, self.size, cfg.batch_size,
-                                  placement=placement, progress=progress)
+                                  placement=placement, progress=progress, skip_rows=cfg.skip_rows)
         if self.data.batches_per_epoch == 0:
             raise ValueError(f"batch_size {cfg.batch_size} exceeds the partition's {self.data.rows} rows")
         torch.manual_seed(cfg.seed)
         schema = manifest.schema
-        self.model, self.loss_fn = build_model(cfg.model, schema.num_features, schema.num_outputs, schema.task,
-                                               input_shape=schema.input_shape)
-        # On its device before the optimizer holds its parameters; a checkpoint's CPU tensors are copied in.
-        self.model = engine.precision.prepare(self.model.to(placement.device))
+        self.model, self.loss_fn = self._new_model()
         self.optimizer = engine.distribute(self.model, make_optimizer(cfg, self.model, self.size))
         progress.phase(RESTORE)
         self._resume()
@@ -114,6 +118,15 @@ class Trainer(RankRun):
             ProgressLog(self.rank, self.size, cfg.log_every_steps, cfg.batch_size, cfg.learning_rate),
             *([self.garbage_collection] if self.garbage_collection else []), self.checkpointing]
 
+    def _new_model(self) -> tuple[torch.nn.Module, object]:
+        """The config's model on this rank's device with its precision, and its loss: with torch seeded by
+        cfg.seed first, the weights every run starts from."""
+        schema, placement = self.manifest.schema, self.engine.placement
+        model, loss_fn = build_model(self.cfg.model, schema.num_features, schema.num_outputs, schema.task,
+                                     input_shape=schema.input_shape)
+        # On its device before the optimizer holds its parameters; a checkpoint's CPU tensors are copied in.
+        return self.engine.precision.prepare(model.to(placement.device)), loss_fn
+
     def _publish_checkpoint(self, name: str) -> None:
         """From the writer's thread: make `name` the run folder's newest checkpoint, then delete what that
         dropped from keep_last (its MANIFEST first, so a reader never meets a half-deleted one as complete)."""
@@ -128,17 +141,18 @@ class Trainer(RankRun):
         say(f"checkpoint {written.name} written: {written.bytes / 2**20:.1f} MiB in {written.write_seconds:.1f}s in "
             f"the background (snapshot {written.snapshot_seconds * 1000:.0f} ms{waited})")
 
+    def _decode(self, loaded: LoadedCheckpoint) -> tuple[LoadedCheckpoint, TrainingState]:
+        # An unsafe state.pt (UnsafeCheckpoint, a CheckpointCorrupt) is skipped like a corrupt file.
+        where = f"{self.run_folder.uri} {loaded.manifest.name}"
+        data = require_file(loaded, STATE_FILE, where, self.engine.name)
+        return loaded, TrainingState.from_bytes(data, f"{where}/{STATE_FILE}")
+
     def _resume(self) -> None:
         # Every rank reads the checkpoint itself; the broadcast that follows makes rank 0's copy the truth.
-        def decode(loaded: LoadedCheckpoint) -> tuple[LoadedCheckpoint, TrainingState]:
-            # An unsafe state.pt (UnsafeCheckpoint, a CheckpointCorrupt) is skipped like a corrupt file.
-            where = f"{self.run_folder.uri} {loaded.manifest.name}"
-            data = require_file(loaded, STATE_FILE, where, self.engine.name)
-            return loaded, TrainingState.from_bytes(data, f"{where}/{STATE_FILE}")
-
         def newest_safe(moved):
             self.skipped_checkpoints = []  # a retried read starts over
-            return self.published().latest_valid(progress=moved, decode=decode, skipped=self.skipped_checkpoints)
+            return self.published().latest_valid(progress=moved, decode=self._decode,
+                                                 skipped=self.skipped_checkpoints)
 
         found = store_call(self.progress, "read of the newest checkpoint", self.run_folder, newest_safe)
         if found is None:
@@ -164,10 +178,61 @@ class Trainer(RankRun):
         return RunResult(status=status, attempt=self.attempt, step=at.step, epoch=at.cursor.epoch,
                          world_size=self.size, checkpoint=checkpoint, verdict=verdict, loss=at.last_loss,
                          resumed_from=self.resumed_from, skipped_checkpoints=tuple(self.skipped_checkpoints),
+                         skipped_rows=self.cfg.skip_rows,
                          samples_per_sec_after_warmup=throughput.samples_per_sec if throughput else None,
                          health_monitor_share_after_warmup=throughput.monitor_share if throughput else None,
                          checkpoint_blocked_seconds=(self.checkpointing.blocked_seconds
                                                      if self.checkpointing is not None and self.rank == 0 else None))
+
+    def replayed(self, verdict: Verdict) -> Verdict:
+        """Replay the verdict's step on every rank (replay.py) and, on rank 0, add what the ranks found to its
+        evidence (replay_exchange.py: through the run folder). Bounded by health.replay_seconds; whatever
+        goes wrong, the verdict stands (with `replay_unavailable` saying why)."""
+        limit, step = self.cfg.health.replay_seconds, verdict.evidence.get("step")
+        if not limit:
+            return unreplayed(verdict, "replay is off (health.replay_seconds is 0)")
+        if not isinstance(step, int) or step <= self.step:
+            return unreplayed(verdict, f"replay: step {step!r} is not one this attempt trained (it started after "
+                                       f"step {self.step})")
+        if self.guard is not None:  # the plain verdict first: a replay that is cut short loses nothing
+            self.guard.publish_result(dataclasses.replace(self.result(FAILED, verdict, None), replaying=True).to_json())
+        started = time.monotonic()
+        deadline = started + limit
+        folder, alive = RunFolder(self.run_folder), self.progress.alive
+        report = self._replay(step, deadline)
+        say(f"rank {self.rank}: replay of step {step}: " + (
+            "decided nothing: " + report.error if report.nonfinite is None else
+            f"non-finite again, rows {[f'{r.file}#{r.row}' for r in report.rows]}" if report.nonfinite else
+            "finite") + f" ({report.tests} row tests, {report.seconds:.1f}s)")
+        try:
+            publish_report(folder, self.attempt, report)
+            if self.rank != 0:  # stay until rank 0 has gathered: an early exit ends the job (replay_exchange.py)
+                wait_for_gathered(folder, self.attempt, deadline + 2 * GRACE_SECONDS, alive)
+                return verdict
+            reports = gather_reports(folder, self.attempt, self.size, deadline + GRACE_SECONDS, alive)
+        except Exception as exc:  # noqa: BLE001 - the store failed: the verdict stands without the replay
+            return unreplayed(verdict, f"replay of step {step}: its reports could not be exchanged "
+                                       f"({type(exc).__name__}: {exc})"[:300])
+        found = replay_evidence(step, self.size, reports, time.monotonic() - started)
+        line = found["replay"]["reason"] if "replay" in found else found["replay_unavailable"]
+        return Verdict(verdict.status, f"{verdict.reason}. Replay: {line}", {**verdict.evidence, **found})
+
+    def _replay(self, step: int, deadline: float) -> ReplayReport:
+        """This rank's replay of `step` on the newest checkpoint before it (or the initial weights)."""
+        try:
+            cursors = step_minibatches(step, self.step, self.cursor, self.data.batches_per_epoch,
+                                       self.engine.accumulation_steps)
+            published = self.published()
+            names = [name for name in published.names() if step_of(name) < step]
+            found = store_call(self.progress, "read of the checkpoint to replay on", self.run_folder,
+                               lambda moved: first_loadable(names, lambda name: published.load(name, moved),
+                                                            self.run_folder.uri, self._decode))
+        except Exception as exc:  # noqa: BLE001 - a replay that fails decides nothing
+            return ReplayReport(self.rank, step, None, None, error=f"replay failed: {type(exc).__name__}: {exc}"[:300])
+        state, checkpoint_step = (found[1].model, found[1].step) if found is not None else (None, None)
+        replay = StepReplay(self._new_model, self.data, self.cfg.seed, self.engine.accumulation_steps, self.rank,
+                            alive=self.progress.alive)
+        return replay.run(step, cursors, state, checkpoint_step, deadline)
 
     def training_step(self) -> int | None:
         # None before the loop began (restoring, starting): the step is then not one of training.
