@@ -6,9 +6,11 @@ A collective (one allgather of the reports) would be quicker by a store round tr
 replay, or already gone, would hang it, and rank 0 with it: the verdict would then be lost to a STALLED one.
 Files survive a stuck or dead rank; rank 0 waits at most until the deadline and decides with what it has.
 
-The other ranks, once their report is written, wait (as long as rank 0 may) for rank 0's result to carry the
-replay: a rank that exits early makes the launcher (horovodrun, torchrun) end the whole job, rank 0's gather
-with it. Rank 0 publishes the plain verdict before any replay, so even then the verdict is never lost.
+Rank 0 first waits for its checkpoint upload in flight, then publishes the plain verdict (RunResult.replaying)
+and replays; the other ranks wait for that result before they read the newest checkpoint, so every rank
+replays on the same one. Once their report is written, they wait (as long as rank 0 may) for rank 0's result
+to carry the replay: a rank that exits early makes the launcher (horovodrun, torchrun) end the whole job,
+rank 0's gather with it. Since the plain verdict was published first, even then it is never lost.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Callable
 
 from ..formats.replay_report import ReplayReport
 from ..formats.run_folder import RunFolder
-from ..formats.run_result import ResultError
+from ..formats.run_result import ResultError, RunResult
 
 # How often rank 0 looks for the others' reports, and they for rank 0's result.
 POLL_SECONDS = 0.2
@@ -46,16 +48,27 @@ def gather_reports(folder: RunFolder, attempt: str, world_size: int, until: floa
         time.sleep(POLL_SECONDS)
 
 
-def wait_for_gathered(folder: RunFolder, attempt: str, until: float, alive: Callable[[], None] = lambda: None) -> bool:
-    """Wait (at most until monotonic time `until`) for rank 0's result of `attempt` to carry the replay."""
+def wait_for_result(folder: RunFolder, attempt: str, until: float, done: Callable[[RunResult], bool],
+                    alive: Callable[[], None] = lambda: None) -> bool:
+    """Wait (at most until monotonic time `until`) for rank 0's result of `attempt` to be `done`."""
     while time.monotonic() < until:
         try:
             result = folder.read_result(attempt)
-        except ResultError:
-            result = None
-        evidence = result.verdict.evidence if result is not None and result.verdict is not None else {}
-        if "replay" in evidence or "replay_unavailable" in evidence:
+        except (ResultError, OSError):
+            result = None  # being written, or the store hiccuped: read again until `until`
+        if result is not None and done(result):
             return True
         alive()
         time.sleep(POLL_SECONDS)
     return False
+
+
+def replay_started(result: RunResult) -> bool:
+    """Rank 0 published its verdict and replays: the checkpoint in flight, if any, is published too."""
+    return result.replaying or gathered(result)
+
+
+def gathered(result: RunResult) -> bool:
+    """Rank 0's result carries what the replay found (or why it found nothing)."""
+    evidence = result.verdict.evidence if result.verdict is not None else {}
+    return "replay" in evidence or "replay_unavailable" in evidence

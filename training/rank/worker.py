@@ -46,7 +46,8 @@ from ..formats.run_result import FAILED, SUCCEEDED, RunResult
 from .training_state import STATE_FILE, TrainingState
 from .rank_run import RankRun, run_rank, unreplayed
 from .replay import StepReplay
-from .replay_exchange import GRACE_SECONDS, gather_reports, publish_report, wait_for_gathered
+from .replay_exchange import (GRACE_SECONDS, gather_reports, gathered, publish_report, replay_started,
+                              wait_for_result)
 from .step_minibatches import step_minibatches
 from .rank_start import RankStart, store_call
 
@@ -194,11 +195,16 @@ class Trainer(RankRun):
         if not isinstance(step, int) or step <= self.step:
             return unreplayed(verdict, f"replay: step {step!r} is not one this attempt trained (it started after "
                                        f"step {self.step})")
-        if self.guard is not None:  # the plain verdict first: a replay that is cut short loses nothing
-            self.guard.publish_result(dataclasses.replace(self.result(FAILED, verdict, None), replaying=True).to_json())
         started = time.monotonic()
         deadline = started + limit
         folder, alive = RunFolder(self.run_folder), self.progress.alive
+        if self.guard is not None:
+            # The checkpoint in flight published, then the plain verdict: a replay cut short loses nothing,
+            # and the other ranks, which wait for this result, then replay on the same checkpoint as rank 0.
+            self.checkpointing.settle(limit)
+            self.guard.publish_result(dataclasses.replace(self.result(FAILED, verdict, None), replaying=True).to_json())
+        else:
+            wait_for_result(folder, self.attempt, deadline, replay_started, alive)
         report = self._replay(step, deadline)
         say(f"rank {self.rank}: replay of step {step}: " + (
             "decided nothing: " + report.error if report.nonfinite is None else
@@ -207,7 +213,7 @@ class Trainer(RankRun):
         try:
             publish_report(folder, self.attempt, report)
             if self.rank != 0:  # stay until rank 0 has gathered: an early exit ends the job (replay_exchange.py)
-                wait_for_gathered(folder, self.attempt, deadline + 2 * GRACE_SECONDS, alive)
+                wait_for_result(folder, self.attempt, deadline + 2 * GRACE_SECONDS, gathered, alive)
                 return verdict
             reports = gather_reports(folder, self.attempt, self.size, deadline + GRACE_SECONDS, alive)
         except Exception as exc:  # noqa: BLE001 - the store failed: the verdict stands without the replay

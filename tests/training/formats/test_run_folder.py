@@ -102,3 +102,13 @@ def test_a_folder_of_todays_layout_is_read_as_it_was_and_taken_over_as_attempt_0
     records(attempt, 3)
     assert [r["step"] for r in read_health(object_store)] == [1, 2, 3]
     assert object_store.exists(POINTER)
+
+
+def test_each_rank_writes_its_replay_report_under_its_attempt_and_an_unknown_attempt_writes_none(object_store):
+    folder = RunFolder(object_store)
+    folder.claim("rf-a")
+    assert folder.write_replay_report("rf-a", 1, b'{"rank": 1}') and folder.write_replay_report("rf-a", 0, b"{}")
+    assert sorted(folder.read_replay_reports("rf-a")) == [b'{"rank": 1}', b"{}"]
+    folder.claim("rf-b")
+    assert folder.read_replay_reports("rf-b") == []
+    assert not folder.write_replay_report("rf-unknown", 0, b"{}") and folder.read_replay_reports("rf-unknown") == []
