@@ -224,7 +224,9 @@ class Trainer(RankRun):
         return Verdict(verdict.status, f"{verdict.reason}. Replay: {line}", {**verdict.evidence, **found})
 
     def _replay(self, step: int, deadline: float) -> ReplayReport:
-        """This rank's replay of `step` on the newest checkpoint before it (or the initial weights)."""
+        """This rank's replay of `step` on the newest checkpoint before it (or the initial weights); its
+        seconds count the checkpoint's read too."""
+        started = time.monotonic()
         try:
             cursors = step_minibatches(step, self.step, self.cursor, self.data.batches_per_epoch,
                                        self.engine.accumulation_steps)
@@ -234,11 +236,13 @@ class Trainer(RankRun):
                                lambda moved: first_loadable(names, lambda name: published.load(name, moved),
                                                             self.run_folder.uri, self._decode))
         except Exception as exc:  # noqa: BLE001 - a replay that fails decides nothing
-            return ReplayReport(self.rank, step, None, None, error=f"replay failed: {type(exc).__name__}: {exc}"[:300])
+            return ReplayReport(self.rank, step, None, None, seconds=time.monotonic() - started,
+                                error=f"replay failed: {type(exc).__name__}: {exc}"[:300])
         state, checkpoint_step = (found[1].model, found[1].step) if found is not None else (None, None)
         replay = StepReplay(self._new_model, self.data, self.cfg.seed, self.engine.accumulation_steps, self.rank,
                             alive=self.progress.alive)
-        return replay.run(step, cursors, state, checkpoint_step, deadline)
+        report = replay.run(step, cursors, state, checkpoint_step, deadline)
+        return dataclasses.replace(report, seconds=time.monotonic() - started)
 
     def training_step(self) -> int | None:
         # None before the loop began (restoring, starting): the step is then not one of training.
