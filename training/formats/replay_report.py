@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from .config import RowRef
 
@@ -51,6 +51,22 @@ class ReplayReport:
         if self.error:
             out["error"] = self.error
         return out
+
+
+def step_to_replay(evidence: Mapping[str, Any], first_step: int, replay_seconds: float) -> int | str:
+    """The step a NONFINITE verdict's replay replays, or why there is none (one line for `replay_unavailable`):
+    replay off, a NaN/Inf found in the parameters (a checksum, a checkpoint's state: the step it began at is not
+    known, and replaying the step it was found at would call it transient), or a step this attempt (which
+    started after `first_step`) did not train."""
+    step = evidence.get("step")
+    if not replay_seconds:
+        return "replay is off (health.replay_seconds is 0)"
+    if "detected_at_step" not in evidence:
+        return ("replay: the step where the NaN/Inf began is not known (it was found in the parameters, not in a "
+                "step's loss or gradient)")
+    if not isinstance(step, int) or isinstance(step, bool) or step <= first_step:
+        return f"replay: step {step!r} is not one this attempt trained (it started after step {first_step})"
+    return step
 
 
 def replay_evidence(step: int, world_size: int, reports: Sequence[ReplayReport],

@@ -40,7 +40,7 @@ from ..health.records import HealthLog, record
 from ..health.verdict import Verdict
 from .loop import TrainingLoop, last_step_of
 from .models import build_model
-from ..formats.replay_report import ReplayReport, replay_evidence
+from ..formats.replay_report import ReplayReport, replay_evidence, step_to_replay
 from ..formats.run_folder import RunFolder
 from ..formats.run_result import FAILED, SUCCEEDED, RunResult
 from .training_state import STATE_FILE, TrainingState
@@ -189,12 +189,10 @@ class Trainer(RankRun):
         """Replay the verdict's step on every rank (replay.py) and, on rank 0, add what the ranks found to its
         evidence (replay_exchange.py: through the run folder). Bounded by health.replay_seconds; whatever
         goes wrong, the verdict stands (with `replay_unavailable` saying why)."""
-        limit, step = self.cfg.health.replay_seconds, verdict.evidence.get("step")
-        if not limit:
-            return unreplayed(verdict, "replay is off (health.replay_seconds is 0)")
-        if not isinstance(step, int) or step <= self.step:
-            return unreplayed(verdict, f"replay: step {step!r} is not one this attempt trained (it started after "
-                                       f"step {self.step})")
+        limit = self.cfg.health.replay_seconds
+        step = step_to_replay(verdict.evidence, self.step, limit)
+        if isinstance(step, str):
+            return unreplayed(verdict, step)
         started = time.monotonic()
         deadline = started + limit
         folder, alive = RunFolder(self.run_folder), self.progress.alive

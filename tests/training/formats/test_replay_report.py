@@ -2,7 +2,7 @@
 import pytest
 
 from ringflow.training.formats.config import RowRef
-from ringflow.training.formats.replay_report import ReplayReport, replay_evidence
+from ringflow.training.formats.replay_report import ReplayReport, replay_evidence, step_to_replay
 
 ROW = RowRef("part-00001.parquet", 17)
 
@@ -51,3 +51,21 @@ def test_an_incomplete_row_search_is_said():
 def test_a_report_survives_json():
     original = report(1, True, [ROW, RowRef("part-00000.parquet", 3)], error=None)
     assert ReplayReport.from_json(original.to_json()) == original
+
+
+# (evidence, first step of the attempt, replay_seconds) -> the step, or the start of why not
+STEPS = {
+    "a step's loss or gradient": ({"step": 12, "detected_at_step": 20}, 0, 60, 12),
+    "replay off": ({"step": 12, "detected_at_step": 12}, 0, 0, "replay is off"),
+    "found in a checksum": ({"step": 50, "ranks": [1]}, 0, 60, "replay: the step where the NaN/Inf began is not known"),
+    "found in a checkpoint's state": ({"step": 50, "tensors": ["model.w"], "seen_by": "the checkpoint writer"}, 0, 60,
+                                      "replay: the step where the NaN/Inf began is not known"),
+    "a step before this attempt": ({"step": 10, "detected_at_step": 12}, 10, 60, "replay: step 10 is not one"),
+}
+
+
+@pytest.mark.parametrize("name", STEPS)
+def test_the_step_to_replay(name):
+    evidence, first_step, seconds, expected = STEPS[name]
+    got = step_to_replay(evidence, first_step, seconds)
+    assert got == expected if isinstance(expected, int) else got.startswith(expected)
