@@ -104,13 +104,14 @@ def to_arrays(table: "pa.Table | pa.RecordBatch", schema: ShardSchema) -> tuple[
     return x, y.astype(np.int64) if schema.task == "classification" else y.astype(np.float32)
 
 
-def check_skip_rows(skip_rows: Sequence[RowRef], manifest: ShardManifest, manifest_uri: str) -> None:
+def check_skip_rows(skip_rows: Sequence[RowRef], manifest: ShardManifest, shards_uri: str) -> None:
     """ConfigError unless every row of `skip_rows` is a row of one of the manifest's partitions (every rank
     checks them all: each reader honours only its own partition's, and a row of none would be skipped by none)."""
     rows = {p.key: p.rows for p in manifest.partitions}
     for r in skip_rows:
         if r.file not in rows:
-            raise ConfigError("skip_rows", f"names file {r.file!r}, which is not a partition of {manifest_uri} "
+            raise ConfigError("skip_rows", f"names file {r.file!r}, which is not a partition of the shards at "
+                                           f"{shards_uri} "
                                            f"(its partitions: {sorted(rows)[:4]}{' ...' if len(rows) > 4 else ''})",
                               "take the rows from a NONFINITE verdict's evidence.replay.rows of these shards")
         if r.row >= rows[r.file]:
