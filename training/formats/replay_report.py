@@ -10,7 +10,7 @@ as it did before replays existed, and the verdict itself is never lost to a repl
 
     evidence["replay"] = {"reproducible": bool, "step": s, "checkpoint_step": c | None,
                           "rows": [{"file": <partition key>, "row": <row in that file>}, ...],
-                          "reason": "<one line: data or transient>", "complete": bool,
+                          "reason": "<one line: data or transient>", "complete": bool, "seconds": t,
                           "ranks": {<rank>: {"nonfinite": bool, "tests": n, "seconds": t, ...}}}
 """
 from __future__ import annotations
@@ -98,5 +98,7 @@ def replay_evidence(step: int, world_size: int, reports: Sequence[ReplayReport],
     return {"replay": {"reproducible": bool(bad), "step": step,
                        "checkpoint_step": decided[0].checkpoint_step,
                        "rows": rows, "reason": reason, "complete": complete,
+                       # What the replay added on rank 0, from the verdict to the ranks' reports gathered.
+                       "seconds": round(waited_seconds, 2),
                        "ranks": {str(rank): by_rank[rank].summary() for rank in sorted(by_rank)},
                        **({"ranks_unanswered": missing} if missing else {})}}

@@ -45,7 +45,7 @@ def test_the_reason_names_the_rows_and_silent_ranks_are_listed():
 
 def test_an_incomplete_row_search_is_said():
     found = replay_evidence(12, 1, [report(0, True, [ROW], complete=False)], 70)
-    assert found["replay"]["complete"] is False
+    assert found["replay"]["complete"] is False and found["replay"]["seconds"] == 70
 
 
 def test_a_report_survives_json():
