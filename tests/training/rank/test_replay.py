@@ -113,3 +113,15 @@ def test_a_replay_that_fails_decides_nothing(shards):
 
     report = StepReplay(broken, reader(shards), 0, 1, 1).run(1, [Cursor(0, 0)], None, None, float("inf"))
     assert report.nonfinite is None and "no model today" in report.error
+
+
+def test_an_engine_that_cannot_replay_says_so_and_keeps_the_verdict():
+    from ringflow.training.health.verdict import Verdict
+    from ringflow.training.rank.rank_run import RankRun
+    from ringflow.training.rank.tensorflow_worker import TfTrainer
+
+    assert TfTrainer.replayed is RankRun.replayed  # the TensorFlow ranks: their model and step are Keras's
+    verdict = Verdict("NONFINITE", "NaN/Inf in rank(s) [1] at step 3", {"step": 3, "ranks": [1]})
+    said = RankRun().replayed(verdict)
+    assert said.status == "NONFINITE" and said.reason == verdict.reason and said.evidence["ranks"] == [1]
+    assert "replay" not in said.evidence and said.evidence["replay_unavailable"].startswith("replay: not supported")
