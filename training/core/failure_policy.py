@@ -151,6 +151,11 @@ def decide(seen: Observation) -> Decision:
 
 def _running(seen: Observation, result: RunResult | None) -> Decision:
     verdict = seen.verdict if seen.fatal else None
+    if result is not None and result.replaying and not seen.timed_out:
+        # Its verdict is written, and it replays the failed step to tell the data from a transient fault (at
+        # most health.replay_seconds): its final result, with what the replay found, follows.
+        own = result.verdict or verdict
+        return Decision(WATCH, f"{_words(own)}; replaying that step", state=seen.state, verdict=own)
     if verdict is not None and result is not None and not result.succeeded:
         # The job reached the verdict of its own records and wrote its failed result: only its teardown is left.
         own = result.verdict or verdict

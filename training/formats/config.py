@@ -148,6 +148,10 @@ class HealthConfig:
     # How often rank 0 rewrites heartbeat.json (its last completed step and when), whatever the two
     # settings above say: the watcher outside the job judges a stall on it. None: heartbeat_interval().
     heartbeat_seconds: float | None = None
+    # On a NaN/Inf step every rank replays that step's minibatch on the newest checkpoint (rank/replay.py) to
+    # tell bad data from a transient fault; the row search and rank 0's wait for the ranks' reports stop after
+    # this long. 0 turns replay off (the verdict then says so, and remediation lowers the learning rate).
+    replay_seconds: float = 60.0
 
     # Below a quarter of stall_seconds a late heartbeat write cannot make a live job look stalled; above
     # 10 s it only costs writes (one small object per interval).
@@ -170,6 +174,7 @@ class HealthConfig:
         _positive_number(self, "store_timeout_seconds", "health.store_timeout_seconds")
         _positive_number(self, "divergence_tolerance", "health.divergence_tolerance")
         _positive_number(self, "flush_seconds", "health.flush_seconds")
+        _positive_number(self, "replay_seconds", "health.replay_seconds", allow_zero=True)
         _require(isinstance(self.stop_on_degraded, bool), "health.stop_on_degraded",
                  f"is {self.stop_on_degraded!r}", "use true or false")
         _require(isinstance(self.nonfinite_every_step, bool), "health.nonfinite_every_step",
@@ -342,6 +347,21 @@ def _check_applied_remedy(doc: Any) -> dict[str, Any]:
     return json.loads(json.dumps(dict(doc)))
 
 
+@dataclasses.dataclass(frozen=True)
+class RowRef:
+    """One row of the training data: the partition file (its manifest key) and the row's number in that file
+    (0-based, file order). What a NONFINITE verdict's replay names (evidence.replay.rows) and `skip_rows` takes."""
+
+    file: str
+    row: int
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.file, str) and bool(self.file), "skip_rows[].file", f"is {self.file!r}",
+                 "use the partition key the NONFINITE verdict's evidence.replay.rows names (e.g. "
+                 '"part-00001.parquet")')
+        _positive_int(self, "row", "skip_rows[].row", minimum=0)
+
+
 OPTIMIZERS = ("sgd", "adam")
 # The numeric precision of forward and backward (training/rank/devices.py): fp32 everywhere, or autocast to
 # bfloat16 (CPU or GPU) or float16 (GPU only: its loss scaling, torch.amp.GradScaler, is CUDA's).
@@ -394,6 +414,9 @@ class JobConfig:
     # the ranks copy into their result.
     resume_before_step: int | None = None
     remedies: tuple[Mapping[str, Any], ...] = ()
+    # Rows the reader never serves (rank/partition_batches.py), e.g. the rows a NONFINITE verdict's replay
+    # named as giving a non-finite loss or gradient alone.
+    skip_rows: tuple[RowRef, ...] = ()
 
     def __post_init__(self) -> None:
         _require(isinstance(self.manifest_uri, str) and self.manifest_uri.endswith(".json"), "manifest_uri",
@@ -423,6 +446,11 @@ class JobConfig:
         _require(isinstance(self.remedies, (tuple, list)), "remedies", f"is {self.remedies!r}",
                  "give a list of applied remedies (the operator writes it), or leave it out")
         object.__setattr__(self, "remedies", tuple(_check_applied_remedy(r) for r in self.remedies))
+        _require(isinstance(self.skip_rows, tuple) and all(isinstance(r, RowRef) for r in self.skip_rows),
+                 "skip_rows", f"is {self.skip_rows!r}", 'give a list of {"file": <partition key>, "row": <n>}')
+        repeated = [r for i, r in enumerate(self.skip_rows) if r in self.skip_rows[:i]]
+        _require(not repeated, "skip_rows", f"lists {repeated[0] if repeated else None} more than once",
+                 "list each row once")
         check_engine_fits(self, self.engine)
 
     def to_dict(self) -> dict[str, Any]:
@@ -462,6 +490,10 @@ def _build(cls: type, doc: Mapping[str, Any], path: str) -> Any:
         elif cls is JobConfig and name == "faults":
             _require(isinstance(value, list), name, "is not a list", "give a list of fault objects")
             value = tuple(_build(FaultConfig, f, "faults[].") for f in value)
+        elif cls is JobConfig and name == "skip_rows":
+            _require(isinstance(value, list) and all(isinstance(r, Mapping) for r in value), name,
+                     f"is {value!r}", 'give a list of {"file": <partition key>, "row": <n>} objects')
+            value = tuple(_build(RowRef, r, "skip_rows[].") for r in value)
         kwargs[name] = value
     try:
         return cls(**kwargs)

@@ -44,7 +44,7 @@ from .checkpoint import (CheckpointManifest, CheckpointStore, LoadedCheckpoint, 
                                                  first_loadable, older_than)
 from ..health.heartbeat import Heartbeat, read_heartbeat
 from ..health.records import HealthReader, last_seq_in, read_health_in
-from .run_layout import CHECKPOINTS, EVAL, HEALTH_PLOT, REMEDIES, RESULT
+from .run_layout import CHECKPOINTS, EVAL, HEALTH_PLOT, REMEDIES, REPLAY_REPORTS, RESULT
 from .run_result import RunResult
 from ..store import S3Settings, open_store
 from ..store.base import ObjectNotFound, ObjectStore, PreconditionFailed, Progress, join_key
@@ -202,6 +202,31 @@ class RunFolder:
             if ref.id == attempt_id:
                 return self.store.child(ref.prefix) if ref.prefix else self.store
         return None
+
+    # -- a non-finite step's replay (rank/replay_exchange.py) ---------------------------------------------
+
+    def write_replay_report(self, attempt_id: str, rank: int, raw: bytes) -> bool:
+        """Rank `rank`'s replay report, under attempt `attempt_id`'s prefix (any rank writes its own: a file
+        per rank, nothing shared, nothing published). False when that attempt is not in run.json (fenced, or
+        never claimed): nothing written."""
+        store = self.attempt_store(attempt_id)
+        if store is None:
+            return False
+        store.put_bytes(f"{REPLAY_REPORTS}rank-{rank}.json", raw)
+        return True
+
+    def read_replay_reports(self, attempt_id: str) -> list[bytes]:
+        """Every replay report attempt `attempt_id`'s ranks have written so far."""
+        store = self.attempt_store(attempt_id)
+        if store is None:
+            return []
+        out = []
+        for info in store.list(REPLAY_REPORTS):
+            try:
+                out.append(store.get_bytes(info.key))
+            except ObjectNotFound:
+                continue
+        return out
 
     # -- what was published -----------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from typing import Any, Mapping
 
 from . import exit_codes
 from .checkpoint import SkippedCheckpoint
+from .config import RowRef
 from ..health.verdict import Verdict
 from .run_layout import RESULT
 from ..store.base import ObjectStore
@@ -76,6 +77,12 @@ class RunResult:
     skipped_checkpoints: tuple[SkippedCheckpoint, ...] = ()
     # The remedies applied before this attempt (JobConfig.remedies), oldest first; () when none.
     remedies: tuple[Mapping[str, Any], ...] = ()
+    # The rows the reader never served (the config's skip_rows), each once an epoch.
+    skipped_rows: tuple[RowRef, ...] = ()
+    # A failed result published before the replay of its NONFINITE step (rank/replay.py): the verdict is safe
+    # if the replay is cut short, and the job is still at work (for at most health.replay_seconds and a
+    # grace): the result that follows carries the replay's evidence, and this is False in it.
+    replaying: bool = False
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -119,6 +126,7 @@ class RunResult:
         doc["verdict"] = self.verdict.to_dict() if self.verdict else None
         doc["skipped_checkpoints"] = [dataclasses.asdict(s) for s in self.skipped_checkpoints]
         doc["remedies"] = [dict(r) for r in self.remedies]
+        doc["skipped_rows"] = [dataclasses.asdict(r) for r in self.skipped_rows]
         return json.loads(json.dumps(_strict(doc), default=str))  # plain JSON: evidence may hold tuples
 
     def to_json(self) -> bytes:
@@ -142,9 +150,11 @@ class RunResult:
                        samples_per_sec_after_warmup=_float(doc.get("samples_per_sec_after_warmup")),
                        health_monitor_share_after_warmup=_float(doc.get("health_monitor_share_after_warmup")),
                        checkpoint_blocked_seconds=_float(doc.get("checkpoint_blocked_seconds")),
+                       replaying=bool(doc.get("replaying", False)),
                        skipped_checkpoints=tuple(SkippedCheckpoint(str(s["name"]), str(s["reason"]))
                                                  for s in doc.get("skipped_checkpoints") or ()),
-                       remedies=tuple(dict(r) for r in doc.get("remedies") or ()))
+                       remedies=tuple(dict(r) for r in doc.get("remedies") or ()),
+                       skipped_rows=tuple(RowRef(str(r["file"]), int(r["row"])) for r in doc.get("skipped_rows") or ()))
         except ResultError as exc:
             raise ResultError(f"{where}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:

@@ -20,6 +20,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from ..formats.config import ConfigError, RowRef
 from ..formats.datasets import tensor_matrix
 from ..health.progress import VERIFY, Progress
 from ..health.store_ops import StoreOp
@@ -103,6 +104,21 @@ def to_arrays(table: "pa.Table | pa.RecordBatch", schema: ShardSchema) -> tuple[
     return x, y.astype(np.int64) if schema.task == "classification" else y.astype(np.float32)
 
 
+def check_skip_rows(skip_rows: Sequence[RowRef], manifest: ShardManifest, shards_uri: str) -> None:
+    """ConfigError unless every row of `skip_rows` is a row of one of the manifest's partitions (every rank
+    checks them all: each reader honours only its own partition's, and a row of none would be skipped by none)."""
+    rows = {p.key: p.rows for p in manifest.partitions}
+    for r in skip_rows:
+        if r.file not in rows:
+            raise ConfigError("skip_rows", f"names file {r.file!r}, which is not a partition of the shards at "
+                                           f"{shards_uri} "
+                                           f"(its partitions: {sorted(rows)[:4]}{' ...' if len(rows) > 4 else ''})",
+                              "take the rows from a NONFINITE verdict's evidence.replay.rows of these shards")
+        if r.row >= rows[r.file]:
+            raise ConfigError("skip_rows", f"names row {r.row} of {r.file}, which has {rows[r.file]} rows",
+                              "take the rows from a NONFINITE verdict's evidence.replay.rows of these shards")
+
+
 class PartitionBatches:
     """One rank's partition, streamed. `batches(seed, cursor)` yields (batch_index, x, y) for the cursor's
     epoch from its minibatch on, reading one window of row groups at a time while the next one loads.
@@ -114,11 +130,12 @@ class PartitionBatches:
     window's read are store operations (health/store_ops.py); when the training thread has to wait for one,
     it waits through `progress` (the store is judged, not the thread).
 
-    placement: where a subclass puts the batches (data.py: devices.py's Placement); unused here."""
+    placement: where a subclass puts the batches (data.py: devices.py's Placement); unused here.
+    skip_rows: rows never served (the job config's skip_rows); those of other partitions are ignored here."""
 
     def __init__(self, store: ObjectStore, manifest: ShardManifest, rank: int, world_size: int, batch_size: int,
                  window: int = SHUFFLE_WINDOW, placement: Any = None,
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, skip_rows: Sequence[RowRef] = ()):
         self.progress = progress or Progress()
         entry = manifest.partition_for_rank(rank, world_size)
         opening = StoreOp(f"read of {entry.key}'s index" if entry.indexed else f"download of {entry.key}",
@@ -142,6 +159,8 @@ class PartitionBatches:
         self._keep_decoded = len(self.group_rows) <= window
         self._decoded: tuple[Any, Any] | None = None
         self._group_start = np.concatenate([[0], np.cumsum(self.group_rows)[:-1]]).astype(np.int64)
+        check_skip_rows(skip_rows, manifest, store.uri)
+        self.skipped = np.array(sorted(r.row for r in skip_rows if r.file == self.source.key), dtype=np.int64)
         # One loader thread: Parquet decoding releases the GIL, so the next window loads while this one trains.
         self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringflow-prefetch")
         self._ahead: tuple[tuple[int, int], "_Pending"] | None = None  # (seed, epoch), its first window
@@ -219,8 +238,9 @@ class PartitionBatches:
             pending = ahead[1]  # loaded while the previous epoch's last window trained
         else:
             pending = self._submit(todo[0]) if todo else None
-        carry_x, carry_y, position = None, None, first_row
+        carry_x, carry_y, carry_ids, position = None, None, None, first_row
         b = cursor.batch
+        skipping = self.skipped.size > 0
         for i, w in enumerate(todo):
             x, y = self._wait(pending)
             if i + 1 < len(todo):
@@ -230,18 +250,69 @@ class PartitionBatches:
                 pending = None
             skip = max(0, position - w.start)
             x, y = x[skip:], y[skip:]
+            ids = self._window_rows(w)[skip:] if skipping else None
             if carry_x is not None:  # a minibatch that spans two windows
                 x, y = self._cat(carry_x, x), self._cat(carry_y, y)
+                ids = np.concatenate([carry_ids, ids]) if skipping else None
             whole = len(x) // self.batch_size
             for k in range(whole):
                 if b >= self.batches_per_epoch:
                     return
-                yield b, *self._out(x[k * self.batch_size:(k + 1) * self.batch_size],
-                                    y[k * self.batch_size:(k + 1) * self.batch_size])
+                part = slice(k * self.batch_size, (k + 1) * self.batch_size)
+                if skipping:
+                    yield b, *self._out(*self._without_skipped(x[part], y[part], ids[part], cursor.epoch, b))
+                else:
+                    yield b, *self._out(x[part], y[part])
                 b += 1
             rest = whole * self.batch_size
             carry_x, carry_y = (x[rest:], y[rest:]) if rest < len(x) else (None, None)
+            carry_ids = ids[rest:] if skipping and rest < len(ids) else None
             position = w.start + w.rows
+
+    def _window_rows(self, w: Window) -> np.ndarray:
+        """The file row numbers of window `w`'s rows, in the order it serves them."""
+        rows = np.concatenate([np.arange(self._group_start[g], self._group_start[g] + self.group_rows[g])
+                               for g in w.groups])
+        return rows[w.order]
+
+    def _without_skipped(self, x: Any, y: Any, ids: np.ndarray, epoch: int, b: int) -> tuple[Any, Any]:
+        """Minibatch `b` without the skipped rows. The minibatch keeps its place in the order: every other row
+        is served in the same minibatch as without skip_rows, and every rank takes as many steps as before. So
+        the order stays a function of (seed, epoch, rank) alone, a cursor means the same minibatch with and
+        without skip_rows, and a retry that adds skip_rows resumes exactly where its checkpoint stopped."""
+        keep = ~np.isin(ids, self.skipped)
+        if keep.all():
+            return x, y
+        if not keep.any():
+            raise ConfigError("skip_rows", f"skips every row of minibatch {b} of epoch {epoch} on rank {self.rank} "
+                                           f"({len(ids)} rows)", "raise batch_size, or skip fewer rows")
+        index = self._index(np.flatnonzero(keep))
+        return x[index], y[index]
+
+    def minibatch_rows(self, cursor: Cursor, seed: int) -> tuple[Any, Any, np.ndarray]:
+        """Minibatch `cursor.batch` of `cursor.epoch` as batches() serves it, with the file row number of each
+        of its rows: (x, y, row_ids). Reads the row groups that hold it (a replay's one read, not the
+        training's windows), on the calling thread."""
+        order = epoch_order(self.group_rows, seed, cursor.epoch, self.rank, self.window)
+        ids = order[cursor.batch * self.batch_size:(cursor.batch + 1) * self.batch_size]
+        if self.skipped.size:
+            ids = ids[~np.isin(ids, self.skipped)]
+        group_of = np.searchsorted(self._group_start, ids, side="right") - 1
+        groups = sorted({int(g) for g in group_of})
+        op = StoreOp(f"read of {self.source.key} row groups {groups}", self.source.store_uri,
+                     self.source.group_bytes(groups))
+        with self.progress.waiting(op):
+            try:
+                x, y = self._decode(self.source.read(groups, self._columns, op.moved))
+            except BaseException as exc:
+                op.finish(exc)
+                raise
+        op.finish()
+        # Row r of the file is row (r - its group's start + the group's offset in what was read).
+        offset = np.zeros(len(self.group_rows), dtype=np.int64)
+        offset[groups] = np.concatenate([[0], np.cumsum([self.group_rows[g] for g in groups])[:-1]])
+        index = self._index(ids - self._group_start[group_of] + offset[group_of])
+        return (*self._out(x[index], y[index]), ids)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -77,7 +77,7 @@ class TfTrainer(RankRun):
         progress = self.progress
         # The same reader, order and cursor as the torch ranks (partition_batches.py), serving numpy arrays.
         self.data = PartitionBatches(manifest_store, manifest, self.rank, self.size, cfg.batch_size,
-                                     progress=progress)
+                                     progress=progress, skip_rows=cfg.skip_rows)
         if self.data.batches_per_epoch == 0:
             raise ValueError(f"batch_size {cfg.batch_size} exceeds the partition's {self.data.rows} rows")
         schema = manifest.schema
@@ -325,7 +325,7 @@ class TfTrainer(RankRun):
         return RunResult(status=status, attempt=self.attempt, step=self.step, epoch=self.cursor.epoch,
                          world_size=self.size, checkpoint=checkpoint, verdict=verdict, loss=self.last_loss,
                          resumed_from=self.resumed_from, skipped_checkpoints=tuple(self.skipped_checkpoints),
-                         remedies=self.cfg.remedies,
+                         remedies=self.cfg.remedies, skipped_rows=self.cfg.skip_rows,
                          samples_per_sec_after_warmup=self.samples_per_sec,
                          health_monitor_share_after_warmup=self.monitor_share,
                          checkpoint_blocked_seconds=self.checkpoint_seconds if self.rank == 0 else None)

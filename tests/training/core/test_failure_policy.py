@@ -13,10 +13,10 @@ from ringflow.training.formats.run_result import RunResult
 ATTEMPT = "rf-job-t1"
 
 
-def result(status="failed", verdict=None, attempt=ATTEMPT):
+def result(status="failed", verdict=None, attempt=ATTEMPT, replaying=False):
     return RunResult(status=status, attempt=attempt, step=12, epoch=0, world_size=2,
                      checkpoint="ckpt-000000012" if status == "succeeded" else None,
-                     verdict=Verdict(verdict, f"{verdict} reason") if verdict else None)
+                     verdict=Verdict(verdict, f"{verdict} reason") if verdict else None, replaying=replaying)
 
 
 def seen(state, exit_code=None, reason="", res=None, verdict=None, fatal=None, **more):
@@ -46,6 +46,15 @@ ROWS = {
         seen("running", verdict="DIVERGED", waited=True), FAIL, True, None, "DIVERGED"),
     "it stopped itself on NaN: tear down, no retry": (
         seen("running", res=result(verdict="NONFINITE"), verdict="NONFINITE"), FAIL, True, 3, "stopped itself"),
+    "it stopped itself on NaN and replays that step: watch it finish": (
+        seen("running", res=result(verdict="NONFINITE", replaying=True), verdict="NONFINITE", waited=True), WATCH,
+        False, None, "replaying that step"),
+    "it replays past the task's timeout: stop, no retry": (
+        seen("running", res=result(verdict="NONFINITE", replaying=True), verdict="NONFINITE", timed_out=True), FAIL,
+        True, 3, "stopped itself"),
+    "it was killed while it replayed: its verdict stands": (
+        seen("failed", 1, "the job failed", result(verdict="NONFINITE", replaying=True)), FAIL, False, 3,
+        "health verdict NONFINITE"),
     "it stopped itself on a stall: tear down, retry": (
         seen("running", res=result(verdict="STALLED"), verdict="STALLED", waited=True), RETRY, True, 5,
         "stopped itself: health verdict STALLED"),

@@ -9,6 +9,13 @@ def valid() -> dict:
     return {"manifest_uri": "/data/shards/manifest.json", "run_uri": "/data/run"}
 
 
+def test_skip_rows_are_typed_rows_and_survive_the_round_trip():
+    from ringflow.training.formats.config import RowRef
+
+    cfg = JobConfig.from_dict(valid() | {"skip_rows": [{"file": "part-00001.parquet", "row": 7}]})
+    assert cfg.skip_rows == (RowRef("part-00001.parquet", 7),) and JobConfig.from_dict(cfg.to_dict()) == cfg
+
+
 def test_minimal_config_gets_defaults():
     cfg = JobConfig.from_dict(valid())
     assert cfg.epochs == 5 and cfg.model.kind == "mlp" and cfg.horovod.backward_passes_per_step == 1
@@ -40,6 +47,13 @@ def test_minimal_config_gets_defaults():
     (lambda d: d.update(bind_cores="yes"), "bind_cores", 'use "auto"'),
     (lambda d: d.update(bind_cores="true"), "bind_cores", "true (bind wherever every rank can have a CPU)"),
     (lambda d: d.update(bind_cores=1), "bind_cores", "or false (never bind)"),
+    (lambda d: d.update(skip_rows={"file": "part-00001.parquet", "row": 3}), "skip_rows", "give a list"),
+    (lambda d: d.update(skip_rows=[{"file": "", "row": 3}]), "skip_rows[].file", "evidence.replay.rows"),
+    (lambda d: d.update(skip_rows=[{"file": "part-00001.parquet", "row": -1}]), "skip_rows[].row", ">= 0"),
+    (lambda d: d.update(skip_rows=[{"file": "part-00001.parquet"}]), "skip_rows[].row", "is missing"),
+    (lambda d: d.update(skip_rows=[{"file": "p.parquet", "row": 3}, {"file": "p.parquet", "row": 3}]), "skip_rows",
+     "list each row once"),
+    (lambda d: d.update(health={"replay_seconds": -1}), "health.replay_seconds", ">= 0"),
 ])
 def test_bad_values_name_the_field_and_the_fix(change, field, hint):
     doc = valid()

@@ -132,3 +132,11 @@ def test_remedies_are_kept_in_order_beside_the_attempts(object_store):
     object_store.put_bytes("remedies.jsonl", b"{not json\n")
     with pytest.raises(ValueError, match="remedies.jsonl is not JSON lines.*delete it"):
         folder.read_remedies()
+def test_each_rank_writes_its_replay_report_under_its_attempt_and_an_unknown_attempt_writes_none(object_store):
+    folder = RunFolder(object_store)
+    folder.claim("rf-a")
+    assert folder.write_replay_report("rf-a", 1, b'{"rank": 1}') and folder.write_replay_report("rf-a", 0, b"{}")
+    assert sorted(folder.read_replay_reports("rf-a")) == [b'{"rank": 1}', b"{}"]
+    folder.claim("rf-b")
+    assert folder.read_replay_reports("rf-b") == []
+    assert not folder.write_replay_report("rf-unknown", 0, b"{}") and folder.read_replay_reports("rf-unknown") == []
