@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Sequence
 
 import torch
@@ -26,6 +27,7 @@ from .callbacks.garbage_collection import ScheduledGarbageCollection
 from .callbacks.health import HealthMonitoring
 from .callbacks.logging import ProgressLog, say
 from .callbacks.throughput import Throughput
+from .callbacks.trainer_status import TrainerStatusReporting
 from ..formats.checkpoint import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint, require_file
 from .checkpoint_writer import AsyncCheckpointWriter, WrittenCheckpoint
 from ..formats.config import JobConfig
@@ -40,6 +42,7 @@ from .loop import TrainingLoop, last_step_of
 from .models import build_model
 from ..formats.run_result import SUCCEEDED, RunResult
 from .training_state import STATE_FILE, TrainingState
+from .trainer_status_reporter import TrainerStatusReporter
 from .rank_run import RankRun, run_rank
 from .rank_start import RankStart, store_call
 
@@ -113,6 +116,10 @@ class Trainer(RankRun):
             *([faults] if faults.active else []), *callbacks, self.throughput, self.health, self.liveness,
             ProgressLog(self.rank, self.size, cfg.log_every_steps, cfg.batch_size, cfg.learning_rate),
             *([self.garbage_collection] if self.garbage_collection else []), self.checkpointing]
+        # Rank 0 of a TrainJob reports progress into its status.trainerStatus (nothing elsewhere).
+        reporter = TrainerStatusReporter.from_environ(os.environ) if self.rank == 0 else None
+        if reporter is not None:
+            self.callbacks.append(TrainerStatusReporting(reporter, self.size))
 
     def _publish_checkpoint(self, name: str) -> None:
         """From the writer's thread: make `name` the run folder's newest checkpoint, then delete what that
