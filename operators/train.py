@@ -18,7 +18,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ringflow.operators.connections import DEFAULT_S3_CONN_ID, AirflowConnections
 from ringflow.operators.tracking import MlflowTracking
-from ringflow.operators.links import HealthPlotLink, RunFolderLink, RunLinks, api_base_path, run_links
+from ringflow.operators.links import HealthPlotLink, RunFolderLink, RunLinks, RunPageLink, api_base_path, run_links
 from ringflow.training.core.backends.base import Backend, backend_from_dict
 from ringflow.training.core.backends.job_spec import JobSpec
 from ringflow.training.formats.engines import DEFAULT_CONTROLLER
@@ -197,7 +197,7 @@ class TrainOperator(BaseOperator):
     template_fields_renderers = {"job_config": "json"}
     ui_color = "#f4a261"
     # Shown on the task in the UI; their URLs are computed when the task runs (links.py).
-    operator_extra_links = (RunFolderLink(), HealthPlotLink())
+    operator_extra_links = (RunPageLink(), RunFolderLink(), HealthPlotLink())
 
     def __init__(self, *, manifest_uri: str, run_uri: str | None = None, store_uri: str | None = None,
                  num_workers: int | str = 2, epochs: int | str | None = None, batch_size: int | str | None = None,

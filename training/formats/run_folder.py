@@ -359,6 +359,13 @@ class RunFolder:
         """The keys of the evaluate task's files kept beside its metrics: eval.json."""
         return [EVAL]
 
+    def read_health_plot(self) -> bytes | None:
+        """health.png's bytes (the run page shows them inline); None while the train task has saved none."""
+        try:
+            return self.store.get_bytes(HEALTH_PLOT)
+        except ObjectNotFound:
+            return None
+
     def presigned_health_plot(self, seconds: int) -> str:
         """A time-limited URL of health.png (S3 only), for the task's extra link."""
         return self.store.presigned_get(HEALTH_PLOT, seconds)

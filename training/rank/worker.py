@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from typing import Sequence
 
@@ -27,6 +28,7 @@ from .callbacks.garbage_collection import ScheduledGarbageCollection
 from .callbacks.health import HealthMonitoring
 from .callbacks.logging import ProgressLog, say
 from .callbacks.throughput import Throughput
+from .callbacks.trainer_status import TrainerStatusReporting
 from ..formats.checkpoint import (CheckpointStore, LoadedCheckpoint, SkippedCheckpoint, first_loadable,
                                   require_file, step_of)
 from .checkpoint_writer import AsyncCheckpointWriter, WrittenCheckpoint
@@ -45,6 +47,7 @@ from ..formats.replay_report import ReplayReport, replay_evidence, step_to_repla
 from ..formats.run_folder import RunFolder
 from ..formats.run_result import FAILED, SUCCEEDED, RunResult
 from .training_state import STATE_FILE, TrainingState
+from .trainer_status_reporter import TrainerStatusReporter
 from .rank_run import RankRun, run_rank, unreplayed
 from .replay import StepReplay
 from .replay_exchange import (GRACE_SECONDS, gather_reports, gathered, publish_report, replay_started,
@@ -120,6 +123,10 @@ class Trainer(RankRun):
             *([faults] if faults.active else []), *callbacks, self.throughput, self.health, self.liveness,
             ProgressLog(self.rank, self.size, cfg.log_every_steps, cfg.batch_size, cfg.learning_rate),
             *([self.garbage_collection] if self.garbage_collection else []), self.checkpointing]
+        # Rank 0 of a TrainJob reports progress into its status.trainerStatus (nothing elsewhere).
+        reporter = TrainerStatusReporter.from_environ(os.environ) if self.rank == 0 else None
+        if reporter is not None:
+            self.callbacks.append(TrainerStatusReporting(reporter, self.size))
 
     def _new_model(self) -> tuple[torch.nn.Module, object]:
         """The config's model on this rank's device with its precision, and its loss: with torch seeded by

@@ -28,6 +28,7 @@ from .jobset_names import LAUNCHER, NODE, TRAINER_PORT, pod_hostname
 from .settings import SettingsError, TrainJobSettings
 from ringflow.training.formats.engines import (DEFAULT_ENGINE, TF_CONFIG_LAUNCHER, TRAINJOB, EngineError,
                                                 check_backend)
+from ringflow.training.health.trainer_status import TRAINJOB_NAME_ENV, TRAINJOB_NAMESPACE_ENV
 from ringflow.training.rank.engines import ENGINE_ENV
 
 __all__ = ["API_VERSION", "KIND", "TRAINER_RELEASE", "build_trainjob", "engine_of", "tf_pod_command", "torchrun_command"]
@@ -51,6 +52,11 @@ RESERVED_ENV = {
     # What a TensorFlow pod derives TF_CONFIG from, and TF_CONFIG itself (tf_pod.py).
     TF_CONFIG_LAUNCHER: tf_pod.MANAGED_ENV,
 }
+
+
+# What ringflow's runtimes give every pod that hosts rank 0 through the downward API (deploy/trainer/): its TrainJob,
+# whose status.trainerStatus rank 0 updates (health/trainer_status.py). A TrainJob's own env must not set them.
+RUNTIME_ENV = (TRAINJOB_NAME_ENV, TRAINJOB_NAMESPACE_ENV)
 
 
 def engine_of(spec: JobSpec) -> str:
@@ -132,7 +138,7 @@ def build_trainjob(spec: JobSpec, settings: TrainJobSettings) -> dict[str, Any]:
         raise SettingsError("settings must be a TrainJobSettings (use TrainJobSettings.from_dict for JSON)")
     engine = engine_of(spec)
     _check_name(spec, engine)
-    P.check_env(spec, RESERVED_ENV[_pod_launcher(engine)] + (ENGINE_ENV,))
+    P.check_env(spec, RESERVED_ENV[_pod_launcher(engine)] + (ENGINE_ENV,) + RUNTIME_ENV)
     command = _command(spec, settings, engine)
     trainer = {
         "image": settings.image,
