@@ -187,6 +187,9 @@ def create_app() -> FastAPI:
     @app.get(f"/{TASK_PAGE_ROUTE}/{{dag_id}}/{{run_id}}/{{task_id}}", response_class=HTMLResponse)
     def run_page_by_task(dag_id: str, run_id: str, task_id: str, map_index: str | None = None,
                          user=Depends(_current_user)):
+        # The URL's DAG itself, not only the folder it maps to: two DAG ids can share a folder name
+        # (store_layout.safe_segment), and the user must be allowed the one they asked for.
+        _authorize(dag_id, user)
         key = task_run_key(dag_id, run_id, task_id, map_index)
         return _run_page(key, user, f"{RUN_PAGE}: {dag_id} / {run_id} / {task_id.rpartition('.')[0] or task_id}")
 

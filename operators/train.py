@@ -46,8 +46,10 @@ def job_name(dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
 
 
 # Where a run reads and writes belongs to the operator: manifest_uri is the shard step's, run_uri the task's
-# run folder. An override of either could point a run at another team's data or run folder.
-OWNED_FIELDS = ("manifest_uri", "run_uri")
+# run folder. An override of either could point a run at another team's data or run folder. The remediation's
+# fields are the retry's to set (remediation.apply_remedies): a resume_before_step by hand would send every
+# retry back before that step.
+OWNED_FIELDS = ("manifest_uri", "run_uri", "resume_before_step", "remedies")
 
 
 def owned_fields_in(overrides: dict[str, Any]) -> list[str]:
@@ -62,10 +64,15 @@ def check_overrides(overrides: dict[str, Any]) -> None:
     found = owned_fields_in(overrides) if isinstance(overrides, dict) else []
     if found:
         field = found[0]
-        raise ConfigError(field, "cannot be overridden in job_config: the operator sets it (manifest_uri from "
-                                 "its manifest_uri argument, the shard step's output; run_uri, this task's "
-                                 "run folder)",
-                          f"remove '{field}' from job_config, and pass manifest_uri/run_uri to the operator instead")
+        if field in ("manifest_uri", "run_uri"):
+            raise ConfigError(field, "cannot be overridden in job_config: the operator sets it (manifest_uri from "
+                                     "its manifest_uri argument, the shard step's output; run_uri, this task's "
+                                     "run folder)",
+                              f"remove '{field}' from job_config, and pass manifest_uri/run_uri to the operator "
+                              f"instead")
+        raise ConfigError(field, "cannot be set in job_config: the operator's retry sets it under remediation "
+                                 "\"auto\" (what it changed and from which step it resumes)",
+                          f"remove '{field}' from job_config; set remediation: \"auto\" to have retries remediate")
 
 
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -279,10 +286,14 @@ class TrainOperator(BaseOperator):
                 # Deferred: the wait holds no worker slot (a store outage can last minutes).
                 self.log.info("remediation: waiting %gs before launching try %d", wait, ti.try_number)
                 self.defer(trigger=TimeDeltaTrigger(dt.timedelta(seconds=wait)), method_name="launch_after_wait")
-        self._launch(ti, config, num_workers, backend, avoided_nodes(planned, ti.try_number))
+        changed = any(p.try_number == ti.try_number for p in planned or ())
+        self._launch(ti, config, num_workers, backend, avoided_nodes(planned, ti.try_number), changed=changed)
 
     def _launch(self, ti: Any, config: dict[str, Any], num_workers: int, backend: Backend,
-                avoid_nodes: tuple[str, ...]) -> None:
+                avoid_nodes: tuple[str, ...], *, changed: bool = False) -> None:
+        """Launch this try's job, or reattach to a live one of an earlier try. `changed`: a remedy changes this
+        try, so an earlier try's job (left running when stopping it failed) runs the old config: it is
+        stopped, never reattached to, or the try would report a change that never ran."""
         # a mapped copy (a sweep candidate) is its own job: never reattach to, or reuse the name of, a sibling's
         task = ti.task_id if getattr(ti, "map_index", None) in (None, -1) else f"{ti.task_id}.m{ti.map_index}"
         labels = {"dag": ti.dag_id, "run": ti.run_id, "task": task}
@@ -292,6 +303,10 @@ class TrainOperator(BaseOperator):
         # from its creation; and the store is keyed by (dag, run, task, map index), which the labels already
         # hold, so it would add a second route to the same fact. It exists only under the Task SDK supervisor.
         job_id = backend.find(labels)
+        if job_id and changed:
+            self.log.info("stopping live job %s of an earlier try: this try runs changed (remediation)", job_id)
+            backend.delete(job_id)
+            job_id = None
         if job_id:
             self.log.info("reattaching to live job %s from an earlier try (labels %s)", job_id, labels)
         else:
@@ -406,6 +421,10 @@ class TrainOperator(BaseOperator):
         from ringflow.training.formats.config import REMEDIATION_AUTO, JobConfig
 
         if decision.action not in (RETRY, FAIL) or decision.verdict is None or config is None or run is None:
+            return decision
+        if not decision.verdict.is_fatal(bool((config.get("health") or {}).get("stop_on_degraded"))):
+            # A verdict that did not end the try (a DEGRADED seen before a crash or a timeout) is not what
+            # failed: remedying it would change a job for what did not stop it.
             return decision
         if config["remediation"] != REMEDIATION_AUTO:
             return decision

@@ -24,7 +24,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from ringflow.operators.connections import AirflowConnections, open_store_for
 from ringflow.training.core.backends.base import backend_from_dict
-from ringflow.training.core.failure_policy import SUCCEED, UNKNOWN, Observation, decide
+from ringflow.training.core.failure_policy import SUCCEED, UNKNOWN, Observation, decide, replay_limit_seconds
 from ringflow.training.health.oom import with_step
 from ringflow.training.health.verdict import Verdict
 
@@ -67,7 +67,7 @@ class TrainJobTrigger(BaseTrigger):
         # Rebuilt from the serialized fields alone (a restarted triggerer): its first poll reads the run once.
         run = await asyncio.to_thread(open_store_for, self.run_uri, self.conn_id)  # a connection lookup blocks
         watch = HealthWatch(run, self.health, self.attempt)
-        running_since, waited = None, False
+        running_since, waited, replaying_since = None, False, None
         while True:
             status = await backend.astatus(self.job_id)
             if status.state == "running" and running_since is None:
@@ -87,9 +87,13 @@ class TrainJobTrigger(BaseTrigger):
                 step = watch.last_step + 1 if watch.last_step is not None else None
                 seen_verdict, fatal = with_step(status.verdict, step), True
                 verdict = seen_verdict.to_dict()
+            if result is not None and result.replaying and result.attempt == watch.attempt:
+                replaying_since = replaying_since or time.time()
             seen = Observation(status.state, status.exit_code, status.reason, result, watch.attempt,
                                seen_verdict, fatal, waited,
-                               timed_out=self.timeout_at is not None and time.time() > self.timeout_at)
+                               timed_out=self.timeout_at is not None and time.time() > self.timeout_at,
+                               replay_overdue=replaying_since is not None
+                               and time.time() - replaying_since > replay_limit_seconds(self.health))
             if decide(seen).decided:
                 if verdict and fatal:
                     self.log.error("health verdict %s: %s (job %s)", verdict["status"], verdict["reason"], self.job_id)

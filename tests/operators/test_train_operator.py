@@ -208,7 +208,16 @@ def test_overrides_may_change_how_it_trains(tmp_path, digits_manifest):
     assert config["run_uri"] == str(tmp_path / "run") and config["checkpoint"]["every_steps"] == 7
     assert config["manifest_uri"] == digits_manifest and config["epochs"] == 2
     assert owned_fields_in({"checkpoint": {"keep_last": 2}, "health": {"uri": "x"}}) == []
-    assert owned_fields_in({"manifest_uri": "a", "run_uri": "b"}) == list(OWNED_FIELDS)
+    everything = {"manifest_uri": "a", "run_uri": "b", "resume_before_step": 3, "remedies": []}
+    assert owned_fields_in(everything) == list(OWNED_FIELDS)
+
+
+@pytest.mark.parametrize("field, value", [("resume_before_step", 10), ("remedies", [])])
+def test_the_retrys_remediation_fields_cannot_be_set_by_hand(field, value):
+    from ringflow.training.formats.config import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"config field '{field}'.*remediation.*remove '{field}'"):
+        build_job_config(manifest_uri="m/manifest.json", run_uri="r", overrides={field: value})
 
 
 FAULT = {"kind": "crash", "rank": 1, "step": 7}

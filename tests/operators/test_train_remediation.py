@@ -101,6 +101,27 @@ def test_a_sync_bound_try_gets_wider_buckets(tmp_path, digits_manifest, launched
     assert launched[-1].config["horovod"]["fusion_threshold_mb"] == 128.0
 
 
+def test_a_degraded_verdict_that_did_not_end_the_try_is_not_remedied(tmp_path, digits_manifest, launched):
+    """Without health.stop_on_degraded a sync-bound verdict is not what failed the try (the job crashed, or
+    timed out): the retry runs unchanged, and nothing is recorded as a remedy."""
+    op = operator(tmp_path, digits_manifest)
+    said, _ = fail_then_retry(op, SYNC)
+    assert "the next try" not in said and remedies(tmp_path) == []
+    assert launched[-1].config["horovod"]["fusion_threshold_mb"] == 64.0 and launched[-1].config["remedies"] == []
+
+
+def test_a_changed_retry_stops_a_live_job_of_the_earlier_try_instead_of_reattaching(tmp_path, digits_manifest,
+                                                                                     launched, monkeypatch):
+    """Stopping try 1's job failed and it still runs the old config: try 2 runs changed, so it stops that
+    job and launches its own, never reporting a change that did not run."""
+    deleted = []
+    monkeypatch.setattr(LocalProcessBackend, "find", lambda self, labels: "rf-try-1")
+    monkeypatch.setattr(LocalProcessBackend, "delete", lambda self, job_id: deleted.append(job_id))
+    op = operator(tmp_path, digits_manifest, learning_rate=0.01)
+    fail_then_retry(op, NAN)
+    assert "rf-try-1" in deleted and launched[-1].config["learning_rate"] == 0.005
+
+
 def test_a_store_outage_waits_deferred_then_launches(tmp_path, digits_manifest, launched):
     op = operator(tmp_path, digits_manifest)
     said, deferred = fail_then_retry(op, STORE)

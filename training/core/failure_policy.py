@@ -30,6 +30,18 @@ from ..health.verdict import DIVERGED, HEALTHY, NONFINITE, OOM, Verdict
 from ..formats.run_result import RunResult
 from . import remediation
 
+# A replay may take health.replay_seconds on the ranks, then rank 0 waits for the other ranks' reports and
+# publishes (rank/replay_exchange.py's grace, a checkpoint upload settling first): past this much more, the job
+# is taken as stuck in its replay and stopped, its NONFINITE verdict standing.
+REPLAY_OVERDUE_GRACE_SECONDS = 60.0
+
+
+def replay_limit_seconds(health: Mapping[str, Any]) -> float:
+    """How long a job that published a `replaying` result is watched before it counts as stuck."""
+    from ..formats.config import HealthConfig
+
+    return float(health.get("replay_seconds", HealthConfig.replay_seconds)) + REPLAY_OVERDUE_GRACE_SECONDS
+
 SUCCEED, RETRY, FAIL, WATCH = "succeed", "retry", "fail", "watch"
 ACTIONS = (SUCCEED, RETRY, FAIL, WATCH)
 # A retry resumes from a checkpoint of the same run and meets the same NaN or divergence: a person must
@@ -68,6 +80,9 @@ class Observation:
     timed_out: bool = False
     refused: str | None = None
     watch_error: str | None = None
+    # The job has been replaying its failed step for longer than replay_limit_seconds allows (a rank 0 frozen
+    # mid-replay would otherwise be watched until the task's timeout, or for ever without one).
+    replay_overdue: bool = False
 
     def __post_init__(self) -> None:
         if self.state not in (*STATES, UNKNOWN):
@@ -97,7 +112,7 @@ class Observation:
         return cls(state=doc.get("state") or UNKNOWN, exit_code=doc.get("exit_code"), reason=doc.get("reason") or "",
                    result=result, attempt=doc.get("attempt"), verdict=verdict, fatal=bool(v and v.get("fatal")),
                    waited=bool(doc.get("waited")), timed_out=bool(doc.get("timed_out")), refused=doc.get("refused"),
-                   watch_error=doc.get("watch_error"))
+                   watch_error=doc.get("watch_error"), replay_overdue=bool(doc.get("replay_overdue")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +166,7 @@ def decide(seen: Observation) -> Decision:
 
 def _running(seen: Observation, result: RunResult | None) -> Decision:
     verdict = seen.verdict if seen.fatal else None
-    if result is not None and result.replaying and not seen.timed_out:
+    if result is not None and result.replaying and not seen.timed_out and not seen.replay_overdue:
         # Its verdict is written, and it replays the failed step to tell the data from a transient fault (at
         # most health.replay_seconds): its final result, with what the replay found, follows.
         own = result.verdict or verdict

@@ -172,7 +172,7 @@ def _count(history: Sequence[Remedy], kind: str) -> int:
 def _nonfinite(verdict: Verdict, cfg: JobConfig, history, **_) -> Remedy:
     replay = verdict.evidence.get("replay")
     if isinstance(replay, Mapping) and "reproducible" in replay:
-        return _replayed(verdict, replay, history)
+        return _replayed(verdict, replay, history, cfg)
     name, cuts = verdict_name(verdict), _count(history, LOWER_LEARNING_RATE)
     if cuts >= MAX_LEARNING_RATE_CUTS:
         return Remedy(GIVE_UP, name, f"NaN/Inf again after the learning rate was cut {cuts} times (now "
@@ -185,7 +185,7 @@ def _nonfinite(verdict: Verdict, cfg: JobConfig, history, **_) -> Remedy:
                   LOWER_LEARNING_RATE, {"learning_rate": lr}, resume_before_step=step)
 
 
-def _replayed(verdict: Verdict, replay: Mapping[str, Any], history) -> Remedy:
+def _replayed(verdict: Verdict, replay: Mapping[str, Any], history, cfg: JobConfig) -> Remedy:
     """NONFINITE whose step the rank replayed on the last checkpoint's state: the data, or a transient fault."""
     name, step = verdict_name(verdict), verdict.evidence.get("step")
     if not replay["reproducible"]:
@@ -206,8 +206,12 @@ def _replayed(verdict: Verdict, replay: Mapping[str, Any], history) -> Remedy:
     if len(skips) >= MAX_ROW_SKIPS:
         return Remedy(GIVE_UP, name, f"NaN/Inf at step {step} from data again, after rows were skipped "
                                      f"{len(skips)} times: clean the data set (the verdict names the rows)")
-    # Every row skipped so far stays skipped: the latest skip holds them all.
-    earlier = list(skips[-1].settings.get(SKIP_ROWS_SETTING, ())) if skips else []
+    # Every row skipped so far stays skipped: the owner's own skip_rows (in the config the failed try ran
+    # with), then the latest skip's, which holds every earlier skip's.
+    earlier = [{"file": r.file, "row": r.row} for r in cfg.skip_rows]
+    for r in (skips[-1].settings.get(SKIP_ROWS_SETTING, ()) if skips else ()):
+        if dict(r) not in earlier:
+            earlier.append(dict(r))
     skipped = earlier + [r for r in rows if r not in earlier]
     said = ", ".join(f"{r.get('file')} row {r.get('row')}" for r in rows)
     return Remedy(CHANGE, name, f"NaN/Inf at step {step} reproduced on replay: the data. The next try resumes "
@@ -352,4 +356,5 @@ def rank_nodes(records: Sequence[Mapping[str, Any]] | None) -> dict[int, str]:
     """rank -> the node it ran on, from the newest `start` record that lists them (rank 0 writes every rank's,
     rank/node_names.py): what a straggler remedy keeps the next try off. {} when no record says."""
     starts = [r for r in records or () if r.get("type") == "start" and isinstance(r.get("nodes"), list)]
-    return dict(enumerate(str(n) for n in starts[-1]["nodes"])) if starts else {}
+    # "" is a rank whose node is not known (rank/worker_env.node_name): left out, so the remedy says so.
+    return {rank: str(n) for rank, n in enumerate(starts[-1]["nodes"]) if n} if starts else {}

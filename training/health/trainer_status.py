@@ -29,7 +29,7 @@ INT32_MAX = 2**31 - 1
 # is named like its TrainJob) and its namespace through the downward API (deploy/trainer/).
 TRAINJOB_NAME_ENV = "RINGFLOW_TRAINJOB_NAME"
 TRAINJOB_NAMESPACE_ENV = "RINGFLOW_TRAINJOB_NAMESPACE"
-# What the reporter calls, exactly (deploy/rbac.yaml's Role for the training pods grants this and nothing more).
+# What the reporter calls, exactly (deploy/training-rbac.yaml's Role for the training pods grants this and nothing more).
 API_CALLS = (("trainer.kubeflow.org", "trainjobs/status", "patch"),)
 
 

@@ -116,7 +116,7 @@ class TrainerStatusReporter:
                 detail = exc.read().decode(errors="replace")[:300] if hasattr(exc, "read") else ""
                 log.warning("trainerStatus: could not update %s (%s%s); retrying with the next report (every few "
                             "seconds), logged once until one succeeds. Check the pod's service account may patch "
-                            "trainjobs/status (deploy/rbac.yaml)", self.url, exc, f": {detail}" if detail else "")
+                            "trainjobs/status (deploy/training-rbac.yaml)", self.url, exc, f": {detail}" if detail else "")
                 self._failing = True
             return
         self._failing = False

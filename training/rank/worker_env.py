@@ -37,7 +37,8 @@ NODE_NAME_ENV = "RINGFLOW_NODE_NAME"
 
 
 def node_name(environ: Mapping[str, str]) -> str:
-    """Where this rank runs: NODE_NAME_ENV, else this host's name."""
-    import socket
-
-    return environ.get(NODE_NAME_ENV) or socket.gethostname()
+    """The Kubernetes node this rank runs on (NODE_NAME_ENV, from the downward API), or "" when it is not
+    known. Not the host name: in a pod that is the pod's name, and a rank mpirun starts over ssh on an MPIJob
+    worker never sees the downward API's variables, so a host name would send a straggler remedy after a node
+    that does not exist (it keeps off nothing, and the policy then blames the job)."""
+    return environ.get(NODE_NAME_ENV, "")

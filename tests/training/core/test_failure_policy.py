@@ -52,6 +52,9 @@ ROWS = {
     "it replays past the task's timeout: stop, no retry": (
         seen("running", res=result(verdict="NONFINITE", replaying=True), verdict="NONFINITE", timed_out=True), FAIL,
         True, 3, "stopped itself"),
+    "it replays past the replay's limit (a frozen rank 0): stop, no retry": (
+        seen("running", res=result(verdict="NONFINITE", replaying=True), verdict="NONFINITE", replay_overdue=True),
+        FAIL, True, 3, "stopped itself"),
     "it was killed while it replayed: its verdict stands": (
         seen("failed", 1, "the job failed", result(verdict="NONFINITE", replaying=True)), FAIL, False, 3,
         "health verdict NONFINITE"),

@@ -178,6 +178,14 @@ REPLAY_ROWS = {
 }
 
 
+def test_the_owners_own_skip_rows_stay_skipped_beside_the_replays():
+    """The config the failed try ran with already skipped a row (the owner's skip_rows): the remedy adds the
+    replay's rows to it, never replaces it."""
+    own = {"file": "part-00000.parquet", "row": 5}
+    got = remedy(replayed(True, [ROW_A]), config(skip_rows=[own]), [], world_size=2, backend_kind=LOCAL)
+    assert (got.remedy, dict(got.settings)) == (SKIP_ROWS, {"skip_rows": [own, ROW_A]}), got
+
+
 @pytest.mark.parametrize("name", REPLAY_ROWS)
 def test_nonfinite_with_replay(name):
     verdict, history, action, kind, settings, says = REPLAY_ROWS[name]
@@ -230,6 +238,15 @@ def test_the_ranks_nodes_come_from_the_newest_start_record():
                {"type": "start"}]
     assert rank_nodes(records) == {0: "n2", 1: "n3"}
     assert rank_nodes([{"type": "step"}]) == {} and rank_nodes(None) == {}
+    # a rank whose node is not known (mpirun's ranks on MPIJob workers): left out, so a remedy says so
+    assert rank_nodes([{"type": "start", "nodes": ["n0", ""]}]) == {0: "n0"}
+
+
+def test_a_rank_knows_its_node_only_from_the_downward_api():
+    from ringflow.training.rank.worker_env import NODE_NAME_ENV, node_name
+
+    assert node_name({NODE_NAME_ENV: "node-7"}) == "node-7"
+    assert node_name({"HOSTNAME": "rf-job-worker-1"}) == ""  # a pod's host name is not a node
 
 
 def test_a_line_that_is_no_planned_remedy_says_what_to_do():
