@@ -313,7 +313,9 @@ def check_engine_fits(cfg: "JobConfig", engine: str) -> None:
 class FaultConfig:
     """Fault injection for tests only: each fault fires on `rank` once `step` is reached, on the task's try
     `on_try` (the operator keeps only that try's faults: one run can walk a chain of faults, a different one
-    on each try; the first try when not given). `seconds`: how long a slow_rank fault sleeps each step. `oom`
+    on each try; the first try when not given). `seconds`: how long a slow_rank fault sleeps each step before
+    backward (compute: a straggler), and a slow_sync fault inside the step's all-reduce wait (what health counts
+    as sync, as a slow network would; give it on every rank: health judges the smallest share across ranks). `oom`
     raises the engine's out-of-memory error when the per-worker batch is above `above_batch`, as a rank whose
     activations no longer fit would (a smaller batch then trains: the OOM remedy's test)."""
 
@@ -324,7 +326,7 @@ class FaultConfig:
     on_try: int = 1
     above_batch: int = 0
 
-    KINDS = ("nan_gradient", "slow_rank", "perturb_replica", "hang", "crash", "oom")
+    KINDS = ("nan_gradient", "slow_rank", "slow_sync", "perturb_replica", "hang", "crash", "oom")
 
     def __post_init__(self) -> None:
         _require(self.kind in self.KINDS, "faults[].kind", f"is {self.kind!r}", f"use one of {self.KINDS}")

@@ -4,7 +4,7 @@
         loss = callbacks.before_backward(loss_fn(model(x), y))      faults
         backward; callbacks.after_backward                            health: first NaN/Inf loss
         every k-th micro-batch (engine.accumulation_steps):
-            engine.sync_gradients; step += 1
+            callbacks.before_sync; engine.sync_gradients; step += 1   faults: slow_sync (timed as sync)
             callbacks.on_gradients_ready  -> stop?                    health: measure (before the update)
             engine.apply_gradients
             callbacks.after_optimizer_step -> stop?                   faults, health: checksum
@@ -35,8 +35,8 @@ from .engine import Engine
 from .step_timing import StepTiming
 from ..health.verdict import Verdict
 
-HOOKS = ("before_backward", "after_backward", "on_gradients_ready", "after_optimizer_step", "on_step_end",
-         "on_train_end")
+HOOKS = ("before_backward", "after_backward", "before_sync", "on_gradients_ready", "after_optimizer_step",
+         "on_step_end", "on_train_end")
 
 
 def last_step_of(epochs: int, batches_per_epoch: int, accumulation_steps: int) -> int:
@@ -87,7 +87,7 @@ class TrainingLoop:
         for callback in self.callbacks:
             callback.on_train_start(self)
         # Resolved once: the callbacks are fixed from here on.
-        before_backward, after_backward, gradients_ready, after_step, step_end, train_end = (
+        before_backward, after_backward, before_sync, gradients_ready, after_step, step_end, train_end = (
             implementing(self.callbacks, hook) for hook in HOOKS)
         model, engine, optimizer, loss_fn = self.model, self.engine, self.optimizer, self.loss_fn
         k, samples, per_epoch = engine.accumulation_steps, 0, self.data.batches_per_epoch
@@ -108,6 +108,8 @@ class TrainingLoop:
                 if k > 1 and (epoch * per_epoch + b + 1) % k:
                     continue  # accumulate: the engine all-reduces after the k-th backward pass
                 sync_started = time.perf_counter()
+                for hook in before_sync:
+                    hook(self)
                 engine.sync_gradients(optimizer)
                 synced = time.perf_counter()
                 self.step += 1

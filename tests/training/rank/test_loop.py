@@ -254,3 +254,23 @@ def test_rank_0s_skip_word_makes_every_rank_skip_the_due_step():
     rank1 = Checkpointing(None, every_steps=1, world_size=2, run_meta={})
     assert rank1.on_step_end(loop, type("T", (), {"step": 1})()) is None
     assert rank1.skipped == 1 and words == ["ringflow.checkpoint_wait"] and rank1.final is None
+
+
+def test_a_slow_sync_fault_is_timed_as_the_steps_all_reduce_not_its_compute():
+    """faults' slow_sync sleeps in before_sync, inside the loop's timed all-reduce wait: the step's sync time
+    grows by it (a sync-bound step as health sees it), from its step on."""
+    from ringflow.training.formats.config import JobConfig
+    from ringflow.training.rank.callbacks.faults import FaultInjection
+
+    cfg = JobConfig.from_dict({"manifest_uri": "m.json", "run_uri": "run",
+                               "faults": [{"kind": "slow_sync", "rank": 0, "step": 3, "seconds": 0.05}]})
+    timings = []
+
+    class Timings(Callback):
+        def on_gradients_ready(self, loop, timing):
+            timings.append(timing)
+
+    make_loop([FaultInjection(cfg, rank=0), Timings()]).run()
+    slow = {t.step for t in timings if t.sync_time >= 0.05}
+    assert slow == {3, 4, 5, 6}
+    assert all(t.step_time >= t.sync_time for t in timings)

@@ -27,6 +27,10 @@ class Callback:
     def after_backward(self, loop: "TrainingLoop") -> None:
         """After each micro-batch's backward pass; loop.last_loss is its loss."""
 
+    def before_sync(self, loop: "TrainingLoop") -> None:
+        """The step's micro-batches are done; the engine's gradient all-reduce wait comes next. The step's sync
+        time (StepTiming.sync_time) is measured from before this hook: what it spends counts as all-reduce."""
+
     def on_gradients_ready(self, loop: "TrainingLoop", timing: "StepTiming") -> Verdict | None:
         """The averaged gradients are in .grad and not yet applied: a stop here keeps them out of the model."""
         return None

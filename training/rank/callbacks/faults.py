@@ -53,6 +53,13 @@ class FaultInjection(Callback):
             return loss * float("nan")
         return loss
 
+    def before_sync(self, loop) -> None:
+        # Inside the loop's timed all-reduce wait (loop.py): the step's sync time grows as a slow network's
+        # would, on both torch engines, while compute stays the same (no straggler).
+        slow = self._due("slow_sync", loop.step + 1, once=False)
+        if slow is not None:
+            time.sleep(slow.seconds)
+
     def after_optimizer_step(self, loop, timing) -> None:
         if self._due("perturb_replica", loop.step) is not None:
             with torch.no_grad():
