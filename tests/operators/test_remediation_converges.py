@@ -121,6 +121,7 @@ def assert_healthy_and_promoted(out: dict, promoted: dict, remedy: str, verdict:
 
 
 @pytest.mark.slow
+@pytest.mark.background  # mostly waits (1 s syncs, a held store): beside the main lane (scripts/test.sh)
 @pytest.mark.timeout(600)
 def test_a_sync_bound_try_is_retried_with_wider_buckets_and_promoted(tmp_path, digits_manifest, proxied_bucket):
     """Try 1: every rank's all-reduce wait is SLOW_SYNC_SECONDS longer; health sees a sync-bound step and, with
@@ -150,6 +151,7 @@ def test_a_sync_bound_try_is_retried_with_wider_buckets_and_promoted(tmp_path, d
 
 
 @pytest.mark.slow
+@pytest.mark.background  # mostly waits (1 s syncs, a held store): beside the main lane (scripts/test.sh)
 @pytest.mark.timeout(600)
 def test_a_store_outage_waits_deferred_then_launches_and_promotes(tmp_path, digits_manifest, proxied_bucket):
     """Try 1's writes to its run folder are held once its first checkpoint is published (the store takes no
