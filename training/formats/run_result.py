@@ -6,7 +6,11 @@
      "resumed_from": "ckpt-…" | null, "world_size": 2,
      "skipped_checkpoints": [{"name": "ckpt-…", "reason": "…"}],   # newer ones the resume passed over
      "samples_per_sec_after_warmup": 5100.0 | null, "health_monitor_share_after_warmup": 0.013 | null,
-     "checkpoint_blocked_seconds": 0.4 | null}
+     "checkpoint_blocked_seconds": 0.4 | null,
+     "world_size_changes": [{"from_world_size": 2, "to_world_size": 3, "accumulation_steps": 1, ...}]}
+
+`world_size_changes`: every resume of this run on another number of workers so far, oldest first
+(rank/world_size_change.py: the accumulation and learning-rate factor each chose); empty when none.
 
 `checkpoint_blocked_seconds`: rank 0's training thread's time in checkpoints (snapshots, and waits for a
 previous upload still running; checkpoint_writer.py); the uploads themselves run in the background.
@@ -69,6 +73,8 @@ class RunResult:
     checkpoint_blocked_seconds: float | None = None
     # Newer checkpoints the resume passed over (corrupt, unsafe), and why: the step it went back to is explained.
     skipped_checkpoints: tuple[SkippedCheckpoint, ...] = ()
+    # Each resume on another number of workers (world_size_change.WorldSizeChange.as_record), oldest first.
+    world_size_changes: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -106,6 +112,7 @@ class RunResult:
         doc = {"format": FORMAT} | {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         doc["verdict"] = self.verdict.to_dict() if self.verdict else None
         doc["skipped_checkpoints"] = [dataclasses.asdict(s) for s in self.skipped_checkpoints]
+        doc["world_size_changes"] = [dict(c) for c in self.world_size_changes]
         return json.loads(json.dumps(_strict(doc), default=str))  # plain JSON: evidence may hold tuples
 
     def to_json(self) -> bytes:
@@ -130,7 +137,8 @@ class RunResult:
                        health_monitor_share_after_warmup=_float(doc.get("health_monitor_share_after_warmup")),
                        checkpoint_blocked_seconds=_float(doc.get("checkpoint_blocked_seconds")),
                        skipped_checkpoints=tuple(SkippedCheckpoint(str(s["name"]), str(s["reason"]))
-                                                 for s in doc.get("skipped_checkpoints") or ()))
+                                                 for s in doc.get("skipped_checkpoints") or ()),
+                       world_size_changes=tuple(dict(c) for c in doc.get("world_size_changes") or ()))
         except ResultError as exc:
             raise ResultError(f"{where}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:

@@ -80,6 +80,12 @@ class TfTrainer(RankRun):
                                      progress=progress)
         if self.data.batches_per_epoch == 0:
             raise ValueError(f"batch_size {cfg.batch_size} exceeds the partition's {self.data.rows} rows")
+        if self.data.uneven():
+            # The torch engines weigh a partial micro-batch by its rows; this loop takes whole ones only.
+            raise ValueError(f"the TensorFlow engine trains on whole micro-batches only: the shards' "
+                             f"{self.data.stream_rows} training rows do not split into whole micro-batches of "
+                             f"{cfg.batch_size} on {self.size} workers; run as many workers as the shard step "
+                             f"wrote partitions ({manifest.num_partitions}), or use a torch engine")
         schema = manifest.schema
         self.schema = schema
         tf.random.set_seed(cfg.seed)
@@ -125,6 +131,12 @@ class TfTrainer(RankRun):
         if found is None:
             return
         loaded, state = found
+        trained_on = int(loaded.manifest.meta.get("world_size", self.size))
+        if trained_on != self.size:
+            raise ConfigError("engine", f"checkpoint {loaded.manifest.name} was written by {trained_on} TensorFlow "
+                              f"workers and this try runs {self.size}: the TensorFlow engine resumes on the same "
+                              f"number of workers only", f"run {trained_on} workers, or train with a torch engine "
+                              f"(horovod, ddp), which resumes on any number")
         # Every worker reads the same checkpoint: the replicas start equal again without a broadcast (the
         # replica checksum would say if they did not).
         missing = sorted(set(self.params) - set(state.model))

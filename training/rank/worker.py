@@ -42,6 +42,7 @@ from ..formats.run_result import SUCCEEDED, RunResult
 from .training_state import STATE_FILE, TrainingState
 from .rank_run import RankRun, run_rank
 from .rank_start import RankStart, store_call
+from .world_size_change import WorldSizeChange, plan_change
 
 
 def make_optimizer(cfg: JobConfig, model: torch.nn.Module, world_size: int) -> torch.optim.Optimizer:
@@ -61,6 +62,7 @@ class Trainer(RankRun):
         self.rank, self.size = engine.rank, engine.size
         self.step, self.cursor, self.resumed_from, self.last_loss = 0, Cursor(), None, float("nan")
         self.replica_optimizers: list | None = None  # each rank's optimizer state, from a local-SGD checkpoint
+        self.world_size_changes: list[dict] = []  # the run's resumes on other world sizes (_plan_world_size)
         self.skipped_checkpoints: list[SkippedCheckpoint] = []
         self.loop: TrainingLoop | None = None
         self.throughput: Throughput | None = None
@@ -80,14 +82,19 @@ class Trainer(RankRun):
                                                input_shape=schema.input_shape)
         # On its device before the optimizer holds its parameters; a checkpoint's CPU tensors are copied in.
         self.model = engine.precision.prepare(self.model.to(placement.device))
-        self.optimizer = engine.distribute(self.model, make_optimizer(cfg, self.model, self.size))
         progress.phase(RESTORE)
-        self._resume()
+        found = self._find_checkpoint()
+        # Before the optimizer is distributed: a resume on another world size changes the accumulation.
+        self.world_size_change = self._plan_world_size(found)
+        engine.accumulation_steps = self.world_size_change.accumulation_steps
+        self.optimizer = engine.distribute(self.model, make_optimizer(cfg, self.model, self.size))
+        if found is not None:
+            self._restore(*found)
         engine.broadcast_state(self.model, self.optimizer)
         engine.restore_replica_optimizer(self.optimizer, self.replica_optimizers)
         # After which steps every rank's replica agrees (all, unless local SGD): where checksums are compared
         # and checkpoints taken.
-        schedule = engine.replica_schedule(self.step, last_step_of(cfg.epochs, self.data.batches_per_epoch,
+        schedule = engine.replica_schedule(self.step, last_step_of(self.data, self.cursor, self.step, cfg.epochs,
                                                                     engine.accumulation_steps))
 
         self.monitor = SyncHealthMonitor(engine, cfg.health, self.health_log, cfg.batch_size, schedule)
@@ -97,12 +104,15 @@ class Trainer(RankRun):
         self.checkpointing = Checkpointing(writer, cfg.checkpoint.cadence_steps, self.size, {
             "manifest_uri": cfg.manifest_uri, "model": json.loads(json.dumps(cfg.to_dict()["model"])),
             "schema": {"num_features": schema.num_features, "input_shape": list(schema.input_shape),
-                       "num_outputs": schema.num_outputs, "task": schema.task}}, pin_memory=placement.pin_memory,
+                       "num_outputs": schema.num_outputs, "task": schema.task},
+            **self.world_size_meta()}, pin_memory=placement.pin_memory,
             progress=progress, floor_seconds=cfg.checkpoint.floor_seconds, schedule=schedule)
         self.health = HealthMonitoring(self.monitor, self.health_log, cfg.health, self.rank, self.checkpointing.due,
                                        {"world_size": self.size, "engine": engine.name,
                                         "device": placement.device, "precision": cfg.precision,
-                                        "resumed_from": self.resumed_from, "health": self._health_dict()})
+                                        "resumed_from": self.resumed_from, "health": self._health_dict(),
+                                        **({"world_size_change": self.world_size_change.as_record()}
+                                           if self.world_size_change.changed else {})})
         self.throughput = Throughput(engine, lambda: self.health.seconds_in_monitor)
         self.garbage_collection = (ScheduledGarbageCollection(cfg.gc_every_steps) if cfg.gc_every_steps else None)
         # In this order on every hook: faults act before anything measures, the health verdict comes before
@@ -128,8 +138,9 @@ class Trainer(RankRun):
         say(f"checkpoint {written.name} written: {written.bytes / 2**20:.1f} MiB in {written.write_seconds:.1f}s in "
             f"the background (snapshot {written.snapshot_seconds * 1000:.0f} ms{waited})")
 
-    def _resume(self) -> None:
-        # Every rank reads the checkpoint itself; the broadcast that follows makes rank 0's copy the truth.
+    def _find_checkpoint(self) -> tuple[LoadedCheckpoint, TrainingState] | None:
+        """The newest safe checkpoint and its state, or None (a fresh run). Every rank reads it itself; the
+        broadcast that follows the restore makes rank 0's copy the truth."""
         def decode(loaded: LoadedCheckpoint) -> tuple[LoadedCheckpoint, TrainingState]:
             # An unsafe state.pt (UnsafeCheckpoint, a CheckpointCorrupt) is skipped like a corrupt file.
             where = f"{self.run_folder.uri} {loaded.manifest.name}"
@@ -140,16 +151,44 @@ class Trainer(RankRun):
             self.skipped_checkpoints = []  # a retried read starts over
             return self.published().latest_valid(progress=moved, decode=decode, skipped=self.skipped_checkpoints)
 
-        found = store_call(self.progress, "read of the newest checkpoint", self.run_folder, newest_safe)
-        if found is None:
-            return
-        loaded, state = found
+        return store_call(self.progress, "read of the newest checkpoint", self.run_folder, newest_safe)
+
+    def _plan_world_size(self, found: tuple[LoadedCheckpoint, TrainingState] | None) -> WorldSizeChange:
+        """This try's accumulation and learning-rate factor against the checkpoint's world size (none: the
+        config's, unchanged). Also the run's history of changes, which every checkpoint carries on."""
+        steps = self.engine.accumulation_steps  # the config's
+        meta = found[0].manifest.meta if found is not None else {}
+        self.base_world_size = int(meta.get("base_world_size", meta.get("world_size", self.size)))
+        self.base_accumulation_steps = int(meta.get("base_accumulation_steps", steps))
+        self.world_size_changes = [dict(c) for c in meta.get("world_size_changes", ())]
+        change = plan_change(int(meta.get("world_size", self.size)), int(meta.get("accumulation_steps", steps)),
+                             self.base_world_size, self.base_accumulation_steps, self.size, self.cfg.batch_size)
+        if change.changed:
+            state = found[1]
+            if state.remaining is None and state.cursor[1] > 0:
+                raise ValueError(f"checkpoint {found[0].manifest.name} holds a per-worker cursor (epoch "
+                                 f"{state.cursor[0]}, batch {state.cursor[1]} of {change.from_world_size} workers' "
+                                 f"partitions): resume it on {change.from_world_size} workers")
+            self.world_size_changes.append(change.as_record())
+            if self.rank == 0:
+                say(f"resuming on another number of workers: {change.describe()}")
+        return change
+
+    def world_size_meta(self) -> dict:
+        """What every checkpoint says about the run's world sizes (read back by _plan_world_size)."""
+        return {"base_world_size": self.base_world_size, "base_accumulation_steps": self.base_accumulation_steps,
+                "world_size_changes": self.world_size_changes}
+
+    def _restore(self, loaded: LoadedCheckpoint, state: TrainingState) -> None:
         self.model.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)
+        if self.world_size_change.changed:  # linear scaling from the checkpoint's global batch to this try's
+            for group in self.optimizer.param_groups:
+                group["lr"] *= self.world_size_change.lr_factor
         scaler = self.engine.precision.scaler
         if scaler is not None and state.grad_scaler:  # fp16 goes on with its loss scale (not from fp32/bf16)
             scaler.load_state_dict(state.grad_scaler)
-        self.cursor, self.step = Cursor(*state.cursor), state.step
+        self.cursor, self.step = Cursor(*state.cursor, state.remaining), state.step
         self.replica_optimizers = state.replica_optimizers
         torch.set_rng_state(state.torch_rng)
         self.resumed_from = loaded.manifest.name
@@ -167,7 +206,8 @@ class Trainer(RankRun):
                          samples_per_sec_after_warmup=throughput.samples_per_sec if throughput else None,
                          health_monitor_share_after_warmup=throughput.monitor_share if throughput else None,
                          checkpoint_blocked_seconds=(self.checkpointing.blocked_seconds
-                                                     if self.checkpointing is not None and self.rank == 0 else None))
+                                                     if self.checkpointing is not None and self.rank == 0 else None),
+                         world_size_changes=tuple(self.world_size_changes))
 
     def training_step(self) -> int | None:
         # None before the loop began (restoring, starting): the step is then not one of training.

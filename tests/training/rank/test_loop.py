@@ -52,10 +52,17 @@ class OneRank(Engine):
 
 
 class Batches:
-    """PartitionData's interface: `batches_per_epoch`, and `batches(seed, cursor)` from the cursor on."""
+    """PartitionData's interface: `micro_batches(cursor)`, `settled(cursor)`, and `batches(seed, cursor)` from the
+    cursor on."""
 
     def __init__(self, batches_per_epoch=3, batch_size=4):
         self.batches_per_epoch, self.batch_size = batches_per_epoch, batch_size
+
+    def micro_batches(self, cursor):
+        return self.batches_per_epoch
+
+    def settled(self, cursor):
+        return cursor
 
     def batches(self, seed, cursor):
         for b in range(cursor.batch, self.batches_per_epoch):
