@@ -369,6 +369,9 @@ class JobConfig:
     bind_cores: str | bool = DEFAULT_BIND_CORES
     faults: tuple[FaultConfig, ...] = ()
     remediation: str = REMEDIATION_OFF
+    # A folder on each worker's machine where every rank logs the rows of each micro-batch it trains on
+    # (training/rank/callbacks/row_log.py: an audit of the data order); "": off.
+    row_log_dir: str = ""
 
     def __post_init__(self) -> None:
         _require(isinstance(self.manifest_uri, str) and self.manifest_uri.endswith(".json"), "manifest_uri",
@@ -393,6 +396,8 @@ class JobConfig:
         _require(self.remediation in REMEDIATIONS, "remediation", f"is {self.remediation!r}",
                  'use "off" (default: a retry reruns the job unchanged) or "auto" (a retry after a health '
                  'verdict applies the remediation policy\'s change, README "Job config")')
+        _require(isinstance(self.row_log_dir, str), "row_log_dir", f"is {self.row_log_dir!r}",
+                 'give a local folder path, or "" (off)')
         check_engine_fits(self, self.engine)
 
     def to_dict(self) -> dict[str, Any]:

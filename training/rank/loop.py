@@ -78,6 +78,7 @@ class TrainingLoop:
         self.data, self.epochs, self.seed, self.stop_on_degraded = data, epochs, seed, stop_on_degraded
         self.callbacks = list(callbacks)
         self.step, self.cursor = step, cursor
+        self.epoch = cursor.epoch  # the epoch of the micro-batch being trained on
         self.loss: torch.Tensor | None = None  # the last micro-batch's loss, detached, where it was computed
         self._loss_value: float | None = last_loss
         self.last_step = last_step_of(data, cursor, step, epochs, engine.accumulation_steps)
@@ -112,6 +113,7 @@ class TrainingLoop:
         k, samples, passes, size = engine.accumulation_steps, 0, 0, self.data.batch_size
         for epoch in range(self.cursor.epoch, self.epochs):
             deal = self.cursor if epoch == self.cursor.epoch else Cursor(epoch)
+            self.epoch = epoch
             per_epoch = self.data.micro_batches(deal)
             step_started = time.perf_counter()
             for b, x, y in self.data.batches(self.seed, deal):

@@ -25,6 +25,7 @@ from .callbacks.faults import FaultInjection
 from .callbacks.garbage_collection import ScheduledGarbageCollection
 from .callbacks.health import HealthMonitoring
 from .callbacks.logging import ProgressLog, say
+from .callbacks.row_log import RowLog
 from .callbacks.throughput import Throughput
 from ..formats.checkpoint import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint, require_file
 from .checkpoint_writer import AsyncCheckpointWriter, WrittenCheckpoint
@@ -122,6 +123,7 @@ class Trainer(RankRun):
         self.callbacks: list[Callback] = [
             *([faults] if faults.active else []), *callbacks, self.throughput, self.health, self.liveness,
             ProgressLog(self.rank, self.size, cfg.log_every_steps, cfg.batch_size, cfg.learning_rate),
+            *([RowLog(cfg.row_log_dir, self.attempt, self.rank, self.size)] if cfg.row_log_dir else []),
             *([self.garbage_collection] if self.garbage_collection else []), self.checkpointing]
 
     def _publish_checkpoint(self, name: str) -> None:
