@@ -92,6 +92,11 @@ class Backend(abc.ABC):
     def launch(self, spec: JobSpec) -> str:
         """Start the job; return its id. Must not block until the job ends."""
 
+    def capacity(self, num_workers: int) -> int:
+        """How many of `num_workers` workers it can place now (the operator's min_workers compares). Default:
+        all of them (the local backend runs its workers as processes on this machine)."""
+        return num_workers
+
     @abc.abstractmethod
     def find(self, labels: dict[str, str]) -> str | None:
         """The id of a live (unfinished) job carrying all these labels, for reattaching on retry."""
