@@ -43,6 +43,7 @@ from ..formats.run_result import SUCCEEDED, RunResult
 from .training_state import STATE_FILE, TrainingState
 from .rank_run import RankRun, run_rank
 from .rank_start import RankStart, store_call
+from . import stream_deal
 from .world_size_change import WorldSizeChange, plan_change
 
 
@@ -196,8 +197,10 @@ class Trainer(RankRun):
         self.resumed_from = loaded.manifest.name
         self.last_loss = loaded.manifest.meta.get("loss", float("nan"))
         if self.rank == 0:
+            where = (f"batch {self.cursor.batch}" if self.cursor.remaining is None else
+                     f"{stream_deal.length(self.cursor.remaining)} of {self.data.stream_rows} rows of the epoch left")
             say(f"resuming from checkpoint {loaded.manifest.name} (step {self.step}, epoch {self.cursor.epoch}, "
-                f"batch {self.cursor.batch})")
+                f"{where})")
 
     def result(self, status: str, verdict: Verdict | None, checkpoint: str | None) -> RunResult:
         at = self.loop if self.loop is not None else self  # where training stands now
