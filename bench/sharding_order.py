@@ -1,5 +1,5 @@
-"""The cost of world-size-free shards (issue 21): today's per-rank partitions (main@HEAD's code, run from a
-temporary export of that revision) against this checkout's layout (a v4 manifest: one global stream per epoch,
+"""The cost of world-size-free shards (issue 21): per-rank partitions (the code of the last revision that had them,
+or --baseline's, run from a temporary export of that revision) against this checkout's layout (a v4 manifest: one global stream per epoch,
 dealt to the ranks by the global cursor), on the same dataset of a few hundred MB of float32 rows.
 
 1. Shard time: `ringflow shard` of the same Parquet dataset into 2 partition files, by each revision, in
@@ -8,10 +8,10 @@ dealt to the ranks by the global cursor), on the same dataset of a few hundred M
    defaults otherwise) on each revision's shards, by that revision, alternating; samples/s after warm-up as
    the job's result.json counts it (the slowest rank's rate times the ranks).
 
-Ratios are this checkout's over main's, medians of the repeats, measured side by side: the machine is
+Ratios are this checkout's over the baseline's, medians of the repeats, measured side by side: the machine is
 shared, so absolute figures vary run to run and only the ratios are meant to be compared.
 
-    .venv/bin/python -m bench.sharding_order [--rows 600000] [--repeats 3] [--baseline main] [--out NAME]
+    .venv/bin/python -m bench.sharding_order [--rows 400000] [--repeats 4] [--baseline REV] [--out NAME]
                                              [--results-dir DIR]
 
 Results: bench/results/<out>.json and <out>.md, with the command (linked from the README).
@@ -35,7 +35,10 @@ from pathlib import Path
 from .common import BATCH, CLASSES, FEATURES, HIDDEN, REPO, importable, machine, spread
 from .results_file import add_results_arguments, write_results
 
-THIS, BASELINE = "this checkout (v4: one global stream)", "main (per-rank partitions)"
+THIS, BASELINE = "this checkout (v4: one global stream)", "baseline (per-rank partitions)"
+# The last revision whose shards were per-rank partitions (this branch's starting point on main): the default
+# baseline, which stays right after the world-size-free layout is merged into main.
+PER_RANK_REVISION = "eed7b695ae67ef67003cf6a07a9b4db3b78e2b95"
 
 
 def export_revision(revision: str, into: Path) -> dict[str, str]:
@@ -96,9 +99,10 @@ def train(env: dict[str, str], manifest: Path, run: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=600_000, help="dataset rows (default: ~310 MB of float32)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--baseline", default="main", help="the git revision to compare against")
+    parser.add_argument("--rows", type=int, default=400_000, help="dataset rows (default: ~200 MB of float32)")
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--baseline", default=PER_RANK_REVISION,
+                        help="the git revision to compare against (default: the last with per-rank partitions)")
     add_results_arguments(parser, "sharding_order")
     args = parser.parse_args()
 
@@ -134,10 +138,10 @@ def main() -> None:
              "| | shard time, s | training, samples/s |", "|---|---|---|"]
     for name in (BASELINE, THIS):
         lines.append(f"| {name} | {spread(shard_seconds[name], 1)} | {spread(rates[name], 0)} |")
-    lines += [f"| **ratio, this / main** | **{summary['shard_time_ratio']:.2f}** | "
+    lines += [f"| **ratio, this / baseline** | **{summary['shard_time_ratio']:.2f}** | "
               f"**{summary['throughput_ratio']:.2f}** |", "",
-              f"Medians (min–max) of {args.repeats} repeats, the two revisions alternating; main = `{args.baseline}` "
-              f"run from an export of that revision. Machine: {machine()['cpus']} CPUs, shared."]
+              f"Medians (min–max) of {args.repeats} repeats, the two revisions alternating; baseline = "
+              f"`{args.baseline}`, run from an export of that revision. Machine: {machine()['cpus']} CPUs, shared."]
     write_results(args, summary, lines)
 
 
