@@ -1,4 +1,4 @@
-"""The train task's extra links in the Airflow UI: the run's health plot and its run folder.
+"""The train task's extra links in the Airflow UI: the run page, the run's health plot and its run folder.
 
 Airflow 3 computes an operator's links where the task runs: after each try (and each deferral) the task runner
 calls `get_link` on every link in `operator_extra_links` and stores the URL in XCom under the link's
@@ -13,6 +13,9 @@ URL is dropped), so a link is:
   serves its default store (`store_layout.default_store_uri()`, so `RINGFLOW_STORE` must say the same for the
   API server as for the workers) to logged-in users who may read the DAG's task logs. A local run folder outside
   that store gets no link.
+- the run page (either store): `RUN_PAGE_ROUTE` on the API server, which reads the run folder itself (through the
+  store, with the API server's connection for s3://) and renders it (operators/run_page.py); a run folder outside
+  the API server's store gets no link.
 """
 from __future__ import annotations
 
@@ -32,10 +35,15 @@ if TYPE_CHECKING:
 
 HEALTH_PLOT = "Health plot"
 RUN_FOLDER = "Run folder"
+RUN_PAGE = "Run page"
 # A presigned link lives as long as SigV4 allows: people open a run's links days after it ran.
 PRESIGN_SECONDS = PRESIGN_MAX_SECONDS
 # Where operators/plugin.py serves the local store on the API server (below Airflow's base URL).
 STORE_ROUTE = "/ringflow/store"
+# Where operators/plugin.py renders a run page: by the run folder's key in the API server's store (the extra link),
+# and by task instance (the UI's task-instance tab, an external view whose URL the UI fills in).
+RUN_PAGE_ROUTE = "/ringflow/run-page"
+TASK_RUN_PAGE_ROUTE = "/ringflow/task-run-page"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +51,10 @@ class RunLinks:
     """The URLs of one run's links; None: no button (not written yet, or nowhere a browser can open)."""
     run_folder: str | None
     health_plot: str | None
+    run_page: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("run_folder", "health_plot"):
+        for name in ("run_folder", "health_plot", "run_page"):
             url = getattr(self, name)
             if url is not None and not (url.startswith("/") or urllib.parse.urlsplit(url).scheme in ("http", "https")):
                 raise ValueError(f"{name} link {url!r} is neither http(s) nor a path on the API server: the Airflow "
@@ -53,7 +62,7 @@ class RunLinks:
 
     def by_name(self) -> dict[str, str]:
         """What each link class returns, by its name; "" for no link."""
-        return {RUN_FOLDER: self.run_folder or "", HEALTH_PLOT: self.health_plot or ""}
+        return {RUN_FOLDER: self.run_folder or "", HEALTH_PLOT: self.health_plot or "", RUN_PAGE: self.run_page or ""}
 
 
 def local_link(path: str, store_root: str, base_path: str = "", folder: bool = False) -> str | None:
@@ -71,6 +80,24 @@ def local_link(path: str, store_root: str, base_path: str = "", folder: bool = F
     return f"{base_path.rstrip('/')}{STORE_ROUTE}/{quoted}{'/' if folder else ''}"
 
 
+def run_page_link(run_uri: str, store_root: str, base_path: str = "") -> str | None:
+    """The API-server URL of the run page of `run_uri` (a path, file:// or s3:// URI) inside `store_root`, the API
+    server's store: `RUN_PAGE_ROUTE` and the run folder's key, each segment quoted; None outside its runs/."""
+    from ringflow.training.core.registry.model_registry import RegistryError, run_key_in
+
+    if urllib.parse.urlsplit(store_root).scheme in ("", "file"):  # a local store: as the file links read it
+        store_root = _local_folder(store_root) or store_root
+        run_uri = _local_folder(run_uri) or run_uri
+    try:
+        key = run_key_in(store_root, run_uri)
+    except RegistryError:
+        return None  # not inside the API server's store: it could not read it
+    if key.split("/")[0] != store_layout.RUNS:
+        return None
+    quoted = "/".join(urllib.parse.quote(part, safe="") for part in key.split("/"))
+    return f"{base_path.rstrip('/')}{RUN_PAGE_ROUTE}/{quoted}"
+
+
 def _local_folder(uri: str) -> str | None:
     """The real path of a local path or file:// URI (read as the store reads it); None for any other URI."""
     from ringflow.training.store import open_store
@@ -84,19 +111,21 @@ def run_links(run_uri: str, *, plot_saved: bool, store_root: str, base_path: str
               conn_id: str | None = None, presign_seconds: int = PRESIGN_SECONDS, run_folder: Any = None) -> RunLinks:
     """The links of the run folder `run_uri` (and its health plot, once `plot_saved`). An s3:// run folder is
     presigned with the connection `conn_id` (or `run_folder`, the RunFolder at run_uri when the caller has it
-    open); a local one is served by the API server when it lies in `store_root`, the API server's store."""
+    open); a local one is served by the API server when it lies in `store_root`, the API server's store. The run
+    page is the API server's for both, when the run folder lies in `store_root`."""
     from ringflow.training.formats.run_folder import RunFolder
 
+    page = run_page_link(run_uri, store_root, base_path)
     if urllib.parse.urlsplit(run_uri).scheme == "s3":
         from ringflow.operators.connections import open_run_folder
 
         run = run_folder if run_folder is not None else open_run_folder(run_uri, conn_id)
         return RunLinks(run_folder=run.store.presigned_listing("", presign_seconds),
-                        health_plot=run.presigned_health_plot(presign_seconds) if plot_saved else None)
+                        health_plot=run.presigned_health_plot(presign_seconds) if plot_saved else None, run_page=page)
     run = run_folder if run_folder is not None else RunFolder.open(run_uri)  # a local folder: no settings
     folder = local_link(run_uri, store_root, base_path, folder=True)
     plot = local_link(run.health_plot_uri, store_root, base_path) if plot_saved and folder else None
-    return RunLinks(run_folder=folder, health_plot=plot)
+    return RunLinks(run_folder=folder, health_plot=plot, run_page=page)
 
 
 def api_base_path() -> str:
@@ -120,3 +149,7 @@ class RunFolderLink(_RunLink):
 
 class HealthPlotLink(_RunLink):
     name = HEALTH_PLOT
+
+
+class RunPageLink(_RunLink):
+    name = RUN_PAGE

@@ -33,8 +33,8 @@ Every part is usable on its own, outside the group, with the same arguments:
                                                                                           promote.py
 and `pipeline_tasks()` below returns the five operators without the group, to rewire them.
 
-Injected faults (`job_config` "faults", tests only) apply on the first try of the train task only (the
-train operator drops them on a retry). A DAG's trigger form never offers them: its overrides Param uses
+Injected faults (`job_config` "faults", tests only) apply on the try of the train task they name (`on_try`,
+the first by default; the train operator keeps only that try's). A DAG's trigger form never offers them: its overrides Param uses
 JOB_OVERRIDES_SCHEMA below.
 """
 from __future__ import annotations

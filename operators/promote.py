@@ -50,8 +50,9 @@ class GateArguments:
     metric, mode and threshold may be templates, and built into a Gate (`gate`) when the task runs."""
 
     def keep_gate_arguments(self, *, metric: Any, mode: Any, threshold: Any, compare_to_production: bool,
-                            allowed_verdicts: Sequence[str] | None) -> None:
+                            allowed_verdicts: Sequence[str] | None, require_no_remediation: bool = False) -> None:
         self.metric, self.mode, self.threshold = metric, mode, threshold
+        self.require_no_remediation = require_no_remediation
         self.compare_to_production = compare_to_production
         self.allowed_verdicts = tuple(allowed_verdicts) if allowed_verdicts is not None else None
         if not any(is_template(v) for v in (metric, mode, threshold)):
@@ -61,7 +62,8 @@ class GateArguments:
     def gate(self) -> Gate:
         """The gate from the arguments as they are now: rendered, once the task runs."""
         return build_gate(metric=self.metric, mode=self.mode, threshold=self.threshold,
-                          compare_to_production=self.compare_to_production, allowed_verdicts=self.allowed_verdicts)
+                          compare_to_production=self.compare_to_production, allowed_verdicts=self.allowed_verdicts,
+                          require_no_remediation=self.require_no_remediation)
 
 
 class PromoteModelOperator(GateArguments, BaseOperator):
@@ -75,6 +77,8 @@ class PromoteModelOperator(GateArguments, BaseOperator):
     promotion landed first and the gate then refused against it. `previous` is the version in
     production when the gate last decided.
 
+    require_no_remediation: refuse a run whose retries changed its training (the train task's
+    `remediation: "auto"` applied a remedy; its result's `remedies`), whatever its metrics.
     mlflow_conn_id: an MLflow server's Airflow connection (operators/tracking.py): a promotion also registers
     the checkpoint as a version of MLflow model `name` and points `mlflow_alias` at it (XCom
     "mlflow_version"); None: no MLflow. mlflow_experiment: where the run's MLflow run is (default: the DAG id).
@@ -86,6 +90,7 @@ class PromoteModelOperator(GateArguments, BaseOperator):
                  metric: str = "accuracy", mode: str = "max", threshold: float | str | None = None,
                  compare_to_production: bool = True,
                  allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS,
+                 require_no_remediation: bool = False,
                  fail_on_gate: bool = False, mlflow_conn_id: str | None = None, mlflow_alias: str = DEFAULT_ALIAS,
                  mlflow_experiment: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -94,7 +99,8 @@ class PromoteModelOperator(GateArguments, BaseOperator):
         MlflowTracking.optional(mlflow_conn_id, alias=mlflow_alias)  # a bad alias fails when the DAG is parsed
         self.fail_on_gate = fail_on_gate
         self.keep_gate_arguments(metric=metric, mode=mode, threshold=threshold,
-                                 compare_to_production=compare_to_production, allowed_verdicts=allowed_verdicts)
+                                 compare_to_production=compare_to_production, allowed_verdicts=allowed_verdicts,
+                                 require_no_remediation=require_no_remediation)
 
     def execute(self, context: Any) -> dict[str, Any]:
         gate = self.gate

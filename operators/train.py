@@ -4,6 +4,7 @@ a failure a person can act on, through the failure policy (training/core/failure
 from __future__ import annotations
 
 import ast
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -12,15 +13,18 @@ import time
 from typing import Any, Mapping, Sequence
 
 from airflow.sdk import BaseOperator
+from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ringflow.operators.connections import DEFAULT_S3_CONN_ID, AirflowConnections
 from ringflow.operators.tracking import MlflowTracking
-from ringflow.operators.links import HealthPlotLink, RunFolderLink, RunLinks, api_base_path, run_links
+from ringflow.operators.links import HealthPlotLink, RunFolderLink, RunLinks, RunPageLink, api_base_path, run_links
 from ringflow.training.core.backends.base import Backend, backend_from_dict
 from ringflow.training.core.backends.job_spec import JobSpec
 from ringflow.training.formats.engines import DEFAULT_CONTROLLER
-from ringflow.training.core.failure_policy import FAIL, SUCCEED, Observation, decide
+from ringflow.training.core.failure_policy import FAIL, RETRY, SUCCEED, Observation, decide, remediated
+from ringflow.training.core.remediation import (PlannedRemedy, apply_remedies, avoided_nodes, rank_nodes, remedy,
+                                                taken_before, wait_before)
 from ringflow.training.formats.engines import LOCAL, check_backend
 from ringflow.training.formats.run_result import RunResult
 from ringflow.training.core.runs import store_layout
@@ -141,8 +145,9 @@ def build_job_config(*, manifest_uri: str, run_uri: str, overrides: Any = None, 
                      batch_size: Any = None, learning_rate: Any = None, engine: Any = None,
                      try_number: int = 1) -> dict[str, Any]:
     """The checked job config of one try: where it reads and writes (the operator's), epochs, batch size,
-    learning rate and engine, then `overrides` on top. Injected faults (tests only) stay on the first try: a
-    retry resumes from the last checkpoint and shows the recovery instead of failing at the same step again."""
+    learning rate and engine, then `overrides` on top. Injected faults (tests only) fire on the try they name
+    (`on_try`, the first by default): a retry resumes from the last checkpoint and shows the recovery instead
+    of failing at the same step again, or meets the next fault of a chain."""
     from ringflow.training.formats.config import JobConfig
 
     overrides = job_overrides(overrides)
@@ -155,10 +160,8 @@ def build_job_config(*, manifest_uri: str, run_uri: str, overrides: Any = None, 
             base[name] = value
     if rendered_text(engine) is not None:
         base["engine"] = rendered_text(engine)  # JobConfig checks it against the engine table
-    config = merge(base, overrides)
-    if try_number > 1:
-        config.pop("faults", None)
-    return JobConfig.from_dict(config).to_dict()  # checked here: a bad value fails before any launch
+    cfg = JobConfig.from_dict(merge(base, overrides))  # checked here: a bad value fails before any launch
+    return dataclasses.replace(cfg, faults=tuple(f for f in cfg.faults if f.on_try == try_number)).to_dict()
 
 
 class TrainOperator(BaseOperator):
@@ -183,7 +186,9 @@ class TrainOperator(BaseOperator):
         manifest; an older one fixes the world size and the preflight refuses another).
     :param job_config: overrides of the training config (model, health, horovod, ...; see
         ringflow.training.formats.config.JobConfig), applied last (templated: a dict, or JSON / a dict literal).
-        Injected `faults` (tests only) apply on the first try only.
+        Injected `faults` (tests only) apply on the try they name (`on_try`, the first by default). With
+        `remediation: "auto"` a retry runs with the remedy for the verdict the last try failed on
+        (training/core/remediation.py; remedies.jsonl in the run folder).
     :param backend: where the job runs; local `horovodrun`/`torchrun`/TF worker processes by default, or
         ringflow.training.core.backends.kubernetes.backend.MPIJobBackend for Kubeflow MPIJobs (Horovod), or
         ringflow.training.core.backends.kubernetes.trainjob_backend.TrainJobBackend for Kubeflow Trainer TrainJobs.
@@ -199,7 +204,7 @@ class TrainOperator(BaseOperator):
     template_fields_renderers = {"job_config": "json"}
     ui_color = "#f4a261"
     # Shown on the task in the UI; their URLs are computed when the task runs (links.py).
-    operator_extra_links = (RunFolderLink(), HealthPlotLink())
+    operator_extra_links = (RunPageLink(), RunFolderLink(), HealthPlotLink())
 
     def __init__(self, *, manifest_uri: str, run_uri: str | None = None, store_uri: str | None = None,
                  num_workers: int | str = 2, min_workers: int | str | None = None, epochs: int | str | None = None, batch_size: int | str | None = None,
@@ -251,22 +256,44 @@ class TrainOperator(BaseOperator):
                                 engine=self.engine, try_number=try_number)
 
     def execute(self, context) -> None:
+        self._start(context, waited=False)
+
+    def launch_after_wait(self, context, event: Any = None) -> None:
+        """Back from the wait a remedy asked for (a store outage: remediation.WAIT_FOR_STORE): launch now."""
+        self._start(context, waited=True)
+
+    def _start(self, context, *, waited: bool) -> None:
         ti = context["ti"]
         self.run_uri = self.run_folder(context)
         self._set_run_links(None, plot_saved=False)
         try:
-            config = self.build_config(self.run_uri, ti.try_number)
+            planned = self._planned_remedies(ti.try_number)
+            config = self.try_config(ti.try_number, planned)
             num_workers = worker_count(self.num_workers)
             backend = self._get_backend()
             # The engine is checked once, here, before anything is launched (formats/engines.py).
             check_backend(config["engine"], backend.kind)
-            num_workers = self._workers_now(num_workers, backend)
+            num_workers = self._workers_now(num_workers, backend, avoided_nodes(planned, ti.try_number))
             self._preflight(config, num_workers, backend)
         except NotEnoughCapacity as exc:  # the cluster may have the nodes again by the next try
             raise AirflowException(str(exc)) from exc
         except ValueError as exc:  # ConfigError, ManifestError, SettingsError, EngineError, a bad worker count
             # Nothing was launched: the policy fails it without retry (a retry would meet the same config).
             raise AirflowFailException(decide(Observation("pending", refused=str(exc))).reason) from exc
+        wait = wait_before(planned, ti.try_number)
+        if not waited:
+            for p in planned:
+                if p.try_number == ti.try_number:
+                    self.log.info("remediation: try %d runs changed after %s: %s", p.try_number, p.remedy.verdict,
+                                  p.remedy.words)
+            if wait > 0:
+                # Deferred: the wait holds no worker slot (a store outage can last minutes).
+                self.log.info("remediation: waiting %gs before launching try %d", wait, ti.try_number)
+                self.defer(trigger=TimeDeltaTrigger(dt.timedelta(seconds=wait)), method_name="launch_after_wait")
+        self._launch(ti, config, num_workers, backend, avoided_nodes(planned, ti.try_number))
+
+    def _launch(self, ti: Any, config: dict[str, Any], num_workers: int, backend: Backend,
+                avoid_nodes: tuple[str, ...]) -> None:
         # a mapped copy (a sweep candidate) is its own job: never reattach to, or reuse the name of, a sibling's
         task = ti.task_id if getattr(ti, "map_index", None) in (None, -1) else f"{ti.task_id}.m{ti.map_index}"
         labels = {"dag": ti.dag_id, "run": ti.run_id, "task": task}
@@ -283,10 +310,11 @@ class TrainOperator(BaseOperator):
             # The job id names the attempt (worker_env.ATTEMPT_ENV): its records and result.json say it, so
             # the trigger judges this job on its own, not on an earlier try's in the same run folder.
             spec = JobSpec(name=name, config=config, num_workers=num_workers, controller=self.controller,
-                           labels=labels | {"try": str(ti.try_number)}, env={ATTEMPT_ENV: name})
+                           labels=labels | {"try": str(ti.try_number)}, env={ATTEMPT_ENV: name},
+                           avoid_nodes=avoid_nodes)
             job_id = backend.launch(spec)
-            self.log.info("launched %s job %s: %d workers, run folder %s", backend.kind, job_id, num_workers,
-                          self.run_uri)
+            self.log.info("launched %s job %s: %d workers, run folder %s%s", backend.kind, job_id, num_workers,
+                          self.run_uri, f", keeping off nodes {list(avoid_nodes)}" if avoid_nodes else "")
         self._job_id = job_id
         from ringflow.operators.trigger import TrainJobTrigger
 
@@ -298,17 +326,38 @@ class TrainOperator(BaseOperator):
             method_name="execute_complete",
         )
 
-    def _workers_now(self, num_workers: int, backend: Backend) -> int:
-        """num_workers, or fewer (min_workers and up) when the backend can place fewer now."""
+    def _workers_now(self, num_workers: int, backend: Backend, avoid_nodes: tuple[str, ...] = ()) -> int:
+        """num_workers, or fewer (min_workers and up) when the backend can place fewer now (off the nodes a
+        remedy avoids)."""
         if self.min_workers is None:
             return num_workers
-        capacity = backend.capacity(num_workers)
+        capacity = backend.capacity(num_workers, avoid_nodes)
         workers = workers_to_launch(num_workers, worker_count(self.min_workers), capacity)
         if workers < num_workers:
             self.log.warning("the %s backend can place %d of the %d workers now: launching %d (min_workers %s); "
                              "training resumes on them sample-exact, accumulation and learning rate rescaled",
                              backend.kind, capacity, num_workers, workers, self.min_workers)
         return workers
+
+    def _planned_remedies(self, try_number: int, run: Any = None) -> list[PlannedRemedy]:
+        """The remedies earlier tries of this task planned (the run folder's remedies.jsonl, read from `run`
+        when given): none on the first try, when the run folder may not exist yet, nor without
+        `remediation: "auto"` (the run folder is then not read for them)."""
+        from ringflow.operators.connections import open_run_folder
+        from ringflow.training.formats.config import REMEDIATION_AUTO
+
+        if try_number <= 1 or self.build_config(self.run_uri, try_number)["remediation"] != REMEDIATION_AUTO:
+            return []
+        run = run if run is not None else open_run_folder(self.run_uri, self.conn_id)
+        return [PlannedRemedy.from_dict(d) for d in run.read_remedies()]
+
+    def try_config(self, try_number: int, planned: Sequence[PlannedRemedy]) -> dict[str, Any]:
+        """The config try `try_number` runs with: the task's own (build_config) with every change the remedies
+        planned up to this try made (remediation.apply_remedies; none planned: the task's own)."""
+        from ringflow.training.formats.config import JobConfig
+
+        config = self.build_config(self.run_uri, try_number)
+        return apply_remedies(JobConfig.from_dict(config), planned, try_number).to_dict() if planned else config
 
     def _preflight(self, config: dict[str, Any], num_workers: int, backend: Backend) -> None:
         """training/core/preflight.py's check, here for every backend: the manifest is read with this task's
@@ -328,16 +377,25 @@ class TrainOperator(BaseOperator):
         """Decide on what the trigger saw (the failure policy), stop the job when the decision says so, then
         hand on the run folder, its plot and its MLflow run, and succeed or fail as decided."""
         self.run_uri = self.run_folder(context)
+        try_number = context["ti"].try_number
         seen = Observation.from_dict(event)
         decision = decide(seen)
         message = event.get("message") or decision.reason
         if decision.stop_job:
             message += self._stop_job(event["job_id"], decision.stopped_itself)
         run, records = self._read_run_folder()
-        plot = self._save_health_plot(run, records)
+        planned = self._read_planned(run, try_number)
+        config = self.try_config(try_number, planned) if planned is not None else None
+        remedied = self._remediate(decision, seen, run, records, config, planned, try_number)
+        if remedied is not decision:
+            # remediated() appends the remedy's words to the policy's reason: the task's message gets them too.
+            message += remedied.reason.removeprefix(decision.reason)
+            decision = remedied
+        applied = (config or {}).get("remedies") or []
+        plot = self._save_health_plot(run, records, applied)
         self._set_run_links(run, plot_saved=plot is not None)
-        mlflow_run_id = self._log_to_mlflow(context, event, run, records)
-        self._log_health_summary(seen.own_result, decision.verdict, records)
+        mlflow_run_id = self._log_to_mlflow(context, event, run, records, config)
+        self._log_health_summary(seen.own_result, decision.verdict, records, applied)
         if decision.action != SUCCEED:
             evidence = decision.verdict.evidence if decision.verdict else None
             message += f"; evidence: {json.dumps(evidence, default=str)}" if evidence else ""
@@ -351,15 +409,54 @@ class TrainOperator(BaseOperator):
         return {"run_uri": self.run_uri, "job_id": event.get("job_id"), "status": result.status,
                 "checkpoint": result.checkpoint, "step": result.step, "loss": doc["loss"],
                 "verdict": doc["verdict"], "resumed_from": result.resumed_from, "health_plot": plot,
-                "mlflow_run_id": mlflow_run_id}
+                "mlflow_run_id": mlflow_run_id, "remedies": doc["remedies"]}
+
+    def _read_planned(self, run: Any, try_number: int) -> list[PlannedRemedy] | None:
+        """The remedies planned so far (remedies.jsonl); None when the run folder cannot say (the try's config
+        is then not known for sure, and nothing is remediated)."""
+        if run is None:
+            return None if try_number > 1 else []
+        try:
+            return self._planned_remedies(try_number, run)
+        except Exception as exc:  # noqa: BLE001 - the job's own outcome must still decide the task
+            self.log.warning("could not read the remedies of earlier tries in %s: %s", self.run_uri, exc)
+            return None
+
+    def _remediate(self, decision: Any, seen: Observation, run: Any, records: list[dict[str, Any]] | None,
+                   config: dict[str, Any] | None, planned: list[PlannedRemedy] | None, try_number: int) -> Any:
+        """Under `remediation: "auto"`, the failure policy's decision with the remediation policy's answer to
+        its verdict (failure_policy.remediated); a change is kept in remedies.jsonl for the next try, before
+        the task fails into its retry. The decision as it was otherwise."""
+        from ringflow.training.formats.config import REMEDIATION_AUTO, JobConfig
+
+        if decision.action not in (RETRY, FAIL) or decision.verdict is None or config is None or run is None:
+            return decision
+        if config["remediation"] != REMEDIATION_AUTO:
+            return decision
+        history = [p.remedy for p in taken_before(planned, try_number)]
+        world_size = seen.own_result.world_size if seen.own_result is not None else worker_count(self.num_workers)
+        found = remedy(decision.verdict, JobConfig.from_dict(config), history, world_size=world_size,
+                       backend_kind=self._get_backend().kind, rank_nodes=rank_nodes(records))
+        outcome = remediated(decision, found)
+        if found.changes and outcome.action == RETRY:
+            try:
+                run.append_remedy(PlannedRemedy(try_number + 1, found).to_dict())
+            except Exception as exc:  # noqa: BLE001 - without its record the retry would run unchanged
+                self.log.error("could not record the remedy for try %d in %s: %s", try_number + 1, self.run_uri, exc)
+                return decision
+            self.log.info("remediation: try %d will run changed after %s: %s", try_number + 1, found.verdict,
+                          found.words)
+        elif outcome is not decision:
+            self.log.info("remediation: no remedy left after %s: %s", found.verdict, found.words)
+        return outcome
 
     def _log_health_summary(self, result: RunResult | None, verdict: Any,
-                            records: list[dict[str, Any]] | None) -> None:
+                            records: list[dict[str, Any]] | None, remedies: Sequence[Mapping[str, Any]]) -> None:
         """The one-screen health summary (core/runs/health_summary.py), last in the log before the outcome."""
         from ringflow.training.core.runs.health_summary import health_summary
 
         try:
-            lines = health_summary(result, verdict, records)
+            lines = health_summary(result, verdict, records, remedies)
         except Exception as exc:  # noqa: BLE001 - a summary that cannot be made must not hide the job's outcome
             self.log.warning("could not summarize the run's health: %s", exc)
             return
@@ -392,8 +489,8 @@ class TrainOperator(BaseOperator):
             self.log.warning("could not read the health records of %s: %s", self.run_uri, exc)
             return run, None
 
-    def _log_to_mlflow(self, context, event: dict[str, Any], run: Any,
-                       records: list[dict[str, Any]] | None) -> str | None:
+    def _log_to_mlflow(self, context, event: dict[str, Any], run: Any, records: list[dict[str, Any]] | None,
+                       config: dict[str, Any] | None) -> str | None:
         """This attempt in MLflow, when mlflow_conn_id is set. A tracking error fails a task whose training
         succeeded (the run must be in MLflow; the retry resumes from the final checkpoint and logs again),
         and is only a warning after a failed training, whose own message must stay the task's error."""
@@ -403,7 +500,7 @@ class TrainOperator(BaseOperator):
             return None
         try:
             result = RunResult.from_json(event["result"]) if event.get("result") else None
-            config = self.build_config(self.run_uri, context["ti"].try_number)
+            config = config or self.build_config(self.run_uri, context["ti"].try_number)
             return tracking.log_training(context, run_uri=self.run_uri, job_config=config, result=result,
                                          group_id=getattr(self.task_group, "group_id", None), run_folder=run,
                                          health_records=records)
@@ -414,7 +511,8 @@ class TrainOperator(BaseOperator):
             self.log.warning("%s", message)
             return None
 
-    def _save_health_plot(self, run: Any, records: list[dict[str, Any]] | None) -> str | None:
+    def _save_health_plot(self, run: Any, records: list[dict[str, Any]] | None,
+                          remedies: Sequence[Mapping[str, Any]] = ()) -> str | None:
         import os
         import tempfile
 
@@ -424,7 +522,8 @@ class TrainOperator(BaseOperator):
             return None
         try:
             with tempfile.TemporaryDirectory() as tmp:
-                location = run.write_health_plot(save_health_plot(records, os.path.join(tmp, "health.png")))
+                location = run.write_health_plot(save_health_plot(records, os.path.join(tmp, "health.png"),
+                                                                  remedies=remedies))
         except Exception as exc:  # noqa: BLE001 - a missing plot must not hide the job's own outcome
             self.log.warning("could not save the health plot: %s", exc)
             return None

@@ -4,7 +4,8 @@
 # Tests marked `background` spend most of their time waiting rather than computing: the real-size test streams
 # 1 GB through an 8 MB/s proxy for ~10 minutes; the multi-host tests build an image (downloads) and wait out
 # cut links; the real-Airflow tests (REST API, approval, asset event, browser) wait on the scheduler's and
-# triggerer's loops; the TensorFlow jobs spend most of their time in two workers' single-threaded imports. So
+# triggerer's loops; the TensorFlow jobs spend most of their time in two workers' single-threaded imports; the
+# held-store tests wait out a store that answers nothing for 20-25 s. So
 # they run in a second pytest process beside the rest instead of after it, and the two lanes end together. Both must pass; the background run's output is printed after the main run's.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -255,7 +255,7 @@ def test_the_tasks_turn_the_form_into_a_job_and_a_gate(dagbag, store):
 
 def test_injected_faults_apply_on_the_first_try_only(tmp_path):
     """Tests (not the deployed forms) inject faults through the factory's job_config; the train task keeps
-    them on its first try only."""
+    them on its first try only (unless a fault names another try: `on_try`)."""
     import datetime as dt
 
     from airflow.sdk import DAG

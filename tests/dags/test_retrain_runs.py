@@ -40,35 +40,31 @@ def run_folder(store: pathlib.Path, dr) -> pathlib.Path:
     return pathlib.Path(store_layout.run_uri(str(store), DAG_ID, dr.run_id, "digits"))
 
 
-def test_success_promotes_version_1(airflow_db, dagbag, store):
-    dr, tis = run(dagbag.dags[DAG_ID], {"epochs": 2, "model_name": "digits-ok"})
+def test_ddp_engine_from_the_form_trains_under_torchrun_and_promotes_version_1(airflow_db, dagbag, store):
+    """A run from the form promotes version 1 with its files in the run folder; engine=ddp from the form
+    reaches the job config, and the local backend launches torchrun for it: the DDP engine refuses to start in
+    ranks torchrun did not start (engines/ddp.py), so a success proves it. (The default engine, Horovod, is
+    promoted by test_remediation_walks_a_chain_of_faults_to_a_healthy_promoted_model: one whole-DAG run less in CI.)"""
+    import os
+
+    dr, tis = run(dagbag.dags[DAG_ID], {"epochs": 2, "model_name": "digits-ddp", "engine": "ddp"})
     assert dr.state == "success", states(tis)
     assert set(states(tis).values()) == {"success"}
+    folder = run_folder(store, dr)
+    jobs = pathlib.Path(os.environ["RINGFLOW_LOCAL_JOBS"])
+    [job_config] = [json.loads(p.read_text()) for p in jobs.glob("*/job.json")
+                    if json.loads(p.read_text())["run_uri"] == str(folder)]
+    assert job_config["engine"] == "ddp"
 
-    pointer = json.loads((store / "models" / "digits-ok" / "production.json").read_text())
+    pointer = json.loads((store / "models" / "digits-ddp" / "production.json").read_text())
     assert pointer["version"] == 1 and pointer["previous"] is None
     assert pointer["metrics"]["accuracy"] > 0.5
-    folder = run_folder(store, dr)
     assert pointer["run_uri"] == str(folder)
     for name in ("run.json", "eval.json", "health.png"):  # the attempts' own files are under attempts/
         assert (folder / name).is_file(), name
     assert read_result(LocalFolderStore(folder)).verdict.status in ("HEALTHY", "DEGRADED")
     manifests = list((store / "shards" / "digits").glob("*/manifest.json"))
     assert len(manifests) == 1
-
-
-def test_ddp_engine_from_the_form_trains_under_torchrun_and_promotes(airflow_db, dagbag, store):
-    """engine=ddp from the form reaches the job config, and the local backend launches torchrun for it: the
-    DDP engine refuses to start in ranks torchrun did not start (engines/ddp.py), so a success proves it."""
-    import os
-
-    dr, tis = run(dagbag.dags[DAG_ID], {"epochs": 1, "model_name": "digits-ddp", "engine": "ddp"})
-    assert dr.state == "success", states(tis)
-    jobs = pathlib.Path(os.environ["RINGFLOW_LOCAL_JOBS"])
-    [job_config] = [json.loads(p.read_text()) for p in jobs.glob("*/job.json")
-                    if json.loads(p.read_text())["run_uri"] == str(run_folder(store, dr))]
-    assert job_config["engine"] == "ddp"
-    assert json.loads((store / "models" / "digits-ddp" / "production.json").read_text())["version"] == 1
 
 
 @pytest.mark.background  # mostly TensorFlow's import in two workers: run beside the main lane (scripts/test.sh)
@@ -152,24 +148,6 @@ def test_injected_nan_fails_at_train_with_the_verdict(airflow_db, dagbag, store,
     assert not (store / "models").exists()
 
 
-def test_worker_crash_is_retried_and_resumes_from_the_checkpoint(airflow_db, dagbag, store):
-    dag = dagbag.dags[DAG_ID]
-    train = dag.get_task("digits.train")
-    assert train.retries >= 1  # the DAG's own default: a crashed job resumes on the retry
-    train.retry_delay = dt.timedelta(seconds=1)
-    inject_faults(dag, checkpoint={"every_steps": 10}, faults=[{"kind": "crash", "rank": 1, "step": 25}])
-    dr, tis = run(dag, {"epochs": 2, "model_name": "digits-crash"})
-    assert dr.state == "success", states(tis)
-    assert tis["train"].try_number == 2
-    result = read_result(LocalFolderStore(run_folder(store, dr)))
-    assert result.succeeded
-    # The newest checkpoint published before the kill at step 25: 20, or 10 when 20's upload was not through.
-    assert result.resumed_from in ("ckpt-000000020", "ckpt-000000010")
-    assert result.step == 44  # 2 epochs x 22 steps: nothing lost, nothing repeated
-    pointer = json.loads((store / "models" / "digits-crash" / "production.json").read_text())
-    assert pointer["version"] == 1 and pointer["checkpoint"] == result.checkpoint
-
-
 def test_two_models_in_one_dag_each_promote_by_their_own_gate(airflow_db, dagbag, store):
     dr = dagbag.dags["ringflow_two_models"].test(run_conf={"epochs": 1})
     tis = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
@@ -183,3 +161,52 @@ def test_two_models_in_one_dag_each_promote_by_their_own_gate(airflow_db, dagbag
     runs = [pathlib.Path(store_layout.run_uri(str(store), "ringflow_two_models", dr.run_id, g)) for g in ("digits", "diabetes")]
     assert [p["run_uri"] for p in (digits, diabetes)] == [str(r) for r in runs]
     assert all((r / "eval.json").is_file() for r in runs)
+
+
+def test_remediation_walks_a_chain_of_faults_to_a_healthy_promoted_model(airflow_db, dagbag, store, capfd):
+    """`remediation: "auto"`, one run, four tries (README: the fault table): try 1 meets a NaN (NONFINITE; the
+    injected NaN is not in the data, so the step's replay is finite: a transient fault, retried unchanged,
+    resumed before the NaN's step), try 2 an OOM above a per-worker batch of 16
+    (the batch halved, twice the backward passes: the same global batch), try 3 a crashed worker (no verdict:
+    nothing to change, a plain retry from the newest checkpoint), try 4 trains HEALTHY to the last step (nothing
+    lost, nothing repeated) and is promoted (the default engine, Horovod); a gate that requires no remediation
+    refuses the same run. One whole-DAG run for all of it: CI time."""
+    from ringflow.training.core.gate import Gate
+    from ringflow.training.core.promotion import promote_run
+    from ringflow.training.formats.checkpoint import step_of
+    from ringflow.training.formats.run_folder import RunFolder
+
+    dag = dagbag.dags[DAG_ID]
+    train = dag.get_task("digits.train")
+    train.retries, train.retry_delay = 3, dt.timedelta(seconds=1)
+    oom = [{"kind": "oom", "rank": rank, "step": 15, "above_batch": 16, "on_try": 2} for rank in (0, 1)]
+    crash = {"kind": "crash", "rank": 1, "step": 30, "on_try": 3}
+    inject_faults(dag, remediation="auto", checkpoint={"every_steps": 5},
+                  faults=[{"kind": "nan_gradient", "rank": 1, "step": 10}, *oom, crash])
+    dr, tis = run(dag, {"epochs": 2, "model_name": "digits-remedied"})
+    out = capfd.readouterr().out
+    assert dr.state == "success", states(tis)
+    assert tis["train"].try_number == 4
+    folder = run_folder(store, dr)
+    result = read_result(LocalFolderStore(folder))
+    assert result.succeeded and result.verdict.status == "HEALTHY"
+    # the crashed try's retry resumed from a checkpoint published before the crash, and ended at the last
+    # step: 2 epochs x 22 steps, nothing lost, nothing repeated
+    assert result.resumed_from is not None and 15 <= step_of(result.resumed_from) <= 30, result.resumed_from
+    assert result.step == 44
+    assert [(r["try"], r["verdict"], r["remedy"]) for r in result.remedies] == [
+        (2, "NONFINITE", "plain_retry"), (3, "OOM", "smaller_batch")]
+    # try 2 resumed before the NaN's step; every try's start record names each rank's node
+    starts = [r for r in RunFolder.open(str(folder)).read_health() if r.get("type") == "start"]
+    assert len(starts) == 4 and all(len(r["nodes"]) == 2 for r in starts)
+    assert starts[1]["resumed_from"] is not None and step_of(starts[1]["resumed_from"]) < 10
+    assert (folder / "health.png").is_file()
+    # the task log: one line per change, with the why; the health summary names them too
+    assert re.search(r"remediation: try 2 will run changed after NONFINITE: NaN/Inf at step 10", out), out[-3000:]
+    assert re.search(r"remediation: try 3 will run changed after OOM: out of memory", out), out[-3000:]
+    assert "remediated: try 3: smaller_batch after OOM" in out
+    pointer = json.loads((store / "models" / "digits-remedied" / "production.json").read_text())
+    assert pointer["version"] == 1 and pointer["checkpoint"] == result.checkpoint  # the DAG's gate allows it
+    strict = promote_run(LocalFolderStore(store), str(store), str(folder), "digits-strict",
+                         Gate(compare_to_production=False, require_no_remediation=True))
+    assert not strict.promoted and "requires no remediation" in strict.reason

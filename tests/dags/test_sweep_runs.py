@@ -30,7 +30,7 @@ def allow_faults(dag) -> None:
 def test_sweep_promotes_the_best_healthy_candidate(airflow_db, dagbag, store):
     dag = dagbag.dags[DAG_ID]
     allow_faults(dag)
-    dr = dag.test(run_conf={"configurations": CONFIGURATIONS, "epochs": 2, "model_name": "digits-sweep"})
+    dr = dag.test(run_conf={"configurations": CONFIGURATIONS, "epochs": 1, "model_name": "digits-sweep"})
     tis = {(ti.task_id, ti.map_index): ti for ti in dr.get_task_instances()}
     states = {key: str(ti.state) for key, ti in tis.items()}
     for step in ("digits.validate", "digits.shard", "digits.plan", "digits.select_and_promote"):

@@ -108,10 +108,15 @@ def _rules(role: dict) -> set[tuple[str, str, str]]:
             for resource in rule["resources"] for verb in rule["verbs"]}
 
 
+def _named(kind: str, name: str) -> dict:
+    (doc,) = [d for d in of_kind(kind) if d["metadata"]["name"] == name]
+    return doc
+
+
 def test_rbac_grants_exactly_what_the_client_calls():
     from ringflow.training.core.backends.kubernetes.client import API_CALLS
 
-    (role,) = of_kind("Role")
+    role = _named("Role", "ringflow-airflow-mpijobs")
     (cluster_role,) = of_kind("ClusterRole")
     assert _rules(role) | _rules(cluster_role) == set(API_CALLS)
     assert _rules(cluster_role) == {("", "nodes", "list")}  # cluster-wide: counting nodes, nothing more
@@ -119,8 +124,7 @@ def test_rbac_grants_exactly_what_the_client_calls():
     for group, resource in (("kubeflow.org", "mpijobs"), ("trainer.kubeflow.org", "trainjobs")):
         assert {(group, resource, verb) for verb in ("create", "get", "list", "delete")} <= _rules(role)
     assert not any("jobsets" in resource for _, resource, _ in _rules(role))  # pods are found by label
-    (binding,) = of_kind("RoleBinding")
-    (account,) = of_kind("ServiceAccount")
+    binding, account = _named("RoleBinding", "ringflow-airflow-mpijobs"), _named("ServiceAccount", "ringflow-airflow")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": role["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
@@ -129,6 +133,29 @@ def test_rbac_grants_exactly_what_the_client_calls():
     assert cluster_binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                           "name": cluster_role["metadata"]["name"]}
     assert cluster_binding["subjects"] == binding["subjects"]
+    assert len(of_kind("Role")) == 2  # this one and the training pods' (next test): nothing else is granted
+
+
+def test_training_pods_may_patch_their_trainjobs_status_and_nothing_else():
+    from ringflow.training.health.trainer_status import API_CALLS, TRAINJOB_NAME_ENV, TRAINJOB_NAMESPACE_ENV
+    from ringflow.training.core.backends.kubernetes import labels as L
+
+    role, binding = _named("Role", "ringflow-training-status"), _named("RoleBinding", "ringflow-training-status")
+    account = _named("ServiceAccount", "ringflow-training")
+    assert _rules(role) == set(API_CALLS) == {("trainer.kubeflow.org", "trainjobs/status", "patch")}
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": role["metadata"]["namespace"]}]
+    # The pod that hosts rank 0 runs as that account and learns its TrainJob through the downward API: node 0 of
+    # the torch runtime, the launcher of the Horovod one (mpirun runs rank 0 there: runLauncherAsNode).
+    runtimes = _runtimes()
+    for runtime, job in (("ringflow-torch", "node"), ("ringflow-horovod", "launcher")):
+        pod = _replicated_jobs(runtimes[runtime])[job]["template"]["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == account["metadata"]["name"], runtime
+        (container,) = pod["containers"]
+        env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+        assert env == {TRAINJOB_NAME_ENV: f"metadata.labels['{L.JOBSET_NAME_LABEL}']",
+                       TRAINJOB_NAMESPACE_ENV: "metadata.namespace"}, runtime
 
 
 def test_minio_and_the_training_pods_read_the_same_secret_keys():
@@ -309,7 +336,7 @@ def test_airflow_values_wire_the_deployment():
     assert values["executor"] in ("LocalExecutor", "KubernetesExecutor")
     assert values["triggerer"]["enabled"] is True
     assert values["postgresql"]["enabled"] is True or values.get("data", {}).get("metadataSecretName")
-    (account,) = of_kind("ServiceAccount")
+    account = _named("ServiceAccount", "ringflow-airflow")
     for component in ("scheduler", "triggerer"):
         assert values[component]["serviceAccount"] == {"create": False, "name": account["metadata"]["name"]}
     (connections,) = [d for d in of_kind("Secret") if d["metadata"]["name"] == "ringflow-airflow-connections"]

@@ -1,13 +1,14 @@
-"""The train task's extra links (operators/links.py): the URLs a browser opens for a run folder and its health
-plot, local (the API server's run-file endpoint) and S3 (presigned), and how the operator hands them to Airflow."""
+"""The train task's extra links (operators/links.py): the URLs a browser opens for a run page, a run folder and its
+health plot, local (the API server's run-file endpoint) and S3 (presigned), and how the operator hands them to Airflow."""
 from __future__ import annotations
 
 import urllib.parse
 
 import pytest
 
-from ringflow.operators.links import (HEALTH_PLOT, PRESIGN_SECONDS, RUN_FOLDER, STORE_ROUTE, HealthPlotLink,
-                                      RunFolderLink, RunLinks, local_link, run_links)
+from ringflow.operators.links import (HEALTH_PLOT, PRESIGN_SECONDS, RUN_FOLDER, RUN_PAGE, RUN_PAGE_ROUTE, STORE_ROUTE,
+                                      HealthPlotLink, RunFolderLink, RunLinks, RunPageLink, local_link, run_links,
+                                      run_page_link)
 
 ROOT = "/srv/ringflow-data"
 RUN = f"{ROOT}/runs/ringflow_retrain/manual__2026-01-01T00:00:00+00:00/digits"
@@ -42,12 +43,25 @@ def test_local_links_resolve_symlinks(tmp_path):
     assert local_link(str(tmp_path / "alias" / "runs" / "d"), str(store), folder=True) == f"{STORE_ROUTE}/runs/d/"
 
 
+@pytest.mark.parametrize("run, root, base, expected", [
+    (RUN, ROOT, "/af", f"/af{RUN_PAGE_ROUTE}/runs/ringflow_retrain/manual__2026-01-01T00%3A00%3A00%2B00%3A00/digits"),
+    ("s3://b/ml/runs/d/r/g", "s3://b/ml", "", f"{RUN_PAGE_ROUTE}/runs/d/r/g"),  # the API server reads S3 itself
+    ("s3://b/other/runs/d/r/g", "s3://b/ml", "", None),                      # not in the API server's store
+    ("s3://b/ml/models/x", "s3://b/ml", "", None),                           # nor anything but run folders
+    ("/elsewhere/runs/d/r", ROOT, "", None),
+    (RUN, "s3://b/ml", "", None),
+])
+def test_the_run_page_link_names_the_run_folder_in_the_api_servers_store(run, root, base, expected):
+    assert run_page_link(run, root, base) == expected
+
+
 def test_local_run_links_show_the_plot_once_it_is_saved():
     before = run_links(RUN, plot_saved=False, store_root=ROOT)
     after = run_links(f"{RUN}/", plot_saved=True, store_root=ROOT, base_path="/af")
     assert before.run_folder.endswith("/digits/") and before.health_plot is None
     assert after.run_folder.startswith(f"/af{STORE_ROUTE}/runs/") and after.health_plot.endswith("/digits/health.png")
     assert run_links("/elsewhere/run", plot_saved=True, store_root=ROOT) == RunLinks(None, None)
+    assert before.run_page.endswith("/digits") and after.run_page.startswith(f"/af{RUN_PAGE_ROUTE}/runs/")
 
 
 def test_s3_run_links_are_presigned_with_the_tasks_settings(monkeypatch):
@@ -80,7 +94,7 @@ def test_each_link_returns_what_the_operator_computed():
     assert RunFolderLink().get_link(Ran(), ti_key=None) == "/ringflow/store/runs/d/r/g/"
     assert HealthPlotLink().get_link(Ran(), ti_key=None) == ""  # no button until the plot exists
     assert RunFolderLink().get_link(object(), ti_key=None) == ""  # the task never got as far as its run folder
-    assert (RunFolderLink().name, HealthPlotLink().name) == (RUN_FOLDER, HEALTH_PLOT)
+    assert (RunFolderLink().name, HealthPlotLink().name, RunPageLink().name) == (RUN_FOLDER, HEALTH_PLOT, RUN_PAGE)
     assert RunFolderLink().xcom_key != HealthPlotLink().xcom_key
 
 
@@ -97,4 +111,4 @@ def test_the_train_operator_declares_both_links_and_they_are_serialized():
     task = DagSerialization.to_dict(dag)["dag"]["tasks"][0]["__var"]
     # what the API server reads back: each link's name and the XCom key its URL is stored under
     assert task["_operator_extra_links"] == {RUN_FOLDER: RunFolderLink().xcom_key,
-                                             HEALTH_PLOT: HealthPlotLink().xcom_key}
+                                             HEALTH_PLOT: HealthPlotLink().xcom_key, RUN_PAGE: RunPageLink().xcom_key}

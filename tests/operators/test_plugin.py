@@ -9,7 +9,7 @@ import pytest
 from fastapi import HTTPException
 
 from ringflow.operators import plugin
-from ringflow.operators.links import STORE_ROUTE
+from ringflow.operators.links import RUN_PAGE, RUN_PAGE_ROUTE, STORE_ROUTE, TASK_RUN_PAGE_ROUTE
 
 
 def test_airflow_finds_the_plugin_and_mounts_it_where_the_links_point():
@@ -22,6 +22,27 @@ def test_airflow_finds_the_plugin_and_mounts_it_where_the_links_point():
     assert "/ringflow" in mounted
     routes = [route.path for route in mounted["/ringflow"].routes]
     assert any(f"/ringflow{path}".startswith(STORE_ROUTE + "/") for path in routes), routes
+    for route in (RUN_PAGE_ROUTE, TASK_RUN_PAGE_ROUTE):
+        assert any(f"/ringflow{path}".startswith(route + "/") for path in routes), (route, routes)
+
+
+def test_the_run_page_is_a_tab_on_every_task_instance():
+    from airflow import plugins_manager
+
+    views = [v for v in plugins_manager._get_ui_plugins()[0] if v["name"] == RUN_PAGE]
+    assert len(views) == 1 and views[0]["destination"] == "task_instance"
+    # the UI fills these in (and leaves {MAP_INDEX} as it is for an unmapped task: the page reads that as unmapped)
+    assert views[0]["href"] == f"{TASK_RUN_PAGE_ROUTE}/{{DAG_ID}}/{{RUN_ID}}/{{TASK_ID}}?map_index={{MAP_INDEX}}"
+
+
+@pytest.mark.parametrize("task, index, key", [
+    ("digits.train", "{MAP_INDEX}", "runs/d/r_1/digits"),
+    ("digits.promote", "-1", "runs/d/r_1/digits"),
+    ("sweep.candidate.train", "2", "runs/d/r_1/sweep.candidate/m2"),
+    ("train", None, "runs/d/r_1"),
+])
+def test_a_task_instance_finds_its_pipelines_run_folder(task, index, key):
+    assert plugin.task_run_key("d", "r:1", task, index) == key
 
 
 @pytest.mark.parametrize("key, expected", [

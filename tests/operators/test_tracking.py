@@ -78,31 +78,61 @@ def champion_accuracy(uri: str, name: str, features, labels) -> float:
     return float((predictions == labels).mean())
 
 
+SWEEP_RUN_ID, SWEEP_GROUP = "manual__sweep", "sweep"
+# Two candidates of a sweep, the second with the larger learning rate: trained and evaluated once for this
+# module (each is a real 2-worker job), then promoted, replaced and rolled back by one test and selected from
+# by another.
+CANDIDATES = [{"learning_rate": 0.0005}, {"learning_rate": 0.004}]
+
+
+@pytest.fixture(scope="module")
+def candidates(tmp_path_factory, digits_manifest, mlflow_server):
+    """(store, [train task outcome], [evaluate task outcome]) of the two CANDIDATES, as the sweep's mapped
+    train and evaluate tasks run them, each tracked in MLflow."""
+    from ringflow.training.core.runs import store_layout
+
+    tmp_path = tmp_path_factory.mktemp("tracked")
+    store = tmp_path / "store"
+    trained, evaluated = [], []
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}",
+                           json.dumps({"conn_type": "http", "host": "127.0.0.1", "port": mlflow_server.port}))
+        for name in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            monkeypatch.delenv(name, raising=False)
+        for index, overrides in enumerate(CANDIDATES):
+            run_uri = store_layout.run_uri(str(store), DAG_ID, SWEEP_RUN_ID, SWEEP_GROUP, map_index=index)
+            trained.append(train(tmp_path, store, digits_manifest, SWEEP_RUN_ID, map_index=index, run_uri=run_uri,
+                                 epochs=1, **overrides))
+            evaluated.append(EvaluateModelOperator(task_id=f"{SWEEP_GROUP}.evaluate", run_uri=run_uri, conn_id=None,
+                                                   mlflow_conn_id=CONN_ID).execute(
+                context(SWEEP_RUN_ID, f"{SWEEP_GROUP}.evaluate", index)))
+    return store, trained, evaluated
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_runs_are_tracked_and_promotions_registered_and_rolled_back(tmp_path, digits_manifest, mlflow_server,
-                                                                    mlflow_connection, monkeypatch):
+                                                                    mlflow_connection, candidates, monkeypatch):
     from mlflow import MlflowClient
 
     from ringflow.training.health.records import read_health
     from ringflow.training.store import open_store
 
-    store, name = tmp_path / "store", "digits-tracked"
+    store, trained, evaluated = candidates
+    name = "digits-tracked"
     client = MlflowClient(mlflow_server.uri)
 
-    # -- run A: trained, evaluated, promoted as version 1 -> champion
-    out = train(tmp_path, store, digits_manifest, "manual__a", epochs=1, learning_rate=0.004)
+    # -- run A (the larger learning rate): trained, evaluated, promoted as version 1 -> champion
+    out, ev = trained[1], evaluated[1]
     run_a = out["run_uri"]
     assert out["status"] == "succeeded" and out["mlflow_run_id"]
-    ev = EvaluateModelOperator(task_id="evaluate", run_uri=run_a, conn_id=None,
-                               mlflow_conn_id=CONN_ID).execute(context("manual__a", "evaluate"))
     assert ev["mlflow_run_id"] == out["mlflow_run_id"]  # the same MLflow run: found by the run folder
     promoted = PromoteModelOperator(task_id="promote", name=name, store_uri=str(store), run_uri=run_a, conn_id=None,
                                     mlflow_conn_id=CONN_ID).execute(context("manual__a", "promote"))
     assert promoted["promoted"] and promoted["version"] == 1 and promoted["mlflow_version"] == 1
 
     run = client.get_run(out["mlflow_run_id"])
-    assert run.info.status == "FINISHED" and run.info.run_name == "manual__a/train"
+    assert run.info.status == "FINISHED" and run.info.run_name == f"{SWEEP_RUN_ID}/train"
     assert client.get_experiment(run.info.experiment_id).name == DAG_ID
     # the job's parameters: the checked JobConfig, flattened
     assert run.data.params["epochs"] == "1" and run.data.params["learning_rate"] == "0.004"
@@ -139,9 +169,7 @@ def test_runs_are_tracked_and_promotions_registered_and_rolled_back(tmp_path, di
     assert champion_accuracy(mlflow_server.uri, name, features, labels) == pytest.approx(accuracy_a, abs=1e-12)
 
     # -- run B (another training, a smaller learning rate): promoted over A as version 2, the alias follows
-    out_b = train(tmp_path, store, digits_manifest, "manual__b", epochs=1, learning_rate=0.0005)
-    ev_b = EvaluateModelOperator(task_id="evaluate", run_uri=out_b["run_uri"], conn_id=None,
-                                 mlflow_conn_id=CONN_ID).execute(context("manual__b", "evaluate"))
+    out_b, ev_b = trained[0], evaluated[0]
     assert ev_b["metrics"]["accuracy"] != accuracy_a  # two different models, or the rollback proves nothing
     promoted_b = PromoteModelOperator(task_id="promote", name=name, store_uri=str(store), run_uri=out_b["run_uri"],
                                       conn_id=None, compare_to_production=False, mlflow_conn_id=CONN_ID,
@@ -167,24 +195,15 @@ def test_runs_are_tracked_and_promotions_registered_and_rolled_back(tmp_path, di
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_sweeps_winner_is_registered_from_its_own_mlflow_run(tmp_path, digits_manifest, mlflow_server,
-                                                                 mlflow_connection, monkeypatch):
+                                                                 mlflow_connection, candidates, monkeypatch):
     """The sweep's select task registers the winning candidate, not another one: the model version points at
     the winner's MLflow run and serves the winner's model."""
     from mlflow import MlflowClient
 
     from ringflow.operators.sweep import SelectAndPromoteOperator
-    from ringflow.training.core.runs import store_layout
 
-    store, name, run_id, group = tmp_path / "store", "digits-swept", "manual__sweep", "sweep"
-    configurations = [{"learning_rate": 0.0005}, {"learning_rate": 0.004}]
-    trained, evaluated = [], []
-    for index, overrides in enumerate(configurations):  # each candidate's train and evaluate, as mapped tasks run them
-        run_uri = store_layout.run_uri(str(store), DAG_ID, run_id, group, map_index=index)
-        trained.append(train(tmp_path, store, digits_manifest, run_id, map_index=index, run_uri=run_uri, epochs=1,
-                             **overrides))
-        evaluated.append(EvaluateModelOperator(task_id=f"{group}.evaluate", run_uri=run_uri, conn_id=None,
-                                               mlflow_conn_id=CONN_ID).execute(
-            context(run_id, f"{group}.evaluate", index)))
+    store, trained, evaluated = candidates
+    name, run_id, group, configurations = "digits-swept", SWEEP_RUN_ID, SWEEP_GROUP, CANDIDATES
     accuracies = [ev["metrics"]["accuracy"] for ev in evaluated]
     assert accuracies[0] != accuracies[1]  # two different models, or the winner's identity proves nothing
     best = accuracies.index(max(accuracies))

@@ -211,6 +211,7 @@ def test_overrides_may_change_how_it_trains(tmp_path, digits_manifest):
 
 
 FAULT = {"kind": "crash", "rank": 1, "step": 7}
+FAULT_DEFAULTS = {"seconds": 0.0, "on_try": 1, "above_batch": 0}
 
 
 @pytest.mark.parametrize("args, try_number, expect", [
@@ -223,9 +224,12 @@ FAULT = {"kind": "crash", "rank": 1, "step": 7}
      1, {"epochs": 3, "batch_size": 16, "learning_rate": 0.5, "checkpoint": {"every_steps": 10}}),
     ({"overrides": '{"seed": 2}'}, 1, {"seed": 2}),
     ({"overrides": "{}", "epochs": None}, 1, {"epochs": 5}),  # None: the config's default
-    # injected faults on the first try only: a retry resumes and shows the recovery
-    ({"overrides": {"faults": [FAULT], "seed": 4}}, 1, {"faults": [FAULT | {"seconds": 0.0}], "seed": 4}),
+    # injected faults on the try they name, the first by default: a retry resumes and shows the recovery, or
+    # meets the next fault of a chain
+    ({"overrides": {"faults": [FAULT], "seed": 4}}, 1, {"faults": [FAULT | FAULT_DEFAULTS], "seed": 4}),
     ({"overrides": {"faults": [FAULT], "seed": 4}}, 2, {"faults": [], "seed": 4}),
+    ({"overrides": {"faults": [FAULT, FAULT | {"on_try": 2, "step": 3}, FAULT | {"on_try": 3}]}}, 2,
+     {"faults": [FAULT | FAULT_DEFAULTS | {"on_try": 2, "step": 3}]}),
     # the engine: the config's default, the argument (text from a template), or the overrides on top
     ({}, 1, {"engine": "horovod"}),
     ({"engine": "ddp"}, 1, {"engine": "ddp"}),

@@ -22,9 +22,19 @@ def make_trigger(tmp_path, job_id="rf-x", **kwargs):
 
 
 def events(trigger):
-    async def collect():
+    (got,) = events_side_by_side(trigger)
+    return got
+
+
+def events_side_by_side(*triggers):
+    """Each trigger's events, the triggers run at once (as one triggerer runs them): jobs launched together
+    are watched together, so a test of several jobs waits for the slowest, not for their sum."""
+    async def collect(trigger):
         return [event.payload async for event in trigger.run()]
-    return asyncio.run(collect())
+
+    async def collect_all():
+        return await asyncio.gather(*(collect(t) for t in triggers))
+    return asyncio.run(collect_all())
 
 
 def decided(event):
@@ -52,15 +62,14 @@ def test_success_and_fatal_verdict(tmp_path, digits_manifest):
     backend = LocalProcessBackend(work_dir=str(tmp_path / "jobs"))
     config = {"manifest_uri": digits_manifest, "run_uri": str(tmp_path / "run"), "epochs": 1}
     backend.launch(JobSpec(name="rf-good", config=config, num_workers=2))
-    (ok,) = events(make_trigger(tmp_path, job_id="rf-good"))
+    nan_config = config | {"run_uri": str(tmp_path / "run2"), "epochs": 3,
+                           "faults": [{"kind": "nan_gradient", "rank": 1, "step": 4}]}
+    backend.launch(JobSpec(name="rf-nan", config=nan_config, num_workers=2))
+    watch_nan = make_trigger(tmp_path, job_id="rf-nan")
+    watch_nan.run_uri = str(tmp_path / "run2")
+    (ok,), (bad,) = events_side_by_side(make_trigger(tmp_path, job_id="rf-good"), watch_nan)
     assert ok["status"] == "success" and ok["state"] == "succeeded" and decided(ok).exit_code == 0
 
-    config = config | {"run_uri": str(tmp_path / "run2"), "epochs": 3,
-                       "faults": [{"kind": "nan_gradient", "rank": 1, "step": 4}]}
-    backend.launch(JobSpec(name="rf-nan", config=config, num_workers=2))
-    trigger = make_trigger(tmp_path, job_id="rf-nan")
-    trigger.run_uri = str(tmp_path / "run2")
-    (bad,) = events(trigger)
     decision = decided(bad)
     assert bad["status"] == "error" and decision.verdict.status == "NONFINITE" and decision.action == FAIL
     assert decision.verdict.evidence["ranks"] == [1]
@@ -126,20 +135,28 @@ def test_timeout_is_reported_for_the_operator_to_stop_the_job(tmp_path, digits_m
     backend.delete("rf-slow")
 
 
+# Health off, and health records far apart: neither may pass for a stall.
+SPARSE_HEALTH = {"health-off": {"enabled": False},
+                 "sparse-records": {"every_steps": 1000, "checksum_every_steps": 1000}}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("health", [{"enabled": False}, {"every_steps": 1000, "checksum_every_steps": 1000}],
-                         ids=["health-off", "sparse-records"])
-def test_slow_steps_without_records_for_longer_than_stall_seconds_are_not_killed(tmp_path, digits_manifest,
-                                                                                  health):
-    """22 steps of 0.5 s: no health record for 11 s, stall_seconds 4. The old watcher stopped this job."""
+def test_slow_steps_without_records_for_longer_than_stall_seconds_are_not_killed(tmp_path, digits_manifest):
+    """22 steps of 0.5 s: no health record for 11 s, stall_seconds 4. The old watcher stopped this job. Each
+    SPARSE_HEALTH case is its own job; they run and are watched side by side."""
     backend = LocalProcessBackend(work_dir=str(tmp_path / "jobs"))
-    config = {"manifest_uri": digits_manifest, "run_uri": str(tmp_path / "run"), "epochs": 1,
-              "health": health | {"stall_seconds": 4},
-              "faults": [{"kind": "slow_rank", "rank": 1, "step": 1, "seconds": 0.5}]}
-    backend.launch(JobSpec(name="rf-slow-steps", config=config, num_workers=2))
-    (got,) = events(make_trigger(tmp_path, job_id="rf-slow-steps", health=config["health"]))
-    assert got["status"] == "success" and decided(got).exit_code == 0, got
-    assert got["verdict"] is None or got["verdict"]["status"] != "STALLED", got
+    triggers = []
+    for case, health in SPARSE_HEALTH.items():
+        config = {"manifest_uri": digits_manifest, "run_uri": str(tmp_path / case), "epochs": 1,
+                  "health": health | {"stall_seconds": 4},
+                  "faults": [{"kind": "slow_rank", "rank": 1, "step": 1, "seconds": 0.5}]}
+        backend.launch(JobSpec(name=f"rf-slow-steps-{case}", config=config, num_workers=2))
+        trigger = make_trigger(tmp_path, job_id=f"rf-slow-steps-{case}", health=config["health"])
+        trigger.run_uri = config["run_uri"]
+        triggers.append(trigger)
+    for case, (got,) in zip(SPARSE_HEALTH, events_side_by_side(*triggers)):
+        assert got["status"] == "success" and decided(got).exit_code == 0, (case, got)
+        assert got["verdict"] is None or got["verdict"]["status"] != "STALLED", (case, got)
 
 
 @pytest.mark.slow

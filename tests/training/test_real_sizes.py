@@ -97,6 +97,7 @@ def digits_on_s3(s3_server):
     return bucket, f"s3://{bucket}/shards/manifest.json"
 
 
+@pytest.mark.background  # mostly a held store waited out (20-25 s each): beside the main lane (scripts/test.sh)
 @pytest.mark.parametrize("store_timeout, hold_seconds, code, verdict", [
     (300, 25, 0, "HEALTHY"),                # a stall of writes longer than stall_seconds: lived through
     # Longer than store_timeout_seconds: the store's verdict, recorded once the writes go through again

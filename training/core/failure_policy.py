@@ -28,6 +28,7 @@ from ..formats import exit_codes
 from .backends.base import FAILED, STATES, SUCCEEDED, TERMINAL
 from ..health.verdict import DIVERGED, HEALTHY, NONFINITE, OOM, Verdict
 from ..formats.run_result import RunResult
+from . import remediation
 
 SUCCEED, RETRY, FAIL, WATCH = "succeed", "retry", "fail", "watch"
 ACTIONS = (SUCCEED, RETRY, FAIL, WATCH)
@@ -150,6 +151,11 @@ def decide(seen: Observation) -> Decision:
 
 def _running(seen: Observation, result: RunResult | None) -> Decision:
     verdict = seen.verdict if seen.fatal else None
+    if result is not None and result.replaying and not seen.timed_out:
+        # Its verdict is written, and it replays the failed step to tell the data from a transient fault (at
+        # most health.replay_seconds): its final result, with what the replay found, follows.
+        own = result.verdict or verdict
+        return Decision(WATCH, f"{_words(own)}; replaying that step", state=seen.state, verdict=own)
     if verdict is not None and result is not None and not result.succeeded:
         # The job reached the verdict of its own records and wrote its failed result: only its teardown is left.
         own = result.verdict or verdict
@@ -189,3 +195,18 @@ def _finished(seen: Observation, result: RunResult | None) -> Decision:
     # The job's own failure: its result says which, whatever the process layers made of it.
     said = _words(result.verdict) if result.verdict else seen.reason or exit_codes.meaning(result.exit_code)
     return Decision(_failure(verdict), said, result.exit_code, state=FAILED, verdict=verdict)
+
+
+def remediated(decision: Decision, remedy: remediation.Remedy) -> Decision:
+    """The decision once the remediation policy (`remediation: "auto"`, remediation.py) has answered its
+    verdict: a failure it can change is retried with the change, even one the policy alone fails (a NaN, an
+    OOM: the next try is no longer the same job); one it has no remedy left for fails without retry, since the
+    next try would meet it again; AS_IS leaves the decision as it was. Success and watching are not its to
+    change. Pure, as `decide`."""
+    if decision.action not in (RETRY, FAIL) or decision.verdict is None:
+        return decision
+    if remedy.action == remediation.CHANGE:
+        return dataclasses.replace(decision, action=RETRY, reason=f"{decision.reason}; the next try: {remedy.words}")
+    if remedy.action == remediation.GIVE_UP:
+        return dataclasses.replace(decision, action=FAIL, reason=f"{decision.reason}; no remedy left: {remedy.words}")
+    return decision

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from .registry.model_registry import Pointer
 
@@ -27,6 +27,9 @@ class Gate:
     threshold: an absolute bar the metric must reach (>= for max, <= for min), or None.
     compare_to_production: also require "no worse than the model in production".
     allowed_verdicts: health verdicts of the training run that may be promoted (None: any).
+    require_no_remediation: refuse a run whose retries changed its training (`remediation: "auto"` applied a
+    remedy: a lower learning rate, a smaller batch, ...; the result's `remedies`): the owner reviews such a
+    model before it replaces production.
     """
 
     metric: str = "accuracy"
@@ -34,6 +37,7 @@ class Gate:
     threshold: float | None = None
     compare_to_production: bool = True
     allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS
+    require_no_remediation: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.metric, str) or not self.metric:
@@ -44,12 +48,20 @@ class Gate:
         if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
                                       or math.isnan(threshold)):
             raise GateError(f"gate threshold is {threshold!r}; use a number, or None for no absolute bar")
+        if not isinstance(self.require_no_remediation, bool):
+            raise GateError(f"gate require_no_remediation is {self.require_no_remediation!r}; use True or False")
 
     def _no_worse(self, value: float, bar: float) -> bool:
         return value >= bar if self.mode == "max" else value <= bar
 
-    def check(self, verdict: str | None, metrics: dict[str, Any], production: Pointer | None) -> str | None:
-        """None if the candidate passes, else the reason it does not, in words."""
+    def check(self, verdict: str | None, metrics: dict[str, Any], production: Pointer | None,
+              remedies: Sequence[Mapping[str, Any]] = ()) -> str | None:
+        """None if the candidate passes, else the reason it does not, in words. remedies: what the training
+        run's retries changed (RunResult.remedies)."""
+        if self.require_no_remediation and remedies:
+            changed = "; ".join(f"try {r.get('try')}: {r.get('remedy')} after {r.get('verdict')}" for r in remedies)
+            return (f"the training run was remediated ({changed}) and the gate requires no remediation; review the "
+                    "run and promote it by hand, or set require_no_remediation=False")
         if self.allowed_verdicts is not None and verdict is None:
             return ("the training run has no health verdict (trained with health.enabled false?); turn health "
                     "monitoring on, or set allowed_verdicts=None to promote without a health gate")
@@ -75,7 +87,8 @@ class Gate:
 
 def build_gate(*, metric: Any = "accuracy", mode: Any = "max", threshold: Any = None,
                compare_to_production: bool = True,
-               allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS) -> Gate:
+               allowed_verdicts: Sequence[str] | None = DEFAULT_ALLOWED_VERDICTS,
+               require_no_remediation: bool = False) -> Gate:
     """The Gate from the operator's arguments as they rendered: a threshold from a template is text
     ("0.9"; "", "None" or "null" for none)."""
     if isinstance(threshold, str):
@@ -88,4 +101,5 @@ def build_gate(*, metric: Any = "accuracy", mode: Any = "max", threshold: Any = 
     return Gate(metric=str(metric).strip() if isinstance(metric, str) else metric,
                 mode=str(mode).strip() if isinstance(mode, str) else mode, threshold=threshold,
                 compare_to_production=compare_to_production,
-                allowed_verdicts=tuple(allowed_verdicts) if allowed_verdicts is not None else None)
+                allowed_verdicts=tuple(allowed_verdicts) if allowed_verdicts is not None else None,
+                require_no_remediation=require_no_remediation)

@@ -58,11 +58,11 @@ def promote_run(store: ObjectStore, store_uri: str, run_uri: str, name: str, gat
     previous = production.version if production else None
     # A first look, so a run that is clearly worse costs no copy. Not the decision: production may change
     # before this promotion lands, so the registry asks the gate again.
-    reason = gate.check(run.verdict, metrics, production)
+    reason = gate.check(run.verdict, metrics, production, run.result.remedies)
     if reason is not None:
         return PromotionOutcome(run, gate.metric, promoted=False, reason=reason, previous=previous)
     promotion = registry.promote(name, run_uri=run_uri, checkpoint=run.result.checkpoint, metrics=metrics,
-                                 decide=lambda current: gate.check(run.verdict, metrics, current))
+                                 decide=lambda current: gate.check(run.verdict, metrics, current, run.result.remedies))
     return PromotionOutcome(run, gate.metric, promoted=promotion.promoted,
                             reason="passed the gate" if promotion.promoted else promotion.reason or "",
                             previous=promotion.previous, version=promotion.version, new_version=promotion.new_version)

@@ -2,8 +2,11 @@
 same verdict, config and history always give the same `Remedy`. Table-tested
 (tests/training/core/test_remediation.py, README "Job config").
 
-    NONFINITE          resume from the newest checkpoint before the first non-finite step, with the learning
-                       rate halved; at most twice
+    NONFINITE          with the rank's replay (evidence "replay", rank side): reproducible -> resume before the
+                       step with the replayed minibatch's rows skipped (config "skip_rows"; at most three times),
+                       not reproducible (a transient fault) -> resume before the step, unchanged (at most twice);
+                       without replay evidence: resume from the newest checkpoint before the first non-finite
+                       step, with the learning rate halved; at most twice
     DEGRADED sync      a larger Horovod fusion threshold / DDP bucket (doubled, at most twice), then fp16
                        gradient compression (Horovod)
     DEGRADED straggler on Kubernetes: keep the next try off that rank's node (at most two nodes)
@@ -19,12 +22,13 @@ avoids `avoid_nodes`, or starts after `wait_seconds`), AS_IS (this policy has no
 failure policy's decision stands) or GIVE_UP (the verdict has remedies but none is left or none applies:
 the next try would meet the same failure, so the task fails).
 
-How it will be wired (not yet): the operator's retry (`TrainOperator.execute` with try_number > 1) reads
-the last try's RunResult and its verdict from the run folder, the history from the remedies earlier tries
-recorded in their results, calls `remedy`, and under CHANGE launches with `Remedy.applied_to(config)` (the
-backend taking `avoid_nodes` as node anti-affinity, the resume taking `resume_before_step`) and records
-the Remedy in the run result, the task log, the health plot's title and MLflow; under GIVE_UP the failure
-policy (failure_policy.py) fails the task instead of retrying it unchanged.
+How it is wired (operators/train.py): when a try fails, the operator's execute_complete calls `remedy` with
+the verdict the failure policy decided on, the config that try ran with and the remedies of earlier tries
+(`remedies.jsonl` in the run folder, `PlannedRemedy` a line), and the failure policy's `remediated` turns the
+decision into a retry (CHANGE) or a failure without retry (GIVE_UP). A CHANGE is appended to remedies.jsonl
+for the next try, whose execute builds its config with `apply_remedies` (every earlier change, this try's
+resume step, and what the ranks copy into their result), keeps off `avoided_nodes`, and waits `wait_seconds`
+deferred, holding no worker slot.
 """
 from __future__ import annotations
 
@@ -46,12 +50,23 @@ COMPRESS_GRADIENTS = "compress_gradients"
 AVOID_NODE = "avoid_node"
 WAIT_FOR_STORE = "wait_for_store"
 SMALLER_BATCH = "smaller_batch"
-REMEDIES = (LOWER_LEARNING_RATE, WIDER_BUCKETS, COMPRESS_GRADIENTS, AVOID_NODE, WAIT_FOR_STORE, SMALLER_BATCH)
+SKIP_ROWS = "skip_rows"
+PLAIN_RETRY = "plain_retry"
+REMEDIES = (LOWER_LEARNING_RATE, WIDER_BUCKETS, COMPRESS_GRADIENTS, AVOID_NODE, WAIT_FOR_STORE, SMALLER_BATCH,
+            SKIP_ROWS, PLAIN_RETRY)
 
 # NaN/Inf again after the learning rate was halved twice (a quarter of the owner's) is the data or the
 # model, not the step size: lowering it further would only train slower into the same NaN.
 LEARNING_RATE_FACTOR = 0.5
 MAX_LEARNING_RATE_CUTS = 2
+# A replay that reproduces the NaN names the rows: skipping them is exact. A fourth minibatch of bad rows
+# says the data set needs cleaning, not the run.
+MAX_ROW_SKIPS = 3
+# A replay that does not reproduce it is a transient fault (hardware, a race): retried as it was, twice; a
+# third is a machine that keeps failing.
+MAX_PLAIN_RETRIES = 2
+# The config key a reproducible replay's rows go to (the rank's reader skips them; rank side).
+SKIP_ROWS_SETTING = "skip_rows"
 # Each doubling of the fusion threshold / bucket halves the number of all-reduces per step; past two
 # (4x) the per-call latency is no longer what the step waits for, the bandwidth is: compression is next.
 BUCKET_FACTOR = 2
@@ -155,6 +170,9 @@ def _count(history: Sequence[Remedy], kind: str) -> int:
 
 
 def _nonfinite(verdict: Verdict, cfg: JobConfig, history, **_) -> Remedy:
+    replay = verdict.evidence.get("replay")
+    if isinstance(replay, Mapping) and "reproducible" in replay:
+        return _replayed(verdict, replay, history)
     name, cuts = verdict_name(verdict), _count(history, LOWER_LEARNING_RATE)
     if cuts >= MAX_LEARNING_RATE_CUTS:
         return Remedy(GIVE_UP, name, f"NaN/Inf again after the learning rate was cut {cuts} times (now "
@@ -165,6 +183,36 @@ def _nonfinite(verdict: Verdict, cfg: JobConfig, history, **_) -> Remedy:
     return Remedy(CHANGE, name, f"NaN/Inf at step {step}: resume from {where} with learning_rate "
                                 f"{cfg.learning_rate:g} -> {lr:g} (cut {cuts + 1} of {MAX_LEARNING_RATE_CUTS})",
                   LOWER_LEARNING_RATE, {"learning_rate": lr}, resume_before_step=step)
+
+
+def _replayed(verdict: Verdict, replay: Mapping[str, Any], history) -> Remedy:
+    """NONFINITE whose step the rank replayed on the last checkpoint's state: the data, or a transient fault."""
+    name, step = verdict_name(verdict), verdict.evidence.get("step")
+    if not replay["reproducible"]:
+        retries = _count(history, PLAIN_RETRY)
+        if retries >= MAX_PLAIN_RETRIES:
+            return Remedy(GIVE_UP, name, f"NaN/Inf at step {step} that its replay did not reproduce, for the "
+                                         f"{retries + 1}th time: a transient fault that keeps coming back is the "
+                                         "machine's; check its hardware (memory errors, GPU health)")
+        return Remedy(CHANGE, name, f"NaN/Inf at step {step} that its replay did not reproduce: a transient fault "
+                                    f"(hardware, a race), so the next try resumes before step {step} unchanged "
+                                    f"(retry {retries + 1} of {MAX_PLAIN_RETRIES})", PLAIN_RETRY,
+                      resume_before_step=step)
+    rows = [dict(r) for r in replay.get("rows") or ()]
+    skips = [h for h in history if h.remedy == SKIP_ROWS]
+    if not rows:
+        return Remedy(GIVE_UP, name, f"NaN/Inf at step {step}, reproducible on replay, but the replay named no "
+                                     "rows: check the input data for NaN/Inf")
+    if len(skips) >= MAX_ROW_SKIPS:
+        return Remedy(GIVE_UP, name, f"NaN/Inf at step {step} from data again, after rows were skipped "
+                                     f"{len(skips)} times: clean the data set (the verdict names the rows)")
+    # Every row skipped so far stays skipped: the latest skip holds them all.
+    earlier = list(skips[-1].settings.get(SKIP_ROWS_SETTING, ())) if skips else []
+    skipped = earlier + [r for r in rows if r not in earlier]
+    said = ", ".join(f"{r.get('file')} row {r.get('row')}" for r in rows)
+    return Remedy(CHANGE, name, f"NaN/Inf at step {step} reproduced on replay: the data. The next try resumes "
+                                f"before step {step} and skips {said} (skip {len(skips) + 1} of {MAX_ROW_SKIPS})",
+                  SKIP_ROWS, {SKIP_ROWS_SETTING: skipped}, resume_before_step=step)
 
 
 def _sync_bound(verdict: Verdict, cfg: JobConfig, history, **_) -> Remedy:
@@ -236,3 +284,72 @@ def _oom(verdict: Verdict, cfg: JobConfig, history, *, world_size: int, **_) -> 
 
 _RULES = {NONFINITE: _nonfinite, f"{DEGRADED}/{SYNC_BOUND}": _sync_bound, f"{DEGRADED}/{STRAGGLER}": _straggler,
           STORE_UNAVAILABLE: _store, OOM: _oom}
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRemedy:
+    """A remedy and the try it is for: a line of the run folder's remedies.jsonl (RunFolder.read_remedies)."""
+
+    try_number: int
+    remedy: Remedy
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.try_number, int) or isinstance(self.try_number, bool) or self.try_number < 2:
+            raise ValueError(f"a planned remedy's try is {self.try_number!r}; a remedy is for a retry (try >= 2)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"try": self.try_number, **self.remedy.to_dict()}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> "PlannedRemedy":
+        try:
+            return cls(int(doc["try"]), Remedy.from_dict(doc))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"a line of remedies.jsonl is not a planned remedy ({exc!r}: {dict(doc)}); delete the "
+                             "file to retry without the remedies of earlier tries") from None
+
+    def applied(self) -> dict[str, Any]:
+        """What the ranks get in their config's `remedies`, and write in their result."""
+        return {"try": self.try_number, "verdict": self.remedy.verdict, "remedy": self.remedy.remedy,
+                "words": self.remedy.words}
+
+
+def taken_before(planned: Sequence[PlannedRemedy], try_number: int) -> list[PlannedRemedy]:
+    """The changes planned for tries up to `try_number`, in order: what that try runs with. A plan for a
+    later try (a retry that never came) is not."""
+    return [p for p in planned if p.try_number <= try_number and p.remedy.changes]
+
+
+def apply_remedies(cfg: JobConfig, planned: Sequence[PlannedRemedy], try_number: int) -> JobConfig:
+    """The config try `try_number` runs with: `cfg` (the task's own) with every change planned up to this try
+    applied in order (a learning rate cut after a NaN stays cut on the next OOM's try), `remedies` listing
+    them, and this try's own resume step (an earlier try's would send it back behind the progress made since)."""
+    taken = taken_before(planned, try_number)
+    for p in taken:
+        cfg = p.remedy.applied_to(cfg)
+    own = next((p.remedy for p in taken if p.try_number == try_number), None)
+    return dataclasses.replace(cfg, remedies=tuple(p.applied() for p in taken),
+                               resume_before_step=own.resume_before_step if own is not None else None)
+
+
+def avoided_nodes(planned: Sequence[PlannedRemedy], try_number: int) -> tuple[str, ...]:
+    """Every node try `try_number` keeps off: a straggler's node stays avoided on later tries."""
+    return tuple(dict.fromkeys(n for p in taken_before(planned, try_number) for n in p.remedy.avoid_nodes))
+
+
+def wait_before(planned: Sequence[PlannedRemedy], try_number: int) -> float:
+    """How long try `try_number` waits before it launches (its own remedy's wait only)."""
+    return sum(p.remedy.wait_seconds for p in taken_before(planned, try_number) if p.try_number == try_number)
+
+
+def remedy_words(applied: Mapping[str, Any]) -> str:
+    """One applied remedy (JobConfig.remedies / RunResult.remedies) in a few words, for a plot's title, the
+    health summary, MLflow and the gate: "try 2: lower_learning_rate after NONFINITE"."""
+    return f"try {applied.get('try')}: {applied.get('remedy')} after {applied.get('verdict')}"
+
+
+def rank_nodes(records: Sequence[Mapping[str, Any]] | None) -> dict[int, str]:
+    """rank -> the node it ran on, from the newest `start` record that lists them (rank 0 writes every rank's,
+    rank/node_names.py): what a straggler remedy keeps the next try off. {} when no record says."""
+    starts = [r for r in records or () if r.get("type") == "start" and isinstance(r.get("nodes"), list)]
+    return dict(enumerate(str(n) for n in starts[-1]["nodes"])) if starts else {}

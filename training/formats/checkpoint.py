@@ -277,9 +277,9 @@ class CheckpointStore:
         return manifest
 
     def latest_valid(self, progress: Progress | None = None, decode: Callable[[LoadedCheckpoint], Any] = None,
-                     skipped: list[SkippedCheckpoint] | None = None) -> Any:
-        """The newest complete checkpoint whose files verify (and that `decode` accepts: what it returns);
-        None if there is none.
+                     skipped: list[SkippedCheckpoint] | None = None, before_step: int | None = None) -> Any:
+        """The newest complete checkpoint whose files verify (and that `decode` accepts: what it returns), of
+        those before step `before_step` when given (older_than); None if there is none.
 
         A corrupt one is skipped loudly (warning, and in `skipped`), because resuming silently from an older
         step would otherwise look like lost training progress with no explanation.
@@ -290,7 +290,14 @@ class CheckpointStore:
             if step_of(name) > newest_complete:
                 log.info("ignoring checkpoint %s in %s: no %s, its save did not finish",
                          name, self.store.uri, MANIFEST_NAME)
-        return first_loadable(complete, lambda name: self.load(name, progress), self.store.uri, decode, skipped)
+        return first_loadable(older_than(complete, before_step), lambda name: self.load(name, progress),
+                              self.store.uri, decode, skipped)
+
+
+def older_than(names: list[str], before_step: int | None) -> list[str]:
+    """Of checkpoint `names` (newest first), those taken before step `before_step` (all when None): a retry
+    after a NaN/Inf at that step resumes from a state the NaN never touched (JobConfig.resume_before_step)."""
+    return list(names) if before_step is None else [n for n in names if step_of(n) < before_step]
 
 
 def first_loadable(names, load: Callable[[str], LoadedCheckpoint], where: str,

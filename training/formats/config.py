@@ -148,6 +148,10 @@ class HealthConfig:
     # How often rank 0 rewrites heartbeat.json (its last completed step and when), whatever the two
     # settings above say: the watcher outside the job judges a stall on it. None: heartbeat_interval().
     heartbeat_seconds: float | None = None
+    # On a NaN/Inf step every rank replays that step's minibatch on the newest checkpoint (rank/replay.py) to
+    # tell bad data from a transient fault; the row search and rank 0's wait for the ranks' reports stop after
+    # this long. 0 turns replay off (the verdict then says so, and remediation lowers the learning rate).
+    replay_seconds: float = 60.0
 
     # Below a quarter of stall_seconds a late heartbeat write cannot make a live job look stalled; above
     # 10 s it only costs writes (one small object per interval).
@@ -170,6 +174,7 @@ class HealthConfig:
         _positive_number(self, "store_timeout_seconds", "health.store_timeout_seconds")
         _positive_number(self, "divergence_tolerance", "health.divergence_tolerance")
         _positive_number(self, "flush_seconds", "health.flush_seconds")
+        _positive_number(self, "replay_seconds", "health.replay_seconds", allow_zero=True)
         _require(isinstance(self.stop_on_degraded, bool), "health.stop_on_degraded",
                  f"is {self.stop_on_degraded!r}", "use true or false")
         _require(isinstance(self.nonfinite_every_step, bool), "health.nonfinite_every_step",
@@ -306,20 +311,55 @@ def check_engine_fits(cfg: "JobConfig", engine: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class FaultConfig:
-    """Fault injection for tests only: each fault fires on `rank` once `step` is reached."""
+    """Fault injection for tests only: each fault fires on `rank` once `step` is reached, on the task's try
+    `on_try` (the operator keeps only that try's faults: one run can walk a chain of faults, a different one
+    on each try; the first try when not given). `seconds`: how long a slow_rank fault sleeps each step. `oom`
+    raises the engine's out-of-memory error when the per-worker batch is above `above_batch`, as a rank whose
+    activations no longer fit would (a smaller batch then trains: the OOM remedy's test)."""
 
     kind: str
     rank: int = 0
     step: int = 1
     seconds: float = 0.0
+    on_try: int = 1
+    above_batch: int = 0
 
-    KINDS = ("nan_gradient", "slow_rank", "perturb_replica", "hang", "crash")
+    KINDS = ("nan_gradient", "slow_rank", "perturb_replica", "hang", "crash", "oom")
 
     def __post_init__(self) -> None:
         _require(self.kind in self.KINDS, "faults[].kind", f"is {self.kind!r}", f"use one of {self.KINDS}")
         _positive_int(self, "rank", "faults[].rank", minimum=0)
         _positive_int(self, "step", "faults[].step")
         _positive_number(self, "seconds", "faults[].seconds", allow_zero=True)
+        _positive_int(self, "on_try", "faults[].on_try")
+        _positive_int(self, "above_batch", "faults[].above_batch", minimum=0)
+
+
+# What a remedy the operator applied (training/core/remediation.py's Remedy) says in the config the ranks get,
+# and so in their result: the try it was applied on, the verdict it answers, the remedy and why.
+APPLIED_REMEDY_FIELDS = ("try", "verdict", "remedy", "words")
+
+
+def _check_applied_remedy(doc: Any) -> dict[str, Any]:
+    _require(isinstance(doc, Mapping) and all(k in doc for k in APPLIED_REMEDY_FIELDS), "remedies[]",
+             f"is {doc!r}", f"give objects with {APPLIED_REMEDY_FIELDS} (the operator writes them; leave "
+                            "remedies out of job_config)")
+    return json.loads(json.dumps(dict(doc)))
+
+
+@dataclasses.dataclass(frozen=True)
+class RowRef:
+    """One row of the training data: the partition file (its manifest key) and the row's number in that file
+    (0-based, file order). What a NONFINITE verdict's replay names (evidence.replay.rows) and `skip_rows` takes."""
+
+    file: str
+    row: int
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.file, str) and bool(self.file), "skip_rows[].file", f"is {self.file!r}",
+                 "use the partition key the NONFINITE verdict's evidence.replay.rows names (e.g. "
+                 '"part-00001.parquet")')
+        _positive_int(self, "row", "skip_rows[].row", minimum=0)
 
 
 OPTIMIZERS = ("sgd", "adam")
@@ -335,7 +375,7 @@ DEFAULT_BIND_CORES = BIND_CORES_AUTO
 # Whether a retry changes the job after a health verdict (training/core/remediation.py): "off" reruns it as
 # it was; "auto" applies the remediation policy's change (a lower learning rate, wider all-reduce buckets, a
 # smaller per-worker batch, ...). Off by default: a change to the training is the owner's to opt into. The
-# policy exists; the operator's retry does not apply it yet (remediation.py says how it will).
+# operator's retry applies it (operators/train.py); `remedies` then lists what was applied.
 REMEDIATION_OFF, REMEDIATION_AUTO = "off", "auto"
 REMEDIATIONS = (REMEDIATION_OFF, REMEDIATION_AUTO)
 
@@ -372,6 +412,14 @@ class JobConfig:
     # A folder on each worker's machine where every rank logs the rows of each micro-batch it trains on
     # (training/rank/callbacks/row_log.py: an audit of the data order); "": off.
     row_log_dir: str = ""
+    # Set by the operator's retry under "auto" (operators/train.py), never by hand: resume from the newest
+    # checkpoint before this step (None: the newest), and the remedies applied so far, oldest first, which
+    # the ranks copy into their result.
+    resume_before_step: int | None = None
+    remedies: tuple[Mapping[str, Any], ...] = ()
+    # Rows the reader never serves (rank/partition_batches.py), e.g. the rows a NONFINITE verdict's replay
+    # named as giving a non-finite loss or gradient alone.
+    skip_rows: tuple[RowRef, ...] = ()
 
     def __post_init__(self) -> None:
         _require(isinstance(self.manifest_uri, str) and self.manifest_uri.endswith(".json"), "manifest_uri",
@@ -398,6 +446,16 @@ class JobConfig:
                  'verdict applies the remediation policy\'s change, README "Job config")')
         _require(isinstance(self.row_log_dir, str), "row_log_dir", f"is {self.row_log_dir!r}",
                  'give a local folder path, or "" (off)')
+        if self.resume_before_step is not None:
+            _positive_int(self, "resume_before_step", "resume_before_step")
+        _require(isinstance(self.remedies, (tuple, list)), "remedies", f"is {self.remedies!r}",
+                 "give a list of applied remedies (the operator writes it), or leave it out")
+        object.__setattr__(self, "remedies", tuple(_check_applied_remedy(r) for r in self.remedies))
+        _require(isinstance(self.skip_rows, tuple) and all(isinstance(r, RowRef) for r in self.skip_rows),
+                 "skip_rows", f"is {self.skip_rows!r}", 'give a list of {"file": <partition key>, "row": <n>}')
+        repeated = [r for i, r in enumerate(self.skip_rows) if r in self.skip_rows[:i]]
+        _require(not repeated, "skip_rows", f"lists {repeated[0] if repeated else None} more than once",
+                 "list each row once")
         check_engine_fits(self, self.engine)
 
     def to_dict(self) -> dict[str, Any]:
@@ -437,6 +495,10 @@ def _build(cls: type, doc: Mapping[str, Any], path: str) -> Any:
         elif cls is JobConfig and name == "faults":
             _require(isinstance(value, list), name, "is not a list", "give a list of fault objects")
             value = tuple(_build(FaultConfig, f, "faults[].") for f in value)
+        elif cls is JobConfig and name == "skip_rows":
+            _require(isinstance(value, list) and all(isinstance(r, Mapping) for r in value), name,
+                     f"is {value!r}", 'give a list of {"file": <partition key>, "row": <n>} objects')
+            value = tuple(_build(RowRef, r, "skip_rows[].") for r in value)
         kwargs[name] = value
     try:
         return cls(**kwargs)

@@ -7,6 +7,7 @@ from the store) can write nothing anyone reads.
     attempts/<number>/                one attempt's own writes: checkpoints/ckpt-<step>/..., health.jsonl,
                                       health/<n>.jsonl, heartbeat.json, result.json
     eval.json, health.png             written by the Airflow tasks after the attempt (run_layout.py)
+    remedies.jsonl                    written by the train task between its tries (remediation: "auto")
 
 `RunFolder.open(uri, s3)` is the one way a run folder is opened (the Airflow tasks pass the S3 settings of
 their connection, operators/connections.open_run_folder; a training process, None: its environment's), and
@@ -36,14 +37,14 @@ import dataclasses
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from .eval_result import EvalResult
 from .checkpoint import (CheckpointManifest, CheckpointStore, LoadedCheckpoint, SkippedCheckpoint,
-                                                 first_loadable)
+                                                 first_loadable, older_than)
 from ..health.heartbeat import Heartbeat, read_heartbeat
 from ..health.records import HealthReader, last_seq_in, read_health_in
-from .run_layout import CHECKPOINTS, EVAL, HEALTH_PLOT, RESULT
+from .run_layout import CHECKPOINTS, EVAL, HEALTH_PLOT, REMEDIES, REPLAY_REPORTS, RESULT
 from .run_result import RunResult
 from ..store import S3Settings, open_store
 from ..store.base import ObjectNotFound, ObjectStore, PreconditionFailed, Progress, join_key
@@ -202,6 +203,31 @@ class RunFolder:
                 return self.store.child(ref.prefix) if ref.prefix else self.store
         return None
 
+    # -- a non-finite step's replay (rank/replay_exchange.py) ---------------------------------------------
+
+    def write_replay_report(self, attempt_id: str, rank: int, raw: bytes) -> bool:
+        """Rank `rank`'s replay report, under attempt `attempt_id`'s prefix (any rank writes its own: a file
+        per rank, nothing shared, nothing published). False when that attempt is not in run.json (fenced, or
+        never claimed): nothing written."""
+        store = self.attempt_store(attempt_id)
+        if store is None:
+            return False
+        store.put_bytes(f"{REPLAY_REPORTS}rank-{rank}.json", raw)
+        return True
+
+    def read_replay_reports(self, attempt_id: str) -> list[bytes]:
+        """Every replay report attempt `attempt_id`'s ranks have written so far."""
+        store = self.attempt_store(attempt_id)
+        if store is None:
+            return []
+        out = []
+        for info in store.list(REPLAY_REPORTS):
+            try:
+                out.append(store.get_bytes(info.key))
+            except ObjectNotFound:
+                continue
+        return out
+
     # -- what was published -----------------------------------------------------------------------------
 
     def checkpoints(self) -> "PublishedCheckpoints":
@@ -303,6 +329,26 @@ class RunFolder:
         self.store.put_file(HEALTH_PLOT, path)
         return self.health_plot_uri
 
+    def read_remedies(self) -> list[dict[str, Any]]:
+        """remedies.jsonl: the remedies the train task planned for its retries, oldest first ([] when none).
+        A line that is not JSON raises ValueError naming the file: the retry would run on a guess."""
+        try:
+            raw = self.store.get_bytes(REMEDIES)
+        except ObjectNotFound:
+            return []
+        try:
+            return [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
+        except ValueError as exc:
+            raise ValueError(f"{self.uri_of(REMEDIES)} is not JSON lines ({exc}); delete it to retry without "
+                             "the remedies of earlier tries") from None
+
+    def append_remedy(self, doc: Mapping[str, Any]) -> str:
+        """Add one remedy to remedies.jsonl (rewritten whole: an object store has no append; only the train
+        task writes it, between its tries); returns its URI."""
+        lines = [json.dumps(d, sort_keys=True) for d in [*self.read_remedies(), dict(doc)]]
+        self.store.put_bytes(REMEDIES, ("\n".join(lines) + "\n").encode())
+        return self.uri_of(REMEDIES)
+
     def training_files(self) -> list[str]:
         """The keys of an attempt's files kept beside its metrics (MLflow artifacts): the published result
         and the health plot (those that exist are kept)."""
@@ -312,6 +358,13 @@ class RunFolder:
     def evaluation_files(self) -> list[str]:
         """The keys of the evaluate task's files kept beside its metrics: eval.json."""
         return [EVAL]
+
+    def read_health_plot(self) -> bytes | None:
+        """health.png's bytes (the run page shows them inline); None while the train task has saved none."""
+        try:
+            return self.store.get_bytes(HEALTH_PLOT)
+        except ObjectNotFound:
+            return None
 
     def presigned_health_plot(self, seconds: int) -> str:
         """A time-limited URL of health.png (S3 only), for the task's extra link."""
@@ -422,8 +475,10 @@ class PublishedCheckpoints:
         return self._locate(name).verify(name)
 
     def latest_valid(self, progress: Progress | None = None, decode=None,
-                     skipped: list[SkippedCheckpoint] | None = None) -> Any:
-        """As CheckpointStore.latest_valid: the newest published checkpoint that verifies and `decode` accepts."""
+                     skipped: list[SkippedCheckpoint] | None = None, before_step: int | None = None) -> Any:
+        """As CheckpointStore.latest_valid: the newest published checkpoint (before step `before_step`, when
+        given) that verifies and `decode` accepts."""
         if self._legacy is not None:
-            return self._legacy.latest_valid(progress, decode, skipped)
-        return first_loadable(self.names(), lambda name: self.load(name, progress), self.store.uri, decode, skipped)
+            return self._legacy.latest_valid(progress, decode, skipped, before_step)
+        return first_loadable(older_than(self.names(), before_step), lambda name: self.load(name, progress),
+                              self.store.uri, decode, skipped)

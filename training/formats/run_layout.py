@@ -7,6 +7,9 @@
     result.json                   run_result.py: the attempt's RunResult (status, final checkpoint, verdict)
     eval.json                     evaluate.py: metrics of the final checkpoint on the held-out split
     health.png                    the Airflow train task's plot of health.jsonl
+    remedies.jsonl                the train task's remedies for its retries (core/remediation.py's
+                                  PlannedRemedy, one a line, oldest first; `remediation: "auto"` only)
+    replay/rank-<r>.json          rank/replay_exchange.py: each rank's replay of a non-finite step
     watcher/probe.json            the watcher's own write, made when rank 0's heartbeat is late, to tell a
                                   store slow to take writes from a silent job (runs/store_probe.py)
 """
@@ -17,4 +20,6 @@ HEARTBEAT = "heartbeat.json"
 RESULT = "result.json"
 EVAL = "eval.json"
 HEALTH_PLOT = "health.png"
+REMEDIES = "remedies.jsonl"
 WATCHER_PROBE = "watcher/probe.json"
+REPLAY_REPORTS = "replay/"

@@ -7,10 +7,15 @@
      "skipped_checkpoints": [{"name": "ckpt-…", "reason": "…"}],   # newer ones the resume passed over
      "samples_per_sec_after_warmup": 5100.0 | null, "health_monitor_share_after_warmup": 0.013 | null,
      "checkpoint_blocked_seconds": 0.4 | null,
-     "world_size_changes": [{"from_world_size": 2, "to_world_size": 3, "accumulation_steps": 1, ...}]}
+     "world_size_changes": [{"from_world_size": 2, "to_world_size": 3, "accumulation_steps": 1, ...}],
+     "remedies": [{"try": 2, "verdict": "NONFINITE", "remedy": "lower_learning_rate", "words": "…"}]}
 
 `world_size_changes`: every resume of this run on another number of workers so far, oldest first
 (rank/world_size_change.py: the accumulation and learning-rate factor each chose); empty when none.
+
+`remedies`: what the operator's retries changed before this attempt (`remediation: "auto"`,
+training/core/remediation.py), oldest first, as the ranks got it in their config: the result says what
+changed (the promotion gate can refuse a remediated model).
 
 `checkpoint_blocked_seconds`: rank 0's training thread's time in checkpoints (snapshots, and waits for a
 previous upload still running; checkpoint_writer.py); the uploads themselves run in the background.
@@ -30,6 +35,7 @@ from typing import Any, Mapping
 
 from . import exit_codes
 from .checkpoint import SkippedCheckpoint
+from .config import RowRef
 from ..health.verdict import Verdict
 from .run_layout import RESULT
 from ..store.base import ObjectStore
@@ -75,6 +81,14 @@ class RunResult:
     skipped_checkpoints: tuple[SkippedCheckpoint, ...] = ()
     # Each resume on another number of workers (world_size_change.WorldSizeChange.as_record), oldest first.
     world_size_changes: tuple[dict[str, Any], ...] = ()
+    # The remedies applied before this attempt (JobConfig.remedies), oldest first; () when none.
+    remedies: tuple[Mapping[str, Any], ...] = ()
+    # The rows the reader never served (the config's skip_rows), each once an epoch.
+    skipped_rows: tuple[RowRef, ...] = ()
+    # A failed result published before the replay of its NONFINITE step (rank/replay.py): the verdict is safe
+    # if the replay is cut short, and the job is still at work (for at most health.replay_seconds and a
+    # grace): the result that follows carries the replay's evidence, and this is False in it.
+    replaying: bool = False
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -92,6 +106,11 @@ class RunResult:
                                   f"{1 if name == 'world_size' else 0}")
         if self.verdict is not None and not isinstance(self.verdict, Verdict):
             raise ResultError(f"result verdict is a {type(self.verdict).__name__}; use a health Verdict")
+
+    @property
+    def remediated(self) -> bool:
+        """Whether a remedy changed the training before this attempt (the gate's "no remediation")."""
+        return bool(self.remedies)
 
     @property
     def succeeded(self) -> bool:
@@ -113,6 +132,8 @@ class RunResult:
         doc["verdict"] = self.verdict.to_dict() if self.verdict else None
         doc["skipped_checkpoints"] = [dataclasses.asdict(s) for s in self.skipped_checkpoints]
         doc["world_size_changes"] = [dict(c) for c in self.world_size_changes]
+        doc["remedies"] = [dict(r) for r in self.remedies]
+        doc["skipped_rows"] = [dataclasses.asdict(r) for r in self.skipped_rows]
         return json.loads(json.dumps(_strict(doc), default=str))  # plain JSON: evidence may hold tuples
 
     def to_json(self) -> bytes:
@@ -136,9 +157,12 @@ class RunResult:
                        samples_per_sec_after_warmup=_float(doc.get("samples_per_sec_after_warmup")),
                        health_monitor_share_after_warmup=_float(doc.get("health_monitor_share_after_warmup")),
                        checkpoint_blocked_seconds=_float(doc.get("checkpoint_blocked_seconds")),
+                       replaying=bool(doc.get("replaying", False)),
                        skipped_checkpoints=tuple(SkippedCheckpoint(str(s["name"]), str(s["reason"]))
                                                  for s in doc.get("skipped_checkpoints") or ()),
-                       world_size_changes=tuple(dict(c) for c in doc.get("world_size_changes") or ()))
+                       world_size_changes=tuple(dict(c) for c in doc.get("world_size_changes") or ()),
+                       remedies=tuple(dict(r) for r in doc.get("remedies") or ()),
+                       skipped_rows=tuple(RowRef(str(r["file"]), int(r["row"])) for r in doc.get("skipped_rows") or ()))
         except ResultError as exc:
             raise ResultError(f"{where}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:

@@ -28,6 +28,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from ..formats.config import ConfigError, RowRef
 from ..formats.datasets import tensor_matrix
 from ..health.progress import VERIFY, Progress
 from ..health.store_ops import StoreOp
@@ -134,6 +135,21 @@ def to_arrays(table: "pa.Table | pa.RecordBatch", schema: ShardSchema) -> tuple[
     return x, y.astype(np.int64) if schema.task == "classification" else y.astype(np.float32)
 
 
+def check_skip_rows(skip_rows: Sequence[RowRef], manifest: ShardManifest, shards_uri: str) -> None:
+    """ConfigError unless every row of `skip_rows` is a row of one of the manifest's partitions (every rank
+    checks them all: each reader honours only its own partition's, and a row of none would be skipped by none)."""
+    rows = {p.key: p.rows for p in manifest.partitions}
+    for r in skip_rows:
+        if r.file not in rows:
+            raise ConfigError("skip_rows", f"names file {r.file!r}, which is not a partition of the shards at "
+                                           f"{shards_uri} "
+                                           f"(its partitions: {sorted(rows)[:4]}{' ...' if len(rows) > 4 else ''})",
+                              "take the rows from a NONFINITE verdict's evidence.replay.rows of these shards")
+        if r.row >= rows[r.file]:
+            raise ConfigError("skip_rows", f"names row {r.row} of {r.file}, which has {rows[r.file]} rows",
+                              "take the rows from a NONFINITE verdict's evidence.replay.rows of these shards")
+
+
 class PartitionBatches:
     """This rank's share of the shards, streamed. `batches(seed, cursor)` yields (batch_index, x, y) for the
     cursor's epoch from its micro-batch on, reading one window of row groups at a time while the next one
@@ -146,11 +162,12 @@ class PartitionBatches:
     read. Opening and each window's read are store operations (health/store_ops.py); when the training thread
     has to wait for one, it waits through `progress` (the store is judged, not the thread).
 
-    placement: where a subclass puts the batches (data.py: devices.py's Placement); unused here."""
+    placement: where a subclass puts the batches (data.py: devices.py's Placement); unused here.
+    skip_rows: rows never served (the job config's skip_rows); those of other partitions are ignored here."""
 
     def __init__(self, store: ObjectStore, manifest: ShardManifest, rank: int, world_size: int, batch_size: int,
                  window: int = SHUFFLE_WINDOW, placement: Any = None,
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, skip_rows: Sequence[RowRef] = ()):
         self.progress = progress or Progress()
         self._store = store
         self._sources: dict[int, PartitionSource] = {}
@@ -189,8 +206,11 @@ class PartitionBatches:
         self._keep_decoded = len(self.group_rows) <= window
         self._decoded: tuple[Any, Any] | None = None
         self._group_start = np.concatenate([[0], np.cumsum(self.group_rows)[:-1]]).astype(np.int64)
-        self._block_file = np.array([b.file for b in self.blocks], dtype=np.int64)
-        self._block_first = np.array([b.first_row for b in self.blocks], dtype=np.int64)
+        check_skip_rows(skip_rows, manifest, store.uri)
+        # As keys of this reader's (file, row in file) ids: rows of files it does not read are not its to skip.
+        files = {e.key: f for f, e in enumerate(self.entries)}
+        self._skipped = np.unique(_row_key(np.array([(files[r.file], r.row) for r in skip_rows if r.file in files],
+                                                    dtype=np.int64).reshape(-1, 2)))
         # One loader thread: Parquet decoding releases the GIL, so the next window loads while this one trains.
         self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringflow-prefetch")
         self._ahead: tuple[tuple[int, int, int], "_Pending"] | None = None  # (seed, epoch, window start), its load
@@ -241,6 +261,21 @@ class PartitionBatches:
             return cursor
         left = stream_deal.advance(self._remaining(cursor), self.deal_size, self.batch_size, cursor.batch)
         return Cursor(cursor.epoch + 1) if not left else Cursor(cursor.epoch, 0, left)
+
+    @property
+    def epoch_rows(self) -> int:
+        """Rows an epoch trains on: the whole stream (a current manifest), else this rank's whole micro-batches."""
+        return self.stream_rows if self._partial else self.batches_per_epoch * self.batch_size
+
+    def rows_seen(self, cursor: Cursor) -> int:
+        """Rows of cursor.epoch trained on before the cursor (of epoch_rows): the same count on any world size
+        and batch, so progress measured in them never jumps on a resume (callbacks/trainer_status.py)."""
+        if not self._partial:
+            return cursor.batch * self.batch_size
+        settled = self.settled(cursor)
+        if settled.epoch > cursor.epoch:
+            return self.stream_rows
+        return self.stream_rows - stream_deal.length(self._remaining(settled))
 
     # -- loading -------------------------------------------------------------------------------------------
 
@@ -382,8 +417,8 @@ class PartitionBatches:
             for k in range(whole):
                 if b >= count:
                     return
-                self.row_ids = ids[k * size:(k + 1) * size]
-                yield b, *self._out(x[k * size:(k + 1) * size], y[k * size:(k + 1) * size])
+                yield b, *self._serve(x[k * size:(k + 1) * size], y[k * size:(k + 1) * size],
+                                      ids[k * size:(k + 1) * size])
                 b += 1
             rest = whole * size
             if rest < len(x):
@@ -391,14 +426,28 @@ class PartitionBatches:
         if not self._partial:
             return
         if carry is not None and b < count:
-            self.row_ids = carry[2]
-            yield b, *self._out(carry[0], carry[1])
+            yield b, *self._serve(*carry)
             b += 1
         while b < count:  # this rank's run is over: an empty micro-batch, so it still joins every step
             x, y = self._empty(seed, cursor.epoch, loaded)
             self.row_ids = np.zeros((0, 2), dtype=np.int64)
             yield b, *self._out(x, y)
             b += 1
+
+    def _serve(self, x: Any, y: Any, ids: np.ndarray) -> tuple[Any, Any]:
+        """One micro-batch as the loop takes it, without the skipped rows (skip_rows), its rows' ids in
+        `row_ids`. The micro-batch keeps its place in the deal: every other row is served in the same
+        micro-batch as without skip_rows, and every rank takes as many micro-batches as before, so a cursor
+        means the same rows with and without skip_rows and a retry that adds them resumes exactly where its
+        checkpoint stopped. Fewer rows than batch_size weigh as a partial micro-batch's (loop.partial_loss);
+        none at all, as an empty one's (loop.empty_loss)."""
+        if self._skipped.size:
+            keep = ~np.isin(_row_key(ids), self._skipped)
+            if not keep.all():
+                index = self._index(np.flatnonzero(keep))
+                x, y, ids = x[index], y[index], ids[keep]
+        self.row_ids = ids
+        return self._out(x, y)
 
     def _empty(self, seed: int, epoch: int, loaded) -> tuple[Any, Any]:
         """A micro-batch of no rows, shaped as the others (from the last window loaded, or the epoch's first)."""
@@ -417,6 +466,12 @@ class PartitionBatches:
     def row_keys(self, ids: np.ndarray) -> list[str]:
         """Row ids as "<file key>:<row in file>" (what a report names)."""
         return [f"{self.entries[int(f)].key}:{int(r)}" for f, r in ids]
+
+
+
+def _row_key(ids: np.ndarray) -> np.ndarray:
+    """One int64 per (file, row in file) id: the file index above the row's 40 bits (a file of < 2**40 rows)."""
+    return (ids[:, 0] << 40) | ids[:, 1]
 
 
 @dataclasses.dataclass(frozen=True)

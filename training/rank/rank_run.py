@@ -12,14 +12,14 @@ import sys
 import time
 
 from ..formats import exit_codes
-from ..formats.config import JobConfig
+from ..formats.config import ConfigError, JobConfig
 from ..formats.manifest import ShardManifest, split_manifest_uri
 from ..formats.run_folder import RunFolder
 from ..formats.run_result import FAILED, SUCCEEDED, ResultError, RunResult
 from ..health.memory_limits import MemoryLimits
 from ..health.progress import FETCH
 from ..health.records import HealthLog, record
-from ..health.verdict import STORE_UNAVAILABLE, Verdict
+from ..health.verdict import NONFINITE, STORE_UNAVAILABLE, Verdict
 from ..store import ObjectStore
 from .callbacks.logging import say
 from .rank_start import LAST_WORD_SECONDS, RankStart, liveness_record, store_call, store_record, within
@@ -56,6 +56,10 @@ class RankRun:
         self.manifest = store_call(progress, f"read of {manifest_key}", manifest_store, lambda moved:
                                               ShardManifest.from_json(manifest_store.get_bytes(manifest_key,
                                                                                                progress=moved)))
+        if cfg.skip_rows and self.rank == 0:
+            listed = ", ".join(f"{r.file}#{r.row}" for r in cfg.skip_rows[:10])
+            say(f"skip_rows: {len(cfg.skip_rows)} row(s) never served, each epoch: {listed}"
+                f"{' ...' if len(cfg.skip_rows) > 10 else ''}")
         return manifest_store, self.manifest
 
     def say_memory(self) -> None:
@@ -86,7 +90,15 @@ class RankRun:
             self.guard.publish_result(result.to_json())
         return result
 
+    def replayed(self, verdict: Verdict) -> Verdict:
+        """The NONFINITE `verdict` with what a replay of its step found (formats/replay_report.py). Here, for
+        an engine that cannot replay (TensorFlow: its model and step are Keras's), the evidence says so."""
+        return unreplayed(verdict, "replay: not supported by this engine (the torch engines, horovod and ddp, "
+                                   "replay a non-finite step)")
+
     def stop_on(self, verdict: Verdict) -> int:
+        if verdict.status == NONFINITE:
+            verdict = self.replayed(verdict)
         if self.rank == 0:
             say(f"health verdict {verdict.status}: {verdict.reason}")
             say(f"evidence: {json.dumps(dict(verdict.evidence), default=str)}")
@@ -140,6 +152,11 @@ class RankRun:
         return result.exit_code
 
 
+def unreplayed(verdict: Verdict, why: str) -> Verdict:
+    """`verdict` with `why` no replay decided anything: the remediation policy then acts as without replays."""
+    return Verdict(verdict.status, verdict.reason, {**verdict.evidence, "replay_unavailable": why})
+
+
 def run_rank(cfg: JobConfig, start_engine, make_trainer, device_memory=None) -> int:
     """A rank from its start to its exit code, for any engine: begin before the engine's rendezvous when the
     launcher names the rank, start the engine (`start_engine(cfg)`), train (`make_trainer(cfg, engine,
@@ -162,7 +179,7 @@ def run_rank(cfg: JobConfig, start_engine, make_trainer, device_memory=None) -> 
         return trainer.train()
     except (StoreUnavailable, StoreConfigError) as exc:
         return store_failed(exc, cfg, time.monotonic() - started, engine.rank, engine.size, trainer, start)
-    except CheckpointOfAnotherEngine as exc:
+    except (CheckpointOfAnotherEngine, ConfigError) as exc:
         # Bad input, the same on every try: one line and the config's code, which the failure policy does
         # not retry.
         print(f"[ringflow] rank {engine.rank}: {exc}", file=sys.stderr, flush=True)

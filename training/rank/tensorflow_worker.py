@@ -77,7 +77,7 @@ class TfTrainer(RankRun):
         progress = self.progress
         # The same reader, order and cursor as the torch ranks (partition_batches.py), serving numpy arrays.
         self.data = PartitionBatches(manifest_store, manifest, self.rank, self.size, cfg.batch_size,
-                                     progress=progress)
+                                     progress=progress, skip_rows=cfg.skip_rows)
         if self.data.batches_per_epoch == 0:
             raise ValueError(f"batch_size {cfg.batch_size} exceeds the partition's {self.data.rows} rows")
         if self.data.uneven():
@@ -125,7 +125,10 @@ class TfTrainer(RankRun):
 
         def newest_safe(moved):
             self.skipped_checkpoints = []
-            return self.published().latest_valid(progress=moved, decode=decode, skipped=self.skipped_checkpoints)
+            # Before cfg.resume_before_step when a remedy set it: the newest checkpoint may already hold what
+            # the retry must not resume into (a NaN/Inf step's neighbourhood).
+            return self.published().latest_valid(progress=moved, decode=decode, skipped=self.skipped_checkpoints,
+                                                  before_step=self.cfg.resume_before_step)
 
         found = store_call(self.progress, "read of the newest checkpoint", self.run_folder, newest_safe)
         if found is None:
@@ -274,6 +277,9 @@ class TfTrainer(RankRun):
             start_batch = self.cursor.batch if epoch == self.cursor.epoch else 0
             step_started, samples = time.perf_counter(), 0
             for b, x, y in self.data.batches(cfg.seed, Cursor(epoch, start_batch)):
+                if not len(x):  # a mean over no rows is NaN here (the torch loop takes an empty micro-batch)
+                    raise ConfigError("skip_rows", f"skips every row of micro-batch {b} of epoch {epoch} on rank "
+                                                   f"{self.rank}", "raise batch_size, or skip fewer rows")
                 scale = self._loss_scale(self.step + 1)
                 loss, grads = self._compute(tf.constant(x), tf.constant(y), tf.constant(scale, tf.float32))
                 self.last_loss = float(loss)
@@ -334,6 +340,7 @@ class TfTrainer(RankRun):
         return RunResult(status=status, attempt=self.attempt, step=self.step, epoch=self.cursor.epoch,
                          world_size=self.size, checkpoint=checkpoint, verdict=verdict, loss=self.last_loss,
                          resumed_from=self.resumed_from, skipped_checkpoints=tuple(self.skipped_checkpoints),
+                         remedies=self.cfg.remedies, skipped_rows=self.cfg.skip_rows,
                          samples_per_sec_after_warmup=self.samples_per_sec,
                          health_monitor_share_after_warmup=self.monitor_share,
                          checkpoint_blocked_seconds=self.checkpoint_seconds if self.rank == 0 else None)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import time
 from typing import Sequence
 
 import torch
@@ -27,7 +29,9 @@ from .callbacks.health import HealthMonitoring
 from .callbacks.logging import ProgressLog, say
 from .callbacks.row_log import RowLog
 from .callbacks.throughput import Throughput
-from ..formats.checkpoint import CheckpointStore, LoadedCheckpoint, SkippedCheckpoint, require_file
+from .callbacks.trainer_status import TrainerStatusReporting
+from ..formats.checkpoint import (CheckpointStore, LoadedCheckpoint, SkippedCheckpoint, first_loadable,
+                                  require_file, step_of)
 from .checkpoint_writer import AsyncCheckpointWriter, WrittenCheckpoint
 from ..formats.config import JobConfig
 from .data import Cursor, PartitionData
@@ -39,12 +43,20 @@ from ..health.records import HealthLog, record
 from ..health.verdict import Verdict
 from .loop import TrainingLoop, last_step_of
 from .models import build_model
-from ..formats.run_result import SUCCEEDED, RunResult
+from .node_names import gather_node_names
+from ..formats.replay_report import ReplayReport, replay_evidence, step_to_replay
+from ..formats.run_folder import RunFolder
+from ..formats.run_result import FAILED, SUCCEEDED, RunResult
 from .training_state import STATE_FILE, TrainingState
-from .rank_run import RankRun, run_rank
+from .trainer_status_reporter import TrainerStatusReporter
+from .rank_run import RankRun, run_rank, unreplayed
+from .replay import StepReplay
+from .replay_exchange import (GRACE_SECONDS, gather_reports, gathered, publish_report, replay_started,
+                              wait_for_result)
+from .step_minibatches import step_minibatches
 from .rank_start import RankStart, store_call
 from . import stream_deal
-from .world_size_change import WorldSizeChange, plan_change
+from .world_size_change import WorldSizeChange, per_worker_cursor_in, plan_change
 
 
 def make_optimizer(cfg: JobConfig, model: torch.nn.Module, world_size: int) -> torch.optim.Optimizer:
@@ -75,15 +87,12 @@ class Trainer(RankRun):
         # The engine chose this rank's device and precision when it started (devices.py).
         placement = engine.placement
         self.data = PartitionData(manifest_store, manifest, self.rank, self.size, cfg.batch_size,
-                                  placement=placement, progress=progress)
+                                  placement=placement, progress=progress, skip_rows=cfg.skip_rows)
         if self.data.batches_per_epoch == 0:
             raise ValueError(f"batch_size {cfg.batch_size} exceeds the partition's {self.data.rows} rows")
         torch.manual_seed(cfg.seed)
         schema = manifest.schema
-        self.model, self.loss_fn = build_model(cfg.model, schema.num_features, schema.num_outputs, schema.task,
-                                               input_shape=schema.input_shape)
-        # On its device before the optimizer holds its parameters; a checkpoint's CPU tensors are copied in.
-        self.model = engine.precision.prepare(self.model.to(placement.device))
+        self.model, self.loss_fn = self._new_model()
         progress.phase(RESTORE)
         found = self._find_checkpoint()
         # Before the optimizer is distributed: a resume on another world size changes the accumulation.
@@ -105,6 +114,7 @@ class Trainer(RankRun):
                   if guard is not None else None)
         self.checkpointing = Checkpointing(writer, cfg.checkpoint.cadence_steps, self.size, {
             "manifest_uri": cfg.manifest_uri, "model": json.loads(json.dumps(cfg.to_dict()["model"])),
+            "learning_rate": cfg.learning_rate,  # the config's, per worker (_restore compares a retry's)
             "schema": {"num_features": schema.num_features, "input_shape": list(schema.input_shape),
                        "num_outputs": schema.num_outputs, "task": schema.task},
             **self.world_size_meta()}, pin_memory=placement.pin_memory,
@@ -113,6 +123,7 @@ class Trainer(RankRun):
                                        {"world_size": self.size, "engine": engine.name,
                                         "device": placement.device, "precision": cfg.precision,
                                         "resumed_from": self.resumed_from, "health": self._health_dict(),
+                                        "nodes": gather_node_names(engine),
                                         **({"world_size_change": self.world_size_change.as_record()}
                                            if self.world_size_change.changed else {})})
         self.throughput = Throughput(engine, lambda: self.health.seconds_in_monitor)
@@ -126,6 +137,19 @@ class Trainer(RankRun):
             ProgressLog(self.rank, self.size, cfg.log_every_steps, cfg.batch_size, cfg.learning_rate),
             *([RowLog(cfg.row_log_dir, self.attempt, self.rank, self.size)] if cfg.row_log_dir else []),
             *([self.garbage_collection] if self.garbage_collection else []), self.checkpointing]
+        # Rank 0 of a TrainJob reports progress into its status.trainerStatus (nothing elsewhere).
+        reporter = TrainerStatusReporter.from_environ(os.environ) if self.rank == 0 else None
+        if reporter is not None:
+            self.callbacks.append(TrainerStatusReporting(reporter, self.size))
+
+    def _new_model(self) -> tuple[torch.nn.Module, object]:
+        """The config's model on this rank's device with its precision, and its loss: with torch seeded by
+        cfg.seed first, the weights every run starts from."""
+        schema, placement = self.manifest.schema, self.engine.placement
+        model, loss_fn = build_model(self.cfg.model, schema.num_features, schema.num_outputs, schema.task,
+                                     input_shape=schema.input_shape)
+        # On its device before the optimizer holds its parameters; a checkpoint's CPU tensors are copied in.
+        return self.engine.precision.prepare(model.to(placement.device)), loss_fn
 
     def _publish_checkpoint(self, name: str) -> None:
         """From the writer's thread: make `name` the run folder's newest checkpoint, then delete what that
@@ -141,57 +165,74 @@ class Trainer(RankRun):
         say(f"checkpoint {written.name} written: {written.bytes / 2**20:.1f} MiB in {written.write_seconds:.1f}s in "
             f"the background (snapshot {written.snapshot_seconds * 1000:.0f} ms{waited})")
 
+    def _decode(self, loaded: LoadedCheckpoint) -> tuple[LoadedCheckpoint, TrainingState]:
+        # An unsafe state.pt (UnsafeCheckpoint, a CheckpointCorrupt) is skipped like a corrupt file.
+        where = f"{self.run_folder.uri} {loaded.manifest.name}"
+        data = require_file(loaded, STATE_FILE, where, self.engine.name)
+        return loaded, TrainingState.from_bytes(data, f"{where}/{STATE_FILE}")
+
     def _find_checkpoint(self) -> tuple[LoadedCheckpoint, TrainingState] | None:
         """The newest safe checkpoint and its state, or None (a fresh run). Every rank reads it itself; the
         broadcast that follows the restore makes rank 0's copy the truth."""
-        def decode(loaded: LoadedCheckpoint) -> tuple[LoadedCheckpoint, TrainingState]:
-            # An unsafe state.pt (UnsafeCheckpoint, a CheckpointCorrupt) is skipped like a corrupt file.
-            where = f"{self.run_folder.uri} {loaded.manifest.name}"
-            data = require_file(loaded, STATE_FILE, where, self.engine.name)
-            return loaded, TrainingState.from_bytes(data, f"{where}/{STATE_FILE}")
-
         def newest_safe(moved):
             self.skipped_checkpoints = []  # a retried read starts over
-            return self.published().latest_valid(progress=moved, decode=decode, skipped=self.skipped_checkpoints)
+            # Before cfg.resume_before_step when a remedy set it: the newest checkpoint may already hold what
+            # the retry must not resume into (a NaN/Inf step's neighbourhood).
+            return self.published().latest_valid(progress=moved, decode=self._decode,
+                                                 skipped=self.skipped_checkpoints,
+                                                 before_step=self.cfg.resume_before_step)
 
         return store_call(self.progress, "read of the newest checkpoint", self.run_folder, newest_safe)
 
     def _plan_world_size(self, found: tuple[LoadedCheckpoint, TrainingState] | None) -> WorldSizeChange:
-        """This try's accumulation and learning-rate factor against the checkpoint's world size (none: the
-        config's, unchanged). Also the run's history of changes, which every checkpoint carries on."""
-        steps = self.engine.accumulation_steps  # the config's
+        """This try's accumulation and learning-rate factor against the checkpoint's world size and per-worker
+        batch (none: the config's, unchanged; the OOM remedy halves the batch). Also the run's history of
+        changes, which every checkpoint carries on."""
+        steps, batch = self.engine.accumulation_steps, self.cfg.batch_size  # the config's
         meta = found[0].manifest.meta if found is not None else {}
         self.base_world_size = int(meta.get("base_world_size", meta.get("world_size", self.size)))
         self.base_accumulation_steps = int(meta.get("base_accumulation_steps", steps))
+        self.base_batch_size = int(meta.get("base_batch_size", meta.get("batch_size", batch)))
         self.world_size_changes = [dict(c) for c in meta.get("world_size_changes", ())]
         change = plan_change(int(meta.get("world_size", self.size)), int(meta.get("accumulation_steps", steps)),
-                             self.base_world_size, self.base_accumulation_steps, self.size, self.cfg.batch_size)
+                             self.base_world_size, self.base_accumulation_steps, self.size, batch,
+                             from_batch_size=int(meta.get("batch_size", batch)), base_batch_size=self.base_batch_size)
         if change.changed:
             state = found[1]
-            if state.remaining is None and state.cursor[1] > 0:
+            if state.remaining is None and state.cursor[1] > 0 and change.from_world_size != change.to_world_size:
                 raise ValueError(f"checkpoint {found[0].manifest.name} holds a per-worker cursor (epoch "
                                  f"{state.cursor[0]}, batch {state.cursor[1]} of {change.from_world_size} workers' "
                                  f"partitions): resume it on {change.from_world_size} workers")
             self.world_size_changes.append(change.as_record())
             if self.rank == 0:
-                say(f"resuming on another number of workers: {change.describe()}")
+                say(f"resuming with another global batch: {change.describe()}")
         return change
 
     def world_size_meta(self) -> dict:
-        """What every checkpoint says about the run's world sizes (read back by _plan_world_size)."""
+        """What every checkpoint says about the run's world sizes and batches (read back by _plan_world_size)."""
         return {"base_world_size": self.base_world_size, "base_accumulation_steps": self.base_accumulation_steps,
-                "world_size_changes": self.world_size_changes}
+                "base_batch_size": self.base_batch_size, "world_size_changes": self.world_size_changes}
 
     def _restore(self, loaded: LoadedCheckpoint, state: TrainingState) -> None:
         self.model.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)
-        if self.world_size_change.changed:  # linear scaling from the checkpoint's global batch to this try's
+        # The optimizer's state brings the checkpoint's learning rate: scaled linearly from its global batch to
+        # this try's, and by this try's config rate against the checkpoint's (the NONFINITE remedy halves it;
+        # without this the checkpoint's rate would undo the remedy).
+        factor = self.world_size_change.lr_factor if self.world_size_change.changed else 1.0
+        config_rate = loaded.manifest.meta.get("learning_rate")
+        if config_rate:
+            factor *= self.cfg.learning_rate / float(config_rate)
+        if factor != 1.0:
             for group in self.optimizer.param_groups:
-                group["lr"] *= self.world_size_change.lr_factor
+                group["lr"] *= factor
         scaler = self.engine.precision.scaler
         if scaler is not None and state.grad_scaler:  # fp16 goes on with its loss scale (not from fp32/bf16)
             scaler.load_state_dict(state.grad_scaler)
         self.cursor, self.step = Cursor(*state.cursor, state.remaining), state.step
+        if state.remaining is None and self.cursor.batch and self.world_size_change.from_batch_size != self.cfg.batch_size:
+            self.cursor = per_worker_cursor_in(self.cursor, self.world_size_change.from_batch_size, self.cfg.batch_size,
+                                               loaded.manifest.name)
         self.replica_optimizers = state.replica_optimizers
         torch.set_rng_state(state.torch_rng)
         self.resumed_from = loaded.manifest.name
@@ -208,11 +249,70 @@ class Trainer(RankRun):
         return RunResult(status=status, attempt=self.attempt, step=at.step, epoch=at.cursor.epoch,
                          world_size=self.size, checkpoint=checkpoint, verdict=verdict, loss=at.last_loss,
                          resumed_from=self.resumed_from, skipped_checkpoints=tuple(self.skipped_checkpoints),
+                         remedies=self.cfg.remedies,
+                         skipped_rows=self.cfg.skip_rows,
                          samples_per_sec_after_warmup=throughput.samples_per_sec if throughput else None,
                          health_monitor_share_after_warmup=throughput.monitor_share if throughput else None,
                          checkpoint_blocked_seconds=(self.checkpointing.blocked_seconds
                                                      if self.checkpointing is not None and self.rank == 0 else None),
                          world_size_changes=tuple(self.world_size_changes))
+
+    def replayed(self, verdict: Verdict) -> Verdict:
+        """Replay the verdict's step on every rank (replay.py) and, on rank 0, add what the ranks found to its
+        evidence (replay_exchange.py: through the run folder). Bounded by health.replay_seconds; whatever
+        goes wrong, the verdict stands (with `replay_unavailable` saying why)."""
+        limit = self.cfg.health.replay_seconds
+        step = step_to_replay(verdict.evidence, self.step, limit)
+        if isinstance(step, str):
+            return unreplayed(verdict, step)
+        started = time.monotonic()
+        deadline = started + limit
+        folder, alive = RunFolder(self.run_folder), self.progress.alive
+        if self.guard is not None:
+            # The checkpoint in flight published, then the plain verdict: a replay cut short loses nothing,
+            # and the other ranks, which wait for this result, then replay on the same checkpoint as rank 0.
+            self.checkpointing.settle(limit)
+            self.guard.publish_result(dataclasses.replace(self.result(FAILED, verdict, None), replaying=True).to_json())
+        else:
+            wait_for_result(folder, self.attempt, deadline, replay_started, alive)
+        report = self._replay(step, deadline)
+        say(f"rank {self.rank}: replay of step {step}: " + (
+            "decided nothing: " + report.error if report.nonfinite is None else
+            f"non-finite again, rows {[f'{r.file}#{r.row}' for r in report.rows]}" if report.nonfinite else
+            "finite") + f" ({report.tests} row tests, {report.seconds:.1f}s)")
+        try:
+            publish_report(folder, self.attempt, report)
+            if self.rank != 0:  # stay until rank 0 has gathered: an early exit ends the job (replay_exchange.py)
+                wait_for_result(folder, self.attempt, deadline + 2 * GRACE_SECONDS, gathered, alive)
+                return verdict
+            reports = gather_reports(folder, self.attempt, self.size, deadline + GRACE_SECONDS, alive)
+        except Exception as exc:  # noqa: BLE001 - the store failed: the verdict stands without the replay
+            return unreplayed(verdict, f"replay of step {step}: its reports could not be exchanged "
+                                       f"({type(exc).__name__}: {exc})"[:300])
+        found = replay_evidence(step, self.size, reports, time.monotonic() - started)
+        line = found["replay"]["reason"] if "replay" in found else found["replay_unavailable"]
+        return Verdict(verdict.status, f"{verdict.reason}. Replay: {line}", {**verdict.evidence, **found})
+
+    def _replay(self, step: int, deadline: float) -> ReplayReport:
+        """This rank's replay of `step` on the newest checkpoint before it (or the initial weights); its
+        seconds count the checkpoint's read too."""
+        started = time.monotonic()
+        try:
+            cursors = step_minibatches(step, self.step, self.cursor, self.data.micro_batches(self.cursor),
+                                       self.data.batches_per_epoch, self.engine.accumulation_steps)
+            published = self.published()
+            names = [name for name in published.names() if step_of(name) < step]
+            found = store_call(self.progress, "read of the checkpoint to replay on", self.run_folder,
+                               lambda moved: first_loadable(names, lambda name: published.load(name, moved),
+                                                            self.run_folder.uri, self._decode))
+        except Exception as exc:  # noqa: BLE001 - a replay that fails decides nothing
+            return ReplayReport(self.rank, step, None, None, seconds=time.monotonic() - started,
+                                error=f"replay failed: {type(exc).__name__}: {exc}"[:300])
+        state, checkpoint_step = (found[1].model, found[1].step) if found is not None else (None, None)
+        replay = StepReplay(self._new_model, self.data, self.cfg.seed, self.engine.accumulation_steps, self.rank,
+                            alive=self.progress.alive)
+        report = replay.run(step, cursors, state, checkpoint_step, deadline)
+        return dataclasses.replace(report, seconds=time.monotonic() - started)
 
     def training_step(self) -> int | None:
         # None before the loop began (restoring, starting): the step is then not one of training.

@@ -28,3 +28,16 @@ def launcher_rank(environ: Mapping[str, str]) -> int | None:
 
 def launcher_world_size(environ: Mapping[str, str]) -> int | None:
     return _first_int(environ, _SIZE_VARS)
+
+# The Kubernetes node a rank's pod runs on, set by the Kubernetes backends from the downward API
+# (spec.nodeName): a straggler's node is what the next try keeps off (training/core/remediation.py). Where it
+# is not set (local processes, ranks an MPIJob's mpirun starts over ssh with a bare environment) the rank
+# names its host instead.
+NODE_NAME_ENV = "RINGFLOW_NODE_NAME"
+
+
+def node_name(environ: Mapping[str, str]) -> str:
+    """Where this rank runs: NODE_NAME_ENV, else this host's name."""
+    import socket
+
+    return environ.get(NODE_NAME_ENV) or socket.gethostname()

@@ -4,8 +4,9 @@ auth manager).
 
 Log in on the login page, open the DAG, trigger it from the trigger form with a bad value (the form shows the
 parameter's error and no run is created: checked through the REST API) and then with good ones, follow the run
-to success, read the train task's log (step lines, the health verdict), and open its extra links (the health
-plot and the run folder, served by the ringflow plugin on the API server).
+to success, read the train task's log (step lines, the health verdict), open its extra links (the run page, the
+health plot and the run folder, served by the ringflow plugin on the API server), and open the run page from the
+task instance's "Run page" tab (the plugin's external view: verdict, evidence and plot in the UI's frame).
 
 A screenshot of each step lands in `$RINGFLOW_UI_SCREENSHOTS` if set (CI can keep that folder), else in the
 test's tmp_path, `screenshots/` (pytest keeps the last three runs under /tmp/pytest-of-<user>/); a failure adds
@@ -22,7 +23,7 @@ import urllib.parse
 import pytest
 from real_airflow import running_airflow
 
-from ringflow.operators.links import local_link
+from ringflow.operators.links import local_link, run_page_link
 from ringflow.training.core.runs import store_layout
 
 pytestmark = [pytest.mark.slow, pytest.mark.background, pytest.mark.timeout(900)]
@@ -98,6 +99,7 @@ def test_trigger_follow_and_inspect_a_run_in_the_browser(airflow, page, screensh
         _follow(page, airflow, run_id, steps, expect)
         _train_log(page, steps, expect)
         _extra_links(page, airflow, run_id, store, steps, expect)
+        _run_page_tab(page, airflow, run_id, steps, expect)
     except BaseException:
         steps.failed()
         raise
@@ -192,12 +194,15 @@ def _train_log(page, steps, expect) -> None:
 def _extra_links(page, airflow, run_id, store, steps, expect) -> None:
     run_folder = store_layout.run_uri(str(store), DAG_ID, run_id, "digits")
     want = {"Run folder": local_link(run_folder, str(store), folder=True),
-            "Health plot": local_link(f"{run_folder}/health.png", str(store))}
+            "Health plot": local_link(f"{run_folder}/health.png", str(store)),
+            "Run page": run_page_link(run_folder, str(store))}
     assert all(want.values()), want
     page.get_by_role("link", name="Details", exact=True).click()
     expect(page.get_by_text("Extra Links")).to_be_visible()
     for name, href in want.items():
-        expect(page.get_by_role("link", name=name, exact=True)).to_have_attribute("href", href)
+        # an extra link is a button-styled link (the task's "Run page" tab has the same name)
+        button = page.get_by_role("link", name=name, exact=True).and_(page.locator('[type="button"]'))
+        expect(button).to_have_attribute("href", href)
     steps.shot("extra-links")
 
     # Same origin: each opens in this tab, with the UI's session (the plugin refuses anyone without one).
@@ -214,3 +219,18 @@ def _extra_links(page, airflow, run_id, store, steps, expect) -> None:
     assert airflow.request("GET", want["Health plot"], auth=False).status_code == 401
     assert airflow.request("GET", want["Health plot"]).status_code == 200  # a bearer token works as well
     assert airflow.request("GET", "/ringflow/store/models/digits-ui/production.json").status_code == 404
+
+
+def _run_page_tab(page, airflow, run_id, steps, expect) -> None:
+    """The task instance's "Run page" tab shows the plugin's page in a frame: the verdict, its evidence, the plot."""
+    page.goto(f"{airflow.base}/dags/{DAG_ID}/runs/{urllib.parse.quote(run_id, safe='')}/tasks/{TRAIN}")
+    page.locator('a[href$="/plugin/ringflow-run-page"]').click()
+    frame = page.frame_locator('iframe[src*="/ringflow/task-run-page/"]')
+    expect(frame.get_by_test_id("verdict")).to_have_text("HEALTHY")
+    expect(frame.get_by_test_id("reason")).to_have_text("no sign of trouble")
+    expect(frame.get_by_test_id("evidence")).to_contain_text("steps_measured")
+    plot = frame.get_by_test_id("health-plot")
+    expect(plot).to_be_visible()
+    assert plot.evaluate("img => img.complete && img.naturalWidth > 0"), "the health plot did not load"
+    expect(frame.get_by_test_id("metrics")).to_contain_text("accuracy")  # the evaluate step's metrics
+    steps.shot("run-page")

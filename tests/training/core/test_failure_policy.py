@@ -5,17 +5,18 @@ import json
 import pytest
 
 from ringflow.training.core.failure_policy import (FAIL, RETRY, SUCCEED, UNKNOWN, WATCH, Decision, Observation,
-                                                   decide)
+                                                   decide, remediated)
+from ringflow.training.core.remediation import AS_IS, CHANGE, GIVE_UP, LOWER_LEARNING_RATE, Remedy
 from ringflow.training.health.verdict import Verdict
 from ringflow.training.formats.run_result import RunResult
 
 ATTEMPT = "rf-job-t1"
 
 
-def result(status="failed", verdict=None, attempt=ATTEMPT):
+def result(status="failed", verdict=None, attempt=ATTEMPT, replaying=False):
     return RunResult(status=status, attempt=attempt, step=12, epoch=0, world_size=2,
                      checkpoint="ckpt-000000012" if status == "succeeded" else None,
-                     verdict=Verdict(verdict, f"{verdict} reason") if verdict else None)
+                     verdict=Verdict(verdict, f"{verdict} reason") if verdict else None, replaying=replaying)
 
 
 def seen(state, exit_code=None, reason="", res=None, verdict=None, fatal=None, **more):
@@ -45,6 +46,15 @@ ROWS = {
         seen("running", verdict="DIVERGED", waited=True), FAIL, True, None, "DIVERGED"),
     "it stopped itself on NaN: tear down, no retry": (
         seen("running", res=result(verdict="NONFINITE"), verdict="NONFINITE"), FAIL, True, 3, "stopped itself"),
+    "it stopped itself on NaN and replays that step: watch it finish": (
+        seen("running", res=result(verdict="NONFINITE", replaying=True), verdict="NONFINITE", waited=True), WATCH,
+        False, None, "replaying that step"),
+    "it replays past the task's timeout: stop, no retry": (
+        seen("running", res=result(verdict="NONFINITE", replaying=True), verdict="NONFINITE", timed_out=True), FAIL,
+        True, 3, "stopped itself"),
+    "it was killed while it replayed: its verdict stands": (
+        seen("failed", 1, "the job failed", result(verdict="NONFINITE", replaying=True)), FAIL, False, 3,
+        "health verdict NONFINITE"),
     "it stopped itself on a stall: tear down, retry": (
         seen("running", res=result(verdict="STALLED"), verdict="STALLED", waited=True), RETRY, True, 5,
         "stopped itself: health verdict STALLED"),
@@ -117,3 +127,33 @@ def test_the_decisive_verdict_is_the_jobs_own():
 def test_bad_input_is_named(bad, says):
     with pytest.raises(ValueError, match=says):
         bad()
+
+
+# --- the remediation policy's answer (remediation: "auto") on top of the decision
+NAN_VERDICT = Verdict("NONFINITE", "NaN at step 40", {"step": 40})
+CUT = Remedy(CHANGE, "NONFINITE", "learning_rate 0.01 -> 0.005", LOWER_LEARNING_RATE, {"learning_rate": 0.005})
+NO_MORE = Remedy(GIVE_UP, "STORE_UNAVAILABLE", "cut twice already")
+UNCHANGED = Remedy(AS_IS, "STALLED", "no remedy for STALLED")
+
+# (decision, remedy, action, reason ends with)
+REMEDIATED = {
+    "a NaN the policy fails, a change: retried with it": (
+        Decision(FAIL, "health verdict NONFINITE", verdict=NAN_VERDICT), CUT, RETRY,
+        "; the next try: learning_rate 0.01 -> 0.005"),
+    "a retry with no remedy left: failed, not retried unchanged": (
+        Decision(RETRY, "store down", verdict=Verdict("STORE_UNAVAILABLE", "down", {})), NO_MORE, FAIL,
+        "; no remedy left: cut twice already"),
+    "nothing to change: the decision stands": (
+        Decision(RETRY, "stalled", verdict=Verdict("STALLED", "hang", {})), UNCHANGED, RETRY, "stalled"),
+    "a success is not the remedy's to change": (
+        Decision(SUCCEED, "ok", verdict=Verdict("HEALTHY", "", {})), CUT, SUCCEED, "ok"),
+    "a failure without a verdict (a crash) neither": (Decision(RETRY, "exit 1"), CUT, RETRY, "exit 1"),
+}
+
+
+@pytest.mark.parametrize("name", REMEDIATED)
+def test_a_remedy_turns_the_decision(name):
+    decision, found, action, ends = REMEDIATED[name]
+    got = remediated(decision, found)
+    assert got.action == action and got.reason.endswith(ends), got
+    assert got.reason.startswith(decision.reason) and got.verdict == decision.verdict

@@ -53,3 +53,22 @@ def test_gate_check(gate, verdict, metrics, prod, reason):
 def test_a_bad_gate_is_a_gate_error():
     with pytest.raises(GateError, match="gate mode is 'best'"):
         Gate(mode="best")
+
+
+REMEDIED = [{"try": 2, "verdict": "NONFINITE", "remedy": "lower_learning_rate", "words": "NaN at step 40"}]
+
+
+@pytest.mark.parametrize("gate, remedies, reason", [
+    (Gate(), REMEDIED, None),  # by default a remediated run may be promoted
+    (Gate(require_no_remediation=True), REMEDIED, "try 2: lower_learning_rate after NONFINITE"),
+    (Gate(require_no_remediation=True), [], None),
+    (build_gate(require_no_remediation=True), REMEDIED, "requires no remediation"),
+])
+def test_the_gate_may_require_no_remediation(gate, remedies, reason):
+    said = gate.check("HEALTHY", {"accuracy": 0.9}, None, remedies)
+    assert said is None if reason is None else reason in said
+
+
+def test_require_no_remediation_is_a_bool():
+    with pytest.raises(GateError, match="require_no_remediation"):
+        Gate(require_no_remediation="yes")

@@ -5,8 +5,9 @@ import pytest
 
 from ringflow.training.core.remediation import (
     AS_IS, AVOID_NODE, CHANGE, COMPRESS_GRADIENTS, GIVE_UP, LOWER_LEARNING_RATE, MAX_AVOIDED_NODES,
-    MAX_BATCH_SPLITS, MAX_BUCKET_RAISES, MAX_LEARNING_RATE_CUTS, MAX_STORE_WAIT_SECONDS, SMALLER_BATCH,
-    STORE_WAIT_SECONDS, WAIT_FOR_STORE, WIDER_BUCKETS, Remedy, remedy,
+    MAX_BATCH_SPLITS, MAX_BUCKET_RAISES, MAX_LEARNING_RATE_CUTS, MAX_PLAIN_RETRIES, MAX_ROW_SKIPS,
+    MAX_STORE_WAIT_SECONDS, PLAIN_RETRY, SKIP_ROWS, SMALLER_BATCH, STORE_WAIT_SECONDS, WAIT_FOR_STORE, WIDER_BUCKETS,
+    PlannedRemedy, Remedy, apply_remedies, avoided_nodes, rank_nodes, remedy, remedy_words, wait_before,
 )
 from ringflow.training.formats.config import ConfigError, JobConfig
 from ringflow.training.formats.engines import LOCAL, MPIJOB, TRAINJOB
@@ -145,3 +146,92 @@ def test_the_remediation_knob_says_what_to_use(value):
 
 def test_remediation_is_off_by_default():
     assert JobConfig(manifest_uri="m/manifest.json", run_uri="r").remediation == "off"
+
+
+# --- NONFINITE with the rank's replay of the step (evidence "replay"; the rank side writes it)
+def replayed(reproducible, rows=()):
+    return Verdict("NONFINITE", "NaN", {"step": 40, "ranks": [1],
+                                        "replay": {"reproducible": reproducible, "rows": list(rows)}})
+
+
+ROW_A, ROW_B = {"file": "part-00001.parquet", "row": 7}, {"file": "part-00002.parquet", "row": 3}
+# (verdict, history, action, remedy, settings, words contain)
+REPLAY_ROWS = {
+    "reproducible: skip the rows it names, resume before the step": (
+        replayed(True, [ROW_A]), [], CHANGE, SKIP_ROWS, {"skip_rows": [ROW_A]}, "part-00001.parquet row 7"),
+    "reproducible again: the earlier rows stay skipped": (
+        replayed(True, [ROW_B]), [Remedy(CHANGE, "NONFINITE", "", SKIP_ROWS, {"skip_rows": [ROW_A]})], CHANGE,
+        SKIP_ROWS, {"skip_rows": [ROW_A, ROW_B]}, "skip 2 of 3"),
+    "reproducible after the skips: clean the data set": (
+        replayed(True, [ROW_B]), [Remedy(CHANGE, "NONFINITE", "", SKIP_ROWS, {"skip_rows": [ROW_A]})] * MAX_ROW_SKIPS,
+        GIVE_UP, None, {}, "clean the data set"),
+    "reproducible, but no rows named: check the data": (
+        replayed(True), [], GIVE_UP, None, {}, "named no rows"),
+    "not reproducible: a transient fault, a plain retry before the step": (
+        replayed(False), [], CHANGE, PLAIN_RETRY, {}, "transient"),
+    "not reproducible, again and again: the machine's": (
+        replayed(False), taken(PLAIN_RETRY, MAX_PLAIN_RETRIES), GIVE_UP, None, {}, "hardware"),
+    "no replay evidence: the learning rate, as without replay": (
+        NAN, [], CHANGE, LOWER_LEARNING_RATE, {"learning_rate": 0.005}, "learning_rate"),
+    "a learning-rate cut does not count against the skips": (
+        replayed(True, [ROW_A]), taken(LOWER_LEARNING_RATE, 2), CHANGE, SKIP_ROWS, {"skip_rows": [ROW_A]}, "skip 1"),
+}
+
+
+@pytest.mark.parametrize("name", REPLAY_ROWS)
+def test_nonfinite_with_replay(name):
+    verdict, history, action, kind, settings, says = REPLAY_ROWS[name]
+    got = remedy(verdict, config(), history, world_size=2, backend_kind=LOCAL)
+    assert (got.action, got.remedy, dict(got.settings)) == (action, kind, settings), got
+    assert says in got.words, got.words
+    if got.changes:
+        assert got.resume_before_step == 40  # back before the step, whatever the change
+    assert Remedy.from_dict(json.loads(json.dumps(got.to_dict()))) == got
+
+
+# --- the remedies of a run's tries: what each try runs with
+CUT = Remedy(CHANGE, "NONFINITE", "NaN at step 40", LOWER_LEARNING_RATE, {"learning_rate": 0.005},
+             resume_before_step=40)
+SPLIT = Remedy(CHANGE, "OOM", "out of memory", SMALLER_BATCH, {"batch_size": 16, "horovod.backward_passes_per_step": 2})
+AWAY = Remedy(CHANGE, "DEGRADED/straggler", "slow node", AVOID_NODE, avoid_nodes=("node-b",))
+WAIT = Remedy(CHANGE, "STORE_UNAVAILABLE", "store down", WAIT_FOR_STORE, wait_seconds=60.0)
+PLAN = [PlannedRemedy(2, CUT), PlannedRemedy(3, AWAY), PlannedRemedy(4, SPLIT), PlannedRemedy(5, WAIT)]
+
+
+@pytest.mark.parametrize("try_number, learning_rate, batch, passes, resume, avoid, wait, kinds", [
+    (1, 0.01, 32, 1, None, (), 0.0, []),
+    (2, 0.005, 32, 1, 40, (), 0.0, [LOWER_LEARNING_RATE]),  # its own resume step
+    (3, 0.005, 32, 1, None, ("node-b",), 0.0, [LOWER_LEARNING_RATE, AVOID_NODE]),  # not an earlier try's
+    (4, 0.005, 16, 2, None, ("node-b",), 0.0, [LOWER_LEARNING_RATE, AVOID_NODE, SMALLER_BATCH]),
+    (5, 0.005, 16, 2, None, ("node-b",), 60.0, [LOWER_LEARNING_RATE, AVOID_NODE, SMALLER_BATCH, WAIT_FOR_STORE]),
+])
+def test_each_try_runs_with_every_earlier_change(try_number, learning_rate, batch, passes, resume, avoid, wait,
+                                                 kinds):
+    cfg = apply_remedies(config(), PLAN, try_number)
+    assert (cfg.learning_rate, cfg.batch_size, cfg.horovod.backward_passes_per_step) == (learning_rate, batch, passes)
+    assert cfg.resume_before_step == resume
+    assert [r["remedy"] for r in cfg.remedies] == kinds
+    assert avoided_nodes(PLAN, try_number) == avoid and wait_before(PLAN, try_number) == wait
+    assert JobConfig.from_dict(cfg.to_dict()) == cfg  # what the ranks get reads back the same
+
+
+def test_a_planned_remedy_is_a_line_of_plain_json_for_a_retry():
+    line = json.loads(json.dumps(PlannedRemedy(3, SPLIT).to_dict()))
+    assert line["try"] == 3 and PlannedRemedy.from_dict(line) == PlannedRemedy(3, SPLIT)
+    assert PlannedRemedy(3, SPLIT).applied() == {"try": 3, "verdict": "OOM", "remedy": SMALLER_BATCH,
+                                                 "words": "out of memory"}
+    assert remedy_words(PlannedRemedy(3, SPLIT).applied()) == "try 3: smaller_batch after OOM"
+    with pytest.raises(ValueError, match="try >= 2"):
+        PlannedRemedy(1, SPLIT)
+
+
+def test_the_ranks_nodes_come_from_the_newest_start_record():
+    records = [{"type": "start", "nodes": ["n0", "n1"]}, {"type": "step"}, {"type": "start", "nodes": ["n2", "n3"]},
+               {"type": "start"}]
+    assert rank_nodes(records) == {0: "n2", 1: "n3"}
+    assert rank_nodes([{"type": "step"}]) == {} and rank_nodes(None) == {}
+
+
+def test_a_line_that_is_no_planned_remedy_says_what_to_do():
+    with pytest.raises(ValueError, match="not a planned remedy.*delete the file"):
+        PlannedRemedy.from_dict({"remedy": "smaller_batch"})

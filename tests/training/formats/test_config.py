@@ -9,6 +9,13 @@ def valid() -> dict:
     return {"manifest_uri": "/data/shards/manifest.json", "run_uri": "/data/run"}
 
 
+def test_skip_rows_are_typed_rows_and_survive_the_round_trip():
+    from ringflow.training.formats.config import RowRef
+
+    cfg = JobConfig.from_dict(valid() | {"skip_rows": [{"file": "part-00001.parquet", "row": 7}]})
+    assert cfg.skip_rows == (RowRef("part-00001.parquet", 7),) and JobConfig.from_dict(cfg.to_dict()) == cfg
+
+
 def test_minimal_config_gets_defaults():
     cfg = JobConfig.from_dict(valid())
     assert cfg.epochs == 5 and cfg.model.kind == "mlp" and cfg.horovod.backward_passes_per_step == 1
@@ -40,6 +47,13 @@ def test_minimal_config_gets_defaults():
     (lambda d: d.update(bind_cores="yes"), "bind_cores", 'use "auto"'),
     (lambda d: d.update(bind_cores="true"), "bind_cores", "true (bind wherever every rank can have a CPU)"),
     (lambda d: d.update(bind_cores=1), "bind_cores", "or false (never bind)"),
+    (lambda d: d.update(skip_rows={"file": "part-00001.parquet", "row": 3}), "skip_rows", "give a list"),
+    (lambda d: d.update(skip_rows=[{"file": "", "row": 3}]), "skip_rows[].file", "evidence.replay.rows"),
+    (lambda d: d.update(skip_rows=[{"file": "part-00001.parquet", "row": -1}]), "skip_rows[].row", ">= 0"),
+    (lambda d: d.update(skip_rows=[{"file": "part-00001.parquet"}]), "skip_rows[].row", "is missing"),
+    (lambda d: d.update(skip_rows=[{"file": "p.parquet", "row": 3}, {"file": "p.parquet", "row": 3}]), "skip_rows",
+     "list each row once"),
+    (lambda d: d.update(health={"replay_seconds": -1}), "health.replay_seconds", ">= 0"),
 ])
 def test_bad_values_name_the_field_and_the_fix(change, field, hint):
     doc = valid()
@@ -101,3 +115,28 @@ def test_a_bad_checkpoint_cadence_names_its_field(section, field):
 
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         CheckpointConfig(**section)
+
+
+def test_a_fault_names_its_try_and_an_oom_fault_its_batch():
+    cfg = JobConfig.from_dict(valid() | {"faults": [{"kind": "oom", "rank": 0, "step": 2, "above_batch": 16, "on_try": 2}]})
+    (fault,) = cfg.faults
+    assert (fault.kind, fault.on_try, fault.above_batch) == ("oom", 2, 16)
+    assert JobConfig.from_dict(valid() | {"faults": [{"kind": "crash"}]}).faults[0].on_try == 1
+    for bad, field in (({"kind": "crash", "on_try": 0}, "faults[].on_try"),
+                       ({"kind": "oom", "above_batch": -1}, "faults[].above_batch")):
+        with pytest.raises(ConfigError) as err:
+            JobConfig.from_dict(valid() | {"faults": [bad]})
+        assert err.value.field == field
+
+
+def test_what_a_remedy_sets_is_checked_like_the_rest():
+    applied = {"try": 2, "verdict": "OOM", "remedy": "smaller_batch", "words": "out of memory"}
+    cfg = JobConfig.from_dict(valid() | {"resume_before_step": 40, "remedies": [applied]})
+    assert cfg.resume_before_step == 40 and cfg.remedies == (applied,)
+    assert JobConfig.from_dict(cfg.to_dict()) == cfg
+    for bad, field in (({"resume_before_step": 0}, "resume_before_step"),
+                       ({"remedies": [{"remedy": "x"}]}, "remedies[]"),
+                       ({"remedies": "lower_learning_rate"}, "remedies")):
+        with pytest.raises(ConfigError) as err:
+            JobConfig.from_dict(valid() | bad)
+        assert err.value.field == field

@@ -102,3 +102,41 @@ def test_a_folder_of_todays_layout_is_read_as_it_was_and_taken_over_as_attempt_0
     records(attempt, 3)
     assert [r["step"] for r in read_health(object_store)] == [1, 2, 3]
     assert object_store.exists(POINTER)
+
+
+def test_a_resume_before_a_step_takes_the_newest_checkpoint_before_it(object_store):
+    """JobConfig.resume_before_step (a remedy after a NaN at that step): the newest published checkpoint
+    taken before the step, and once the retry publishes its own, that one (published last) is the newest."""
+    folder = RunFolder(object_store)
+    first = folder.claim("t1")
+    for step in (10, 20, 30):
+        first.publish_checkpoint(write_checkpoint(first, step), keep_last=None)
+    assert folder.checkpoints().latest_valid().step == 30
+    assert folder.checkpoints().latest_valid(before_step=30).step == 20
+    assert folder.checkpoints().latest_valid(before_step=25).step == 20
+    assert folder.checkpoints().latest_valid(before_step=10) is None  # none before it: from the start
+    second = folder.claim("t2")
+    second.publish_checkpoint(write_checkpoint(second, 30), keep_last=None)  # the retry's own step 30
+    newest = folder.checkpoints().latest_valid()
+    assert newest.step == 30 and newest.files["state.pt"] == b"state 30"
+    assert folder.checkpoints().prefix_of("ckpt-000000030").startswith("attempts/000002")
+
+
+def test_remedies_are_kept_in_order_beside_the_attempts(object_store):
+    folder = RunFolder(object_store)
+    assert folder.read_remedies() == []
+    folder.append_remedy({"try": 2, "remedy": "lower_learning_rate"})
+    folder.claim("t2")  # a claim does not touch them
+    folder.append_remedy({"try": 3, "remedy": "smaller_batch"})
+    assert [r["try"] for r in folder.read_remedies()] == [2, 3]
+    object_store.put_bytes("remedies.jsonl", b"{not json\n")
+    with pytest.raises(ValueError, match="remedies.jsonl is not JSON lines.*delete it"):
+        folder.read_remedies()
+def test_each_rank_writes_its_replay_report_under_its_attempt_and_an_unknown_attempt_writes_none(object_store):
+    folder = RunFolder(object_store)
+    folder.claim("rf-a")
+    assert folder.write_replay_report("rf-a", 1, b'{"rank": 1}') and folder.write_replay_report("rf-a", 0, b"{}")
+    assert sorted(folder.read_replay_reports("rf-a")) == [b'{"rank": 1}', b"{}"]
+    folder.claim("rf-b")
+    assert folder.read_replay_reports("rf-b") == []
+    assert not folder.write_replay_report("rf-unknown", 0, b"{}") and folder.read_replay_reports("rf-unknown") == []

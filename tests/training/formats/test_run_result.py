@@ -33,6 +33,9 @@ def test_round_trip_is_strict_json_with_a_format(tmp_path):
     nan = RunResult.from_json(failed().to_json())
     assert math.isnan(nan.loss) and nan.verdict.evidence == {"ranks": [1], "grad_norm": "nan"}
     assert RunResult.from_json(succeeded().to_json()) == succeeded()
+    remedied = succeeded(remedies=({"try": 2, "verdict": "OOM", "remedy": "smaller_batch", "words": "w"},))
+    assert RunResult.from_json(remedied.to_json()) == remedied and remedied.remediated
+    assert not succeeded().remediated and json.loads(succeeded().to_json())["remedies"] == []
 
 
 @pytest.mark.parametrize("result, code", [

@@ -140,3 +140,21 @@ def test_a_rank_reads_only_the_windows_its_run_touches(shards):
     # A third of 45 blocks, and at most a window more at each end of the run (plus the next epoch's first window).
     assert len(set(groups)) <= 45 // 3 + 3 * 4
     assert len(groups) == len(set(groups)) or len(groups) - len(set(groups)) <= 4
+
+
+def test_a_settled_cursor_resumes_sample_exact_with_a_smaller_per_worker_batch(shards):
+    """The OOM remedy halves the per-worker batch: the checkpoint's cursor names rows, not micro-batches, so the
+    retry (its micro-batches half as large) trains every row of the epoch once; the rows done, which progress
+    counts, are the same in either batch."""
+    store, manifest = shards
+    halves = {size: [PartitionData(store, manifest, rank=r, world_size=2, batch_size=size) for r in range(2)]
+              for size in (BATCH, BATCH // 2)}
+    before = [serve(d, Cursor(1), count=7) for d in halves[BATCH]]
+    settled = halves[BATCH][0].settled(Cursor(1, 7))
+    after = [serve(d, settled) for d in halves[BATCH // 2]]
+    seen = [i for s in before + after for i in ids_of(s)]
+    assert len(seen) == len(set(seen)) == manifest.training_rows
+    assert {len(x) for s in after for _, x, _, _ in s[:-1]} == {BATCH // 2}
+    done = 2 * 7 * BATCH
+    assert halves[BATCH][0].rows_seen(Cursor(1, 7)) == done == halves[BATCH // 2][1].rows_seen(settled)
+    assert halves[BATCH][0].epoch_rows == manifest.training_rows

@@ -43,3 +43,25 @@ def test_the_same_world_size_keeps_the_checkpoint_s_accumulation():
 def test_world_sizes_below_one_are_refused():
     with pytest.raises(ValueError, match="must be >= 1"):
         accumulation_for(2, 1, 0)
+
+
+@pytest.mark.parametrize("from_batch, from_k, batch, k, lr_factor", [
+    (32, 1, 16, 2, 1.0),     # the OOM remedy: half the batch, twice the passes, the same global batch and rate
+    (16, 2, 8, 4, 1.0),      # split twice
+    (32, 1, 12, 3, 72 / 64),  # no exact split: the nearest global batch (72), the rate scaled to it
+])
+def test_a_smaller_per_worker_batch_keeps_the_global_batch(from_batch, from_k, batch, k, lr_factor):
+    change = plan_change(2, from_k, base_world_size=2, base_accumulation_steps=1, to_world_size=2, batch_size=batch,
+                         from_batch_size=from_batch, base_batch_size=32)
+    assert change.changed and change.accumulation_steps == k
+    assert change.lr_factor == pytest.approx(lr_factor)
+    assert change.as_record()["base_global_batch"] == 64
+
+
+def test_an_older_manifests_cursor_moves_to_the_same_row_in_the_new_batch():
+    from ringflow.training.rank.partition_batches import Cursor
+    from ringflow.training.rank.world_size_change import per_worker_cursor_in
+
+    assert per_worker_cursor_in(Cursor(1, 5), 32, 16, "ckpt") == Cursor(1, 10)
+    with pytest.raises(ValueError, match="row 160 of epoch 1"):
+        per_worker_cursor_in(Cursor(1, 5), 32, 12, "ckpt")

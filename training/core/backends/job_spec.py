@@ -24,6 +24,8 @@ class JobSpec:
     controller: "gloo" or "mpi" for local runs (default: the faster here, see bench/); MPIJobs always launch through mpirun.
     labels: identify the job for reattach: dag, run, task, try.
     env: extra environment for every rank. Never secrets: backends bring those from their own config.
+    avoid_nodes: Kubernetes nodes the job's pods must not run on (a straggler's node, after a remedy:
+      core/remediation.py); the Kubernetes backends make it node anti-affinity, the local backend has no nodes.
     """
 
     name: str
@@ -32,6 +34,7 @@ class JobSpec:
     controller: str = DEFAULT_CONTROLLER
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
+    avoid_nodes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.name, str) and len(self.name) <= 63 and _DNS_1123.match(self.name)):
@@ -45,3 +48,6 @@ class JobSpec:
             raise JobSpecError(f"controller is {self.controller!r}; use one of {CONTROLLERS}")
         if not isinstance(self.config, dict):
             raise JobSpecError("config must be the training job config as a dict")
+        if not all(isinstance(n, str) and n for n in self.avoid_nodes):
+            raise JobSpecError(f"avoid_nodes is {self.avoid_nodes!r}; give node names (non-empty strings)")
+        object.__setattr__(self, "avoid_nodes", tuple(self.avoid_nodes))

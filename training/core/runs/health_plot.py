@@ -12,6 +12,8 @@ import math
 import os
 from typing import Any, Iterable, Mapping
 
+from ..remediation import remedy_words
+
 _RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                 "#bcbd22", "#17becf")
 _MAX_RANK_LINES = 10  # beyond this, per-rank panels show min / median / max instead of one line a rank
@@ -106,18 +108,20 @@ def _health_config(records):
     return thresholds(records) or HealthConfig()
 
 
-def save_health_plot(records: list[dict], out_path: str, title: str | None = None) -> str:
-    """Draw `records` (health.jsonl parsed) into a PNG at `out_path`; returns `out_path`."""
+def save_health_plot(records: list[dict], out_path: str, title: str | None = None,
+                     remedies: Iterable[Mapping[str, Any]] = ()) -> str:
+    """Draw `records` (health.jsonl parsed) into a PNG at `out_path`; returns `out_path`. remedies: what
+    the retries changed (RunResult.remedies), named in the title."""
     import matplotlib.pyplot as plt
 
-    fig = draw_health(records, title)
+    fig = draw_health(records, title, remedies)
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     fig.savefig(out_path, dpi=100)
     plt.close(fig)
     return out_path
 
 
-def draw_health(records: list[dict], title: str | None = None):
+def draw_health(records: list[dict], title: str | None = None, remedies: Iterable[Mapping[str, Any]] = ()):
     """The figure of `records` (a matplotlib Figure; the caller closes it)."""
     import matplotlib
 
@@ -166,6 +170,9 @@ def draw_health(records: list[dict], title: str | None = None):
     if any(bad):
         first = next(s for s, b in zip(steps, bad) if b)
         notes.insert(0, f"NaN/Inf from step {first}")
+    remedies = list(remedies)
+    if remedies:
+        notes.append("remediated: " + "; ".join(remedy_words(r) for r in remedies))
     heading = title or "Gradient-sync health"
     if steps:
         heading += f": {len(steps)} measured steps, {max(len(r) for r in step_time)} ranks"

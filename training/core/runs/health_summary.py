@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping
 
 from ...formats.run_result import RunResult
 from ...health.verdict import OOM, Verdict, slowest_rank
+from ..remediation import remedy_words
 from ..tracking.measurements import from_step_record
 
 MAX_LINES = 20
@@ -102,10 +103,16 @@ def _oom_lines(verdict: Verdict | None) -> list[str]:
     return [f"OOM advice {i}: {_clip(words, 160)}" for i, words in enumerate(advice[:MAX_ADVICE_LINES], 1)]
 
 
+def _remedy_lines(remedies: Iterable[Mapping[str, Any]]) -> list[str]:
+    return [f"remediated: {remedy_words(r)}: {_clip(str(r.get('words', '')), 160)}" for r in remedies]
+
+
 def health_summary(result: RunResult | None, verdict: Verdict | None,
-                   records: Iterable[Mapping[str, Any]] | None) -> list[str]:
+                   records: Iterable[Mapping[str, Any]] | None,
+                   remedies: Iterable[Mapping[str, Any]] | None = None) -> list[str]:
     """At most MAX_LINES lines: verdict and reason, steps and epochs, samples/s, max sync share, gradient
-    norm range, the slowest rank, checkpoints and the final one, resume points, OOM advice."""
+    norm range, the slowest rank, checkpoints and the final one, resume points, OOM advice, and what the
+    retries changed (`remedies`: the try's applied remedies; None: the result's)."""
     verdict = verdict or (result.verdict if result is not None else None)
     all_records = list(records or [])
     own = _own(all_records, result.attempt if result is not None else None)
@@ -128,4 +135,5 @@ def health_summary(result: RunResult | None, verdict: Verdict | None,
         resumed = _resume_line(all_records, result)
         lines += [resumed] if resumed else []
     lines += _oom_lines(verdict)
+    lines += _remedy_lines(remedies if remedies is not None else result.remedies if result is not None else ())
     return lines[:MAX_LINES]

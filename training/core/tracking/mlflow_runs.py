@@ -25,6 +25,7 @@ from ...store.base import ObjectNotFound
 from . import measurements
 from .measurements import Measurement
 from .params import flatten_params
+from ..remediation import remedy_words
 from .settings import TrackingSettings, tracking_env
 
 if TYPE_CHECKING:
@@ -38,6 +39,10 @@ TAG_RUN_URI = "ringflow.run_uri"
 TAG_VERDICT = "ringflow.verdict"
 TAG_STATUS = "ringflow.status"
 TAG_HEALTH_SEQ = "ringflow.health_seq_logged"
+TAG_REMEDIATED = "ringflow.remediated"
+TAG_REMEDIES = "ringflow.remedies"
+# MLflow keeps a tag's value up to 8000 characters (mlflow/utils/validation.py, MAX_TAG_VAL_LENGTH).
+MAX_TAG_CHARS = 8000
 # MLflow's per-request limits for log_batch (mlflow/utils/validation.py).
 MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH, MAX_TAGS_PER_BATCH = 1000, 100, 100
 
@@ -146,6 +151,16 @@ def records_after(seq: int, run_folder: RunFolder,
     return newer, newer[-1]["seq"] if newer else seq
 
 
+def remedy_tags(job_config: Mapping[str, Any] | None) -> dict[str, str]:
+    """What the retries changed before this attempt (the config's `remedies`), as tags: params never change
+    after the first attempt, tags do. `ringflow.remediated` is "true"/"false"; `ringflow.remedies` lists them."""
+    remedies = list((job_config or {}).get("remedies") or ())
+    tags = {TAG_REMEDIATED: "true" if remedies else "false"}
+    if remedies:
+        tags[TAG_REMEDIES] = "; ".join(f"{remedy_words(r)}: {r.get('words', '')}" for r in remedies)[:MAX_TAG_CHARS]
+    return tags
+
+
 def log_training_run(settings: TrackingSettings, *, experiment: str, run_uri: str, run_folder: RunFolder,
                      job_config: Mapping[str, Any] | None, result: RunResult | None, run_name: str | None = None,
                      tags: Mapping[str, str] | None = None,
@@ -177,6 +192,7 @@ def log_training_run(settings: TrackingSettings, *, experiment: str, run_uri: st
             TAG_HEALTH_SEQ: str(last_seq), TAG_VERDICT: verdict, TAG_STATUS: status,
             **({"ringflow.attempt": result.attempt} if result and result.attempt else {}),
             **({"ringflow.checkpoint": result.checkpoint} if result and result.checkpoint else {}),
+            **remedy_tags(job_config),
             **(tags or {})})
         files = log_files(client, run_id, run_folder, run_folder.training_files())
         client.set_terminated(run_id, "FINISHED" if result is not None and result.succeeded else "FAILED")

@@ -91,6 +91,11 @@ class Checkpointing(Callback):
     def blocked_seconds(self) -> float:
         return self._writer.blocked_seconds if self._writer is not None else 0.0
 
+    def settle(self, seconds: float) -> bool:
+        """Wait at most `seconds` for the checkpoint in flight (rank 0's; as a wait for the store): whether
+        none is left. A replay reads the newest published checkpoint after it."""
+        return self._writer.wait_for(seconds) if self._writer is not None else True
+
     def due(self, step: int) -> bool:
         # Under local SGD, at the first average at or after each multiple of every_steps: rank 0's replica
         # (which the checkpoint holds) is then every rank's.
@@ -181,7 +186,8 @@ class Checkpointing(Callback):
         cursor = loop.data.settled(loop.cursor)
         meta = {"step": loop.step, "epoch": cursor.epoch, "cursor": [cursor.epoch, cursor.batch],
                 "loss": loop.last_loss, "world_size": self._size,
-                "accumulation_steps": loop.engine.accumulation_steps, "final": final} | self._run_meta
+                "accumulation_steps": loop.engine.accumulation_steps, "batch_size": loop.data.batch_size,
+                "final": final} | self._run_meta
         if cursor.remaining is not None:
             meta["remaining"] = [list(pair) for pair in cursor.remaining]
         for callback in loop.callbacks:

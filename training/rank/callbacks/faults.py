@@ -14,7 +14,9 @@ from ...formats.config import JobConfig
 
 class FaultInjection(Callback):
     def __init__(self, cfg: JobConfig, rank: int):
+        # The operator passes only this try's faults (FaultConfig.on_try): every one given fires.
         self._faults = [f for f in cfg.faults if f.rank == rank]
+        self._batch_size = cfg.batch_size
         self._fired: set[str] = set()
 
     @property
@@ -40,6 +42,13 @@ class FaultInjection(Callback):
         if self._due("crash", step) is not None:
             print(f"[ringflow] fault: SIGKILL at step {step}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        oom = self._due("oom", step)
+        if oom is not None and self._batch_size > oom.above_batch:
+            # The engine's own error, so the rank ends as a real OOM does (rank_run.run_rank: oom_report).
+            print(f"[ringflow] fault: out of memory at step {step} (per-worker batch {self._batch_size} > "
+                  f"{oom.above_batch})", file=sys.stderr, flush=True)
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected fault: per-worker batch "
+                                         f"{self._batch_size} > {oom.above_batch})")
         if self._due("nan_gradient", step) is not None:
             return loss * float("nan")
         return loss

@@ -109,3 +109,17 @@ def test_restarts_and_nonfinite_steps_are_drawn():
         assert "NaN/Inf" in labels, name
         restart_lines = [ys for label, ys in panels[name] if label.startswith("_") and ys == [0, 1]]
         assert restart_lines, name  # axvline: y from 0 to 1 in axes units
+
+
+def test_the_title_names_what_the_retries_changed():
+    remedies = [{"try": 2, "verdict": "NONFINITE", "remedy": "lower_learning_rate", "words": "NaN"},
+                {"try": 3, "verdict": "OOM", "remedy": "smaller_batch", "words": "out of memory"}]
+    import matplotlib.pyplot as plt
+
+    fig = draw_health([step(s) for s in range(1, 4)], remedies=remedies)
+    try:
+        title = fig.get_suptitle()
+    finally:
+        plt.close(fig)
+    assert "remediated: try 2: lower_learning_rate after NONFINITE; try 3: smaller_batch after OOM" in title
+    assert "remediated" not in drawn([step(s) for s in range(1, 4)])[0]

@@ -92,3 +92,14 @@ def test_a_long_reason_is_clipped_to_one_screen():
     long = Verdict("STALLED", "x" * 2000)
     line = next(l for l in health_summary(None, long, []) if l.startswith("verdict"))
     assert len(line) < 300 and line.endswith("…")
+
+
+def test_the_summary_ends_with_what_the_retries_changed():
+    applied = {"try": 2, "verdict": "NONFINITE", "remedy": "lower_learning_rate",
+               "words": "NaN/Inf at step 10: learning_rate 0.01 -> 0.005"}
+    lines = health_summary(result(remedies=(applied,)), None, RUN)
+    assert lines[-1] == ("remediated: try 2: lower_learning_rate after NONFINITE: NaN/Inf at step 10: "
+                         "learning_rate 0.01 -> 0.005")
+    # the try's config says it where the try wrote no result
+    assert health_summary(None, None, RUN, [applied])[-1].startswith("remediated: try 2")
+    assert not any(line.startswith("remediated") for line in health_summary(result(), None, RUN))

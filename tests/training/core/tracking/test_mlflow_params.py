@@ -32,3 +32,13 @@ def test_a_whole_job_config_reads_back():
     assert params["epochs"] == "3" and params["run_uri"] == "/r"
     assert json.loads(params["health.stall_seconds"]) == config["health"]["stall_seconds"]
     assert all(len(k) <= 250 and isinstance(v, str) for k, v in params.items())
+
+
+def test_what_the_retries_changed_is_tagged():
+    """Params never change after the first attempt; the remedies of a later one are tags."""
+    from ringflow.training.core.tracking.mlflow_runs import TAG_REMEDIATED, TAG_REMEDIES, remedy_tags
+
+    applied = {"try": 2, "verdict": "OOM", "remedy": "smaller_batch", "words": "out of memory: batch 32 -> 16"}
+    assert remedy_tags({"remedies": [applied]}) == {
+        TAG_REMEDIATED: "true", TAG_REMEDIES: "try 2: smaller_batch after OOM: out of memory: batch 32 -> 16"}
+    assert remedy_tags({"remedies": []}) == {TAG_REMEDIATED: "false"} == remedy_tags(None)

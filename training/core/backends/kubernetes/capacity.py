@@ -42,6 +42,8 @@ def placeable(node: Mapping[str, Any], node_selector: Mapping[str, str],
 
 
 def worker_capacity(nodes: Iterable[Mapping[str, Any]], node_selector: Mapping[str, str],
-                    tolerations: Sequence[Mapping[str, Any]]) -> int:
-    """Workers placeable now: one per Ready, schedulable node the job may use."""
-    return sum(placeable(n, node_selector, tolerations) for n in nodes)
+                    tolerations: Sequence[Mapping[str, Any]], avoid_nodes: Sequence[str] = ()) -> int:
+    """Workers placeable now: one per Ready, schedulable node the job may use, less the nodes a remedy keeps
+    it off (the job's required node anti-affinity, remediation.AVOID_NODE)."""
+    return sum(placeable(n, node_selector, tolerations) and (n.get("metadata") or {}).get("name") not in avoid_nodes
+               for n in nodes)

@@ -14,6 +14,7 @@ from typing import Any
 from ..job_spec import JobSpec, JobSpecError
 from . import labels as L
 from ringflow.training.store.s3 import ACCESS_KEY_VAR, ENDPOINT_VAR, SECRET_KEY_VAR
+from ....rank.worker_env import NODE_NAME_ENV
 
 CONFIG_MOUNT_PATH = "/etc/ringflow"
 CONFIG_FILE = "job.json"
@@ -23,6 +24,8 @@ S3_SECRET_KEYS = (ACCESS_KEY_VAR, SECRET_KEY_VAR)
 S3_ENDPOINT_ENV = ENDPOINT_VAR
 # Always forwarded to every rank by mpirun: ranks start through ssh with a bare environment otherwise.
 FORWARDED_ENV = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
+# The node label every node carries: what placement spreads over and a remedy's anti-affinity names.
+HOSTNAME_KEY = "kubernetes.io/hostname"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -122,10 +125,26 @@ def placement_affinity(placement: str, match_labels: dict[str, str]) -> dict[str
     term = {
         "weight": 100,
         "podAffinityTerm": {"labelSelector": {"matchLabels": dict(match_labels)},
-                            "topologyKey": "kubernetes.io/hostname"},
+                            "topologyKey": HOSTNAME_KEY},
     }
     kind = "podAffinity" if placement == "pack" else "podAntiAffinity"
     return {kind: {"preferredDuringSchedulingIgnoredDuringExecution": [term]}}
+
+
+def with_avoided_nodes(affinity: dict[str, Any], avoid_nodes: tuple[str, ...]) -> dict[str, Any]:
+    """`affinity` with the pods kept off `avoid_nodes` (JobSpec.avoid_nodes: a straggler's node, after a
+    remedy). Required, unlike the placement: a pod on that node would make the next try as slow as the last;
+    a job that cannot be scheduled elsewhere waits, and the task's timeout says so."""
+    if not avoid_nodes:
+        return affinity
+    term = {"matchExpressions": [{"key": HOSTNAME_KEY, "operator": "NotIn", "values": list(avoid_nodes)}]}
+    return affinity | {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def node_name_env() -> list[dict[str, Any]]:
+    """The pod's node, from the downward API, as the rank reads it (worker_env.NODE_NAME_ENV): rank 0 writes
+    every rank's node in the health records, and a straggler's node is what a remedy keeps the job off."""
+    return [{"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
 
 
 def metadata(name: str, spec: JobSpec, settings: Any) -> dict[str, Any]:

@@ -103,7 +103,8 @@ def build_mpijob(spec: JobSpec, settings: MPIJobSettings) -> dict[str, Any]:
     # Ready means sshd answers, so WaitForWorkersReady really waits until mpirun can connect.
     worker["readinessProbe"] = {"tcpSocket": {"port": settings.ssh_port}, "periodSeconds": 2, "failureThreshold": 3}
     worker_pod = _pod_spec(spec, settings, worker)
-    worker_pod["affinity"] = _worker_affinity(spec, settings)
+    # Workers host the ranks (the launcher runs mpirun only): they keep off a straggler's node after a remedy.
+    worker_pod["affinity"] = P.with_avoided_nodes(_worker_affinity(spec, settings), spec.avoid_nodes)
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,

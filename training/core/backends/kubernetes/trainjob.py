@@ -28,6 +28,7 @@ from .jobset_names import LAUNCHER, NODE, TRAINER_PORT, pod_hostname
 from .settings import SettingsError, TrainJobSettings
 from ringflow.training.formats.engines import (DEFAULT_ENGINE, TF_CONFIG_LAUNCHER, TRAINJOB, EngineError,
                                                 check_backend)
+from ringflow.training.health.trainer_status import TRAINJOB_NAME_ENV, TRAINJOB_NAMESPACE_ENV
 from ringflow.training.rank.engines import ENGINE_ENV
 
 __all__ = ["API_VERSION", "KIND", "TRAINER_RELEASE", "build_trainjob", "engine_of", "tf_pod_command", "torchrun_command"]
@@ -51,6 +52,11 @@ RESERVED_ENV = {
     # What a TensorFlow pod derives TF_CONFIG from, and TF_CONFIG itself (tf_pod.py).
     TF_CONFIG_LAUNCHER: tf_pod.MANAGED_ENV,
 }
+
+
+# What ringflow's runtimes give every pod that hosts rank 0 through the downward API (deploy/trainer/): its TrainJob,
+# whose status.trainerStatus rank 0 updates (health/trainer_status.py). A TrainJob's own env must not set them.
+RUNTIME_ENV = (TRAINJOB_NAME_ENV, TRAINJOB_NAMESPACE_ENV)
 
 
 def engine_of(spec: JobSpec) -> str:
@@ -120,7 +126,8 @@ def _pod_patch(spec: JobSpec, settings: TrainJobSettings) -> dict[str, Any]:
         "volumes": [P.config_volume(spec.name)],
         **P.pod_settings(settings),
         # Launcher and nodes all host ranks: pack or spread all of them.
-        "affinity": P.placement_affinity(settings.placement, {L.JOBSET_NAME_LABEL: spec.name}),
+        "affinity": P.with_avoided_nodes(P.placement_affinity(settings.placement, {L.JOBSET_NAME_LABEL: spec.name}),
+                                         spec.avoid_nodes),
     }
     return {"metadata": {"labels": L.job_labels(spec.labels)}, "spec": pod}
 
@@ -131,14 +138,15 @@ def build_trainjob(spec: JobSpec, settings: TrainJobSettings) -> dict[str, Any]:
         raise SettingsError("settings must be a TrainJobSettings (use TrainJobSettings.from_dict for JSON)")
     engine = engine_of(spec)
     _check_name(spec, engine)
-    P.check_env(spec, RESERVED_ENV[_pod_launcher(engine)] + (ENGINE_ENV,))
+    P.check_env(spec, RESERVED_ENV[_pod_launcher(engine)] + (ENGINE_ENV,) + RUNTIME_ENV)
     command = _command(spec, settings, engine)
     trainer = {
         "image": settings.image,
         "command": command[:1],
         "args": command[1:],
         # Every rank starts the engine its launcher was chosen for, whatever the config says.
-        "env": P.store_env(settings) + P.plain_env(spec.env | {ENGINE_ENV: engine} | _tf_pod_env(spec, engine)),
+        "env": P.store_env(settings) + P.plain_env(spec.env | {ENGINE_ENV: engine} | _tf_pod_env(spec, engine))
+        + P.node_name_env(),
         "numNodes": spec.num_workers,
         "numProcPerNode": 1,  # one rank per node (JobSpec.num_workers is the world size)
         "resourcesPerNode": settings.worker.to_k8s(),

@@ -29,6 +29,8 @@ NODES = "v1/nodes"
 # The label each job kind's operator puts on every pod of a job, valued with the job's name: the MPI
 # Operator's, and the JobSet's (a TrainJob's JobSet is named like it).
 JOB_POD_LABELS = {MPIJOBS: "training.kubeflow.org/job-name", TRAINJOBS: "jobset.sigs.k8s.io/jobset-name"}
+# Kinds whose CRD enables the status subresource (both do: subresources.status in their CRDs).
+STATUS_SUBRESOURCE = (MPIJOBS, TRAINJOBS)
 
 
 def _matches(selector: str, labels: dict[str, str]) -> bool:
@@ -56,6 +58,9 @@ class FaithfulEmulator(kmock.KubernetesEmulator):
     pod_termination_seconds: float | None = 0.0
 
     async def _handle(self, request: kmock.Request):  # type: ignore[override]
+        if request.action == kmock.action.UPDATE and isinstance(request.data, dict) \
+                and request.resource in {kmock.resource(r) for r in STATUS_SUBRESOURCE}:
+            self._keep_to_subresource(request)
         if request.action == kmock.action.DELETE and request.name is not None:
             self._begin_foreground_delete(request)
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
@@ -67,6 +72,19 @@ class FaithfulEmulator(kmock.KubernetesEmulator):
             now = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(microseconds=next(self._clock))
             meta.setdefault("creationTimestamp", now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
         return await super()._handle(request)
+
+    @staticmethod
+    def _keep_to_subresource(request: kmock.Request) -> None:
+        """What a real API server does for a kind whose CRD enables the status subresource (kmock applies any patch
+        whole): a write to .../status changes the status and nothing else, a write to the object itself everything
+        but the status."""
+        data = request.data
+        if request.subresource == "status":
+            kept = {"status": data["status"]} if "status" in data else {}
+        else:
+            kept = {k: v for k, v in data.items() if k != "status"}
+        data.clear()
+        data.update(kept)
 
     def _begin_foreground_delete(self, request: kmock.Request) -> None:
         """What a real API server does with a job deleted with propagationPolicy Foreground: the job stays,

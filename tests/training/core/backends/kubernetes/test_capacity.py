@@ -10,8 +10,8 @@ from kmock_cluster import MPIJOBS
 from ringflow.training.core.backends.kubernetes.capacity import worker_capacity
 
 
-def node(ready=True, unschedulable=False, labels=None, taints=()):
-    return {"metadata": {"labels": labels or {}}, "spec": {"unschedulable": unschedulable, "taints": list(taints)},
+def node(ready=True, unschedulable=False, labels=None, taints=(), name="n"):
+    return {"metadata": {"name": name, "labels": labels or {}}, "spec": {"unschedulable": unschedulable, "taints": list(taints)},
             "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
@@ -30,6 +30,13 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"
 ])
 def test_ready_schedulable_nodes_the_workers_may_use(nodes, selector, tolerations, count):
     assert worker_capacity(nodes, selector, tolerations) == count
+
+
+def test_nodes_a_remedy_avoids_are_not_counted():
+    """A straggler's node, kept off by remediation (required anti-affinity): min_workers must not count it."""
+    nodes = [node(name="a"), node(name="b"), node(name="c")]
+    assert worker_capacity(nodes, {}, [], avoid_nodes=("b",)) == 2
+    assert worker_capacity(nodes, {}, [], avoid_nodes=("b", "c", "z")) == 1
 
 
 def context(try_number):

@@ -195,3 +195,15 @@ def test_tensorflow_pods_derive_their_tf_config_from_what_the_jobset_gives_them(
     cluster.set_conditions(NS, job_id, ("Complete", "AllJobsCompleted", "jobset completed successfully"),
                            resource=TRAINJOBS)
     assert trainjob_backend.status(job_id).state == SUCCEEDED
+
+
+def test_a_retry_that_avoids_a_node_submits_pods_that_keep_off_it(cluster, trainjob_backend):
+    """A straggler's remedy (operators/train.py passes JobSpec.avoid_nodes): what reaches the API server."""
+    job_id = trainjob_backend.launch(spec(name="retrain-2", avoid_nodes=("node-b",)))
+    submitted = cluster.get(TRAINJOBS, NS, job_id)
+    strict_schema.assert_valid(submitted)
+    (patch,) = submitted["spec"]["runtimePatches"]
+    for job in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+        required = job["template"]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]
+        assert required["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["node-b"]
