@@ -30,6 +30,7 @@ bench: setup
 	$(PY) -m bench.checkpoint_profile
 	$(PY) -m bench.bind_cores
 	$(PY) -m bench.shard_throughput
+	$(PY) -m bench.sharding_order  # against the last revision with per-rank partitions
 	$(PY) -m bench.promotion
 	$(PY) -m bench.orchestration_overhead
 	$(PY) -m bench.data_scaling

@@ -28,6 +28,7 @@ from ringflow.training.core.remediation import (PlannedRemedy, apply_remedies, a
 from ringflow.training.formats.engines import LOCAL, check_backend
 from ringflow.training.formats.run_result import RunResult
 from ringflow.training.core.runs import store_layout
+from ringflow.training.core.worker_count import NotEnoughCapacity, workers_to_launch
 from ringflow.training.rank.worker_env import ATTEMPT_ENV
 
 
@@ -184,6 +185,12 @@ class TrainOperator(BaseOperator):
     :param engine: the config's `engine`, "horovod" (horovodrun), "ddp" (PyTorch DDP under torchrun) or
         "tensorflow" (MultiWorkerMirroredStrategy workers ringflow starts with their TF_CONFIG) (templated;
         checked when the task runs); None leaves the config's default, or what job_config says.
+    :param min_workers: the fewest workers a try may run on (templated); None: exactly num_workers. Each try
+        asks the backend how many workers it can place now (Kubernetes: Ready, schedulable nodes the workers'
+        node selector and tolerations allow, one worker each; local: all) and launches min(num_workers, that)
+        when it is at least min_workers, else fails with the numbers (the task's retries try again). Training
+        resumes sample-exact on the new number, with the accumulation and learning rate rescaled (a current
+        manifest; an older one fixes the world size and the preflight refuses another).
     :param job_config: overrides of the training config (model, health, horovod, ...; see
         ringflow.training.formats.config.JobConfig), applied last (templated: a dict, or JSON / a dict literal).
         Injected `faults` (tests only) apply on the try they name (`on_try`, the first by default). With
@@ -200,14 +207,14 @@ class TrainOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("manifest_uri", "run_uri", "store_uri", "job_config", "num_workers",
-                                      "epochs", "batch_size", "learning_rate", "engine")
+                                      "min_workers", "epochs", "batch_size", "learning_rate", "engine")
     template_fields_renderers = {"job_config": "json"}
     ui_color = "#f4a261"
     # Shown on the task in the UI; their URLs are computed when the task runs (links.py).
     operator_extra_links = (RunPageLink(), RunFolderLink(), HealthPlotLink())
 
     def __init__(self, *, manifest_uri: str, run_uri: str | None = None, store_uri: str | None = None,
-                 num_workers: int | str = 2, epochs: int | str | None = None, batch_size: int | str | None = None,
+                 num_workers: int | str = 2, min_workers: int | str | None = None, epochs: int | str | None = None, batch_size: int | str | None = None,
                  learning_rate: float | str | None = None, engine: str | None = None,
                  job_config: dict[str, Any] | str | None = None,
                  backend: Backend | None = None, controller: str = DEFAULT_CONTROLLER,
@@ -220,6 +227,7 @@ class TrainOperator(BaseOperator):
                              f"is then runs/<dag_id>/<run_id>/<task group>/ under it)")
         self.manifest_uri, self.run_uri, self.store_uri = manifest_uri, run_uri, store_uri
         self.num_workers, self.epochs, self.batch_size, self.learning_rate = num_workers, epochs, batch_size, learning_rate
+        self.min_workers = min_workers
         self.engine = engine
         self.job_config = job_config or {}
         if isinstance(self.job_config, dict):  # a plain dict is checked now, when the DAG is parsed
@@ -272,7 +280,10 @@ class TrainOperator(BaseOperator):
             backend = self._get_backend()
             # The engine is checked once, here, before anything is launched (formats/engines.py).
             check_backend(config["engine"], backend.kind)
+            num_workers = self._workers_now(num_workers, backend, avoided_nodes(planned, ti.try_number))
             self._preflight(config, num_workers, backend)
+        except NotEnoughCapacity as exc:  # the cluster may have the nodes again by the next try
+            raise AirflowException(str(exc)) from exc
         except ValueError as exc:  # ConfigError, ManifestError, SettingsError, EngineError, a bad worker count
             # Nothing was launched: the policy fails it without retry (a retry would meet the same config).
             raise AirflowFailException(decide(Observation("pending", refused=str(exc))).reason) from exc
@@ -329,6 +340,19 @@ class TrainOperator(BaseOperator):
                                     poll_interval=self.poll_interval, timeout_at=timeout_at, attempt=job_id),
             method_name="execute_complete",
         )
+
+    def _workers_now(self, num_workers: int, backend: Backend, avoid_nodes: tuple[str, ...] = ()) -> int:
+        """num_workers, or fewer (min_workers and up) when the backend can place fewer now (off the nodes a
+        remedy avoids)."""
+        if self.min_workers is None:
+            return num_workers
+        capacity = backend.capacity(num_workers, avoid_nodes)
+        workers = workers_to_launch(num_workers, worker_count(self.min_workers), capacity)
+        if workers < num_workers:
+            self.log.warning("the %s backend can place %d of the %d workers now: launching %d (min_workers %s); "
+                             "training resumes on them sample-exact, accumulation and learning rate rescaled",
+                             backend.kind, capacity, num_workers, workers, self.min_workers)
+        return workers
 
     def _planned_remedies(self, try_number: int, run: Any = None) -> list[PlannedRemedy]:
         """The remedies earlier tries of this task planned (the run folder's remedies.jsonl, read from `run`

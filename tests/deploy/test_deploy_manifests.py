@@ -20,6 +20,7 @@ KNOWN = {
     ("v1", "Namespace"), ("v1", "ServiceAccount"), ("v1", "Secret"), ("v1", "Service"),
     ("v1", "PersistentVolumeClaim"), ("apps/v1", "Deployment"), ("batch/v1", "Job"),
     ("rbac.authorization.k8s.io/v1", "Role"), ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"), ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
     ("kubeflow.org/v2beta1", "MPIJob"), ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
     ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"), ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
 }
@@ -116,7 +117,9 @@ def test_rbac_grants_exactly_what_the_client_calls():
     from ringflow.training.core.backends.kubernetes.client import API_CALLS
 
     role = _named("Role", "ringflow-airflow-mpijobs")
-    assert _rules(role) == set(API_CALLS)
+    (cluster_role,) = of_kind("ClusterRole")
+    assert _rules(role) | _rules(cluster_role) == set(API_CALLS)
+    assert _rules(cluster_role) == {("", "nodes", "list")}  # cluster-wide: counting nodes, nothing more
     # Both job kinds: what the MPIJob backend and the TrainJob backend create, read, list and delete.
     for group, resource in (("kubeflow.org", "mpijobs"), ("trainer.kubeflow.org", "trainjobs")):
         assert {(group, resource, verb) for verb in ("create", "get", "list", "delete")} <= _rules(role)
@@ -126,6 +129,10 @@ def test_rbac_grants_exactly_what_the_client_calls():
                                   "name": role["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
                                     "namespace": role["metadata"]["namespace"]}]
+    (cluster_binding,) = of_kind("ClusterRoleBinding")
+    assert cluster_binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                          "name": cluster_role["metadata"]["name"]}
+    assert cluster_binding["subjects"] == binding["subjects"]
     assert len(of_kind("Role")) == 2  # this one and the training pods' (next test): nothing else is granted
 
 

@@ -45,8 +45,7 @@ def test_bad_config_fails_before_launch(tmp_path, digits_manifest):
 
 
 @pytest.mark.parametrize("job_config, num_workers, says", [
-    ({}, 3, "has 2 partitions but the job asks for 3 workers; re-shard for 3 workers or run with 2"),
-    ({"batch_size": 48}, 2, "48 does not divide the .* rows of each partition"),
+    ({"batch_size": 500}, 3, "3 workers x 500 rows exceeds the shards' 1408 training rows"),
     ({"model": {"kind": "custom", "factory": "no_such_module_xyz:build"}}, 2, "cannot be imported"),
 ])
 def test_preflight_fails_before_launch(tmp_path, digits_manifest, job_config, num_workers, says):
@@ -75,8 +74,8 @@ def test_preflight_runs_for_mpijobs_too(tmp_path, digits_manifest):
                             connections=AirflowConnections())  # kept as is: the operator rebuilds one without
     backend.client = None  # any API call would fail with AttributeError, not the preflight's message
     op = TrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),
-                       num_workers=3, backend=backend)
-    with pytest.raises(AirflowFailException, match="re-shard for 3 workers"):
+                       num_workers=3, backend=backend, batch_size=500)
+    with pytest.raises(AirflowFailException, match="3 workers x 500 rows exceeds"):
         op.execute(context())
     # The factory is the image's to check (its ranks do, at start): the Airflow worker may not have it.
     op = TrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"),

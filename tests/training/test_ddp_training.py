@@ -61,7 +61,7 @@ def test_a_checkpoint_resumes_under_the_other_engine(jobs, first, then):
     # The newest checkpoint published before the kill: 30, or 20 when 30's background upload was not through.
     assert result.succeeded and result.step == 66
     assert (result.resumed_from == "ckpt-000000030" and "resuming from checkpoint ckpt-000000030 (step 30, epoch 1, "
-            "batch 8)" in out) or (result.resumed_from == "ckpt-000000020" and "ckpt-000000020 (step 20" in out), out
+            "896 of 1408 rows of the epoch left)" in out) or (result.resumed_from == "ckpt-000000020" and "ckpt-000000020 (step 20" in out), out
     assert_same_parameters(jobs.final_parameters(switched), jobs.final_parameters(reference))
 
 

@@ -185,10 +185,11 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--target", default="target", help="the target column; the others are features, checked "
                                                        "to hold finite numbers whatever the suite says")
     v.set_defaults(func=cmd_validate)
-    s = sub.add_parser("shard", help="split a dataset into per-worker partitions")
+    s = sub.add_parser("shard", help="split a dataset into partition files (any number of workers trains on them)")
     s.add_argument("dataset", help="builtin:digits (or digits_images, diabetes, wine), or a .parquet/.csv path or URI")
     s.add_argument("out", help="folder or s3:// URI for the partitions and manifest.json")
-    s.add_argument("--workers", type=int, required=True)
+    s.add_argument("--workers", type=int, required=True,
+                   help="partition files to write (storage only: a run trains on them with any number of workers)")
     s.add_argument("--batch-size", type=int, required=True)
     s.add_argument("--target", default="target")
     s.add_argument("--seed", type=int, default=0)

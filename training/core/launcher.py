@@ -97,7 +97,16 @@ def tf_worker_commands(config_path: str, num_workers: int, python: str,
 def torchrun_command(config_path: str, num_workers: int, python: str = sys.executable,
                      port: int | None = None) -> list[str]:
     """torchrun for one host: a c10d rendezvous on 127.0.0.1 at a free port, N ranks, no restarts (a failed
-    job is retried by whoever launched it, and resumes from its checkpoint)."""
+    job is retried by whoever launched it, and resumes from its checkpoint).
+
+    Not torchrun's elastic mode (`--nnodes MIN:MAX`, `--max-restarts`): when membership changes it too stops
+    every worker and restarts all of them, which then resume from the last checkpoint, so it saves no work over
+    a retry; and its restart reruns the same script with no say in the data order, so the restarted workers
+    would have to find their place in the data themselves. ringflow's retry does that restart with what elastic
+    mode cannot: the global sample cursor (rank/stream_deal.py) deals the unseen rows of the epoch to the new
+    number of workers, sample-exact, the accumulation and learning rate rescaled (rank/world_size_change.py), the
+    health verdict of the failed try in hand, and on Kubernetes a worker count the cluster can place now
+    (operators/train.py's min_workers)."""
     endpoint = f"127.0.0.1:{port or free_port()}"
     return [python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(num_workers),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--local-addr", "127.0.0.1",

@@ -411,6 +411,9 @@ class JobConfig:
     bind_cores: str | bool = DEFAULT_BIND_CORES
     faults: tuple[FaultConfig, ...] = ()
     remediation: str = REMEDIATION_OFF
+    # A folder on each worker's machine where every rank logs the rows of each micro-batch it trains on
+    # (training/rank/callbacks/row_log.py: an audit of the data order); "": off.
+    row_log_dir: str = ""
     # Set by the operator's retry under "auto" (operators/train.py), never by hand: resume from the newest
     # checkpoint before this step (None: the newest), and the remedies applied so far, oldest first, which
     # the ranks copy into their result.
@@ -443,6 +446,8 @@ class JobConfig:
         _require(self.remediation in REMEDIATIONS, "remediation", f"is {self.remediation!r}",
                  'use "off" (default: a retry reruns the job unchanged) or "auto" (a retry after a health '
                  'verdict applies the remediation policy\'s change, README "Job config")')
+        _require(isinstance(self.row_log_dir, str), "row_log_dir", f"is {self.row_log_dir!r}",
+                 'give a local folder path, or "" (off)')
         if self.resume_before_step is not None:
             _positive_int(self, "resume_before_step", "resume_before_step")
         _require(isinstance(self.remedies, (tuple, list)), "remedies", f"is {self.remedies!r}",

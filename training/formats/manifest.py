@@ -3,13 +3,13 @@
 Layout under a shard prefix:
 
     manifest.json            this document, written last
-    part-00000.parquet       partition for rank 0: whole minibatches only, in row groups of row_group_rows
+    part-00000.parquet       a partition file: whole minibatches only, in row groups of row_group_rows
     part-00001.parquet       ...
     eval.parquet             held-out evaluation split
 
-`manifest.json` (format "ringflow.shards/v3"):
+`manifest.json` (format "ringflow.shards/v4"):
 
-    {"format": "ringflow.shards/v3",
+    {"format": "ringflow.shards/v4",
      "fingerprint": "<sha256 of the dataset's content fingerprint and the sharding parameters>",
      "source": {"uri": "...", "sha256": "<datasets.ContentHash of the whole table>", "rows": 1797},
      "params": {"num_partitions": 2, "batch_size": 32, "seed": 0, "eval_fraction": 0.2, "row_group_rows": 4096},
@@ -24,10 +24,14 @@ Layout under a shard prefix:
      "eval": {"key": "eval.parquet", "rows": 389, "sha256": "...", "size": ..., "row_groups": [...], "footer": {...}},
      "remainder_rows": 5}
 
-Every partition holds the same number of whole minibatches, so every rank takes the same number of
-synchronous steps per epoch (a rank with one batch more would wait forever in all-reduce). Training rows
-that do not fill a whole minibatch on every partition (`remainder_rows`) are moved to the eval split
-rather than dropped.
+v4 makes partitions storage only: `num_partitions` files, however many workers train on them. An epoch is
+one stream over the row groups of every file (rank/partition_batches.py), dealt to the workers by a global
+cursor (rank/stream_deal.py), so a run checkpointed on N workers resumes on M. Every partition still holds
+the same number of whole minibatches and the rows that do not fill them (`remainder_rows`) are moved to the
+eval split rather than dropped: with as many workers as files, every rank then takes whole minibatches.
+
+v1-v3 manifests are read as they were written: one partition per worker, a rank streams its own, and the
+world size must be the partition count (`partition_for_rank`).
 
 v3 adds each partition's index (`size`, `row_groups`, `footer`: byte ranges of the Parquet file with their
 sha256, partition_index.py), so a rank streams its partition from the store a row group at a time, each
@@ -47,8 +51,8 @@ import json
 import math
 from typing import Any
 
-FORMAT = "ringflow.shards/v3"
-READABLE_FORMATS = ("ringflow.shards/v1", "ringflow.shards/v2", FORMAT)
+FORMAT = "ringflow.shards/v4"
+READABLE_FORMATS = ("ringflow.shards/v1", "ringflow.shards/v2", "ringflow.shards/v3", FORMAT)
 MANIFEST_NAME = "manifest.json"
 TASKS = ("classification", "regression")
 
@@ -195,6 +199,16 @@ class ShardManifest:
     partitions: tuple[PartitionEntry, ...]
     eval: PartitionEntry | None
     remainder_rows: int = 0
+    format: str = FORMAT  # as read: v1-v3 fix the world size, v4 does not
+
+    @property
+    def world_size_free(self) -> bool:
+        """Whether any number of workers can train on it (v4: one global stream), not one per partition."""
+        return self.format == FORMAT
+
+    @property
+    def training_rows(self) -> int:
+        return sum(p.rows for p in self.partitions)
 
     @property
     def batch_size(self) -> int:
@@ -209,16 +223,21 @@ class ShardManifest:
         return min(p.minibatches for p in self.partitions)
 
     def partition_for_rank(self, rank: int, world_size: int) -> PartitionEntry:
+        """A v1-v3 manifest's partition of `rank`: those fix the world size at their partition count."""
+        if self.world_size_free:
+            raise ManifestError(f"a {FORMAT} manifest's partitions are not per worker: read its global stream "
+                                f"(rank/partition_batches.py) instead")
         if world_size != self.num_partitions:
             raise ManifestError(
-                f"the manifest has {self.num_partitions} partitions but the job runs {world_size} workers: "
-                f"re-shard for {world_size} workers or set the worker count to {self.num_partitions}"
+                f"the manifest ({self.format}) has {self.num_partitions} partitions but the job runs "
+                f"{world_size} workers: a {self.format} manifest fixes the world size; run "
+                f"{self.num_partitions} workers, or shard again ({FORMAT} trains on any worker count)"
             )
         return self.partitions[rank]
 
     def to_json(self) -> str:
         doc = {
-            "format": FORMAT,
+            "format": self.format,
             "fingerprint": self.fingerprint,
             "source": self.source,
             "params": self.params,
@@ -249,6 +268,7 @@ class ShardManifest:
                 partitions=parts,
                 eval=PartitionEntry(**doc["eval"]) if doc.get("eval") else None,
                 remainder_rows=int(doc.get("remainder_rows", 0)),
+                format=doc["format"],
             )
         except (KeyError, TypeError) as exc:
             raise ManifestError(f"manifest is missing or has a malformed field: {exc}") from exc

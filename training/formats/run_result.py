@@ -7,7 +7,11 @@
      "skipped_checkpoints": [{"name": "ckpt-…", "reason": "…"}],   # newer ones the resume passed over
      "samples_per_sec_after_warmup": 5100.0 | null, "health_monitor_share_after_warmup": 0.013 | null,
      "checkpoint_blocked_seconds": 0.4 | null,
+     "world_size_changes": [{"from_world_size": 2, "to_world_size": 3, "accumulation_steps": 1, ...}],
      "remedies": [{"try": 2, "verdict": "NONFINITE", "remedy": "lower_learning_rate", "words": "…"}]}
+
+`world_size_changes`: every resume of this run on another number of workers so far, oldest first
+(rank/world_size_change.py: the accumulation and learning-rate factor each chose); empty when none.
 
 `remedies`: what the operator's retries changed before this attempt (`remediation: "auto"`,
 training/core/remediation.py), oldest first, as the ranks got it in their config: the result says what
@@ -75,6 +79,8 @@ class RunResult:
     checkpoint_blocked_seconds: float | None = None
     # Newer checkpoints the resume passed over (corrupt, unsafe), and why: the step it went back to is explained.
     skipped_checkpoints: tuple[SkippedCheckpoint, ...] = ()
+    # Each resume on another number of workers (world_size_change.WorldSizeChange.as_record), oldest first.
+    world_size_changes: tuple[dict[str, Any], ...] = ()
     # The remedies applied before this attempt (JobConfig.remedies), oldest first; () when none.
     remedies: tuple[Mapping[str, Any], ...] = ()
     # The rows the reader never served (the config's skip_rows), each once an epoch.
@@ -125,6 +131,7 @@ class RunResult:
         doc = {"format": FORMAT} | {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         doc["verdict"] = self.verdict.to_dict() if self.verdict else None
         doc["skipped_checkpoints"] = [dataclasses.asdict(s) for s in self.skipped_checkpoints]
+        doc["world_size_changes"] = [dict(c) for c in self.world_size_changes]
         doc["remedies"] = [dict(r) for r in self.remedies]
         doc["skipped_rows"] = [dataclasses.asdict(r) for r in self.skipped_rows]
         return json.loads(json.dumps(_strict(doc), default=str))  # plain JSON: evidence may hold tuples
@@ -153,6 +160,7 @@ class RunResult:
                        replaying=bool(doc.get("replaying", False)),
                        skipped_checkpoints=tuple(SkippedCheckpoint(str(s["name"]), str(s["reason"]))
                                                  for s in doc.get("skipped_checkpoints") or ()),
+                       world_size_changes=tuple(dict(c) for c in doc.get("world_size_changes") or ()),
                        remedies=tuple(dict(r) for r in doc.get("remedies") or ()),
                        skipped_rows=tuple(RowRef(str(r["file"]), int(r["row"])) for r in doc.get("skipped_rows") or ()))
         except ResultError as exc:

@@ -10,8 +10,9 @@ client, no Airflow.
         metrics: [{name, value}]             (strings of 1..64 characters, at most 256 items, replaced whole)
         lastUpdatedTime: RFC 3339            (required whenever trainerStatus is present)
 
-Progress counts batches of the data order (epochs x batches per epoch), not optimizer steps: a resume, on the same
-or another number of workers, continues the same count, so the percentage never jumps back.
+Progress counts rows of the data order (epochs x rows of an epoch), not optimizer steps nor micro-batches: a
+resume, on the same or another number of workers or per-worker batch, continues the same count (the settled
+cursor names the rows of the epoch left), so the percentage never jumps back.
 """
 from __future__ import annotations
 
@@ -75,22 +76,22 @@ def due(now: float, last_attempt: float | None, interval: float = MIN_INTERVAL_S
     return last_attempt is None or now - last_attempt >= interval
 
 
-def progress_percentage(done_batches: int, total_batches: int) -> int | None:
-    """Whole percent of the data order done, rounded down (100 only when every batch is); None when the total is
+def progress_percentage(done: int, total: int) -> int | None:
+    """Whole percent of the data order done, rounded down (100 only when every row is); None when the total is
     unknown."""
-    if total_batches <= 0:
+    if total <= 0:
         return None
-    return max(0, min(100, done_batches * 100 // total_batches))
+    return max(0, min(100, done * 100 // total))
 
 
-def remaining_seconds(done_batches: int, total_batches: int, batches_this_attempt: int,
+def remaining_seconds(done: int, total: int, done_this_attempt: int,
                       seconds_this_attempt: float) -> int | None:
-    """The rest of the data order at this attempt's own rate so far (a resumed attempt's earlier batches ran at
-    another speed, maybe on another number of workers); None until this attempt has done a batch."""
-    if total_batches <= 0 or batches_this_attempt <= 0 or seconds_this_attempt <= 0:
+    """The rest of the data order at this attempt's own rate so far (a resumed attempt's earlier rows ran at
+    another speed, maybe on another number of workers); None until this attempt has done a row."""
+    if total <= 0 or done_this_attempt <= 0 or seconds_this_attempt <= 0:
         return None
-    left = max(0, total_batches - done_batches)
-    return min(INT32_MAX, math.ceil(left * seconds_this_attempt / batches_this_attempt))
+    left = max(0, total - done)
+    return min(INT32_MAX, math.ceil(left * seconds_this_attempt / done_this_attempt))
 
 
 def metric_values(metrics: Mapping[str, float | int | str]) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """The training loop: steps, gradient accumulation, the cursor; everything else is a callback on it.
 
-    for each micro-batch from the cursor on:
+    for each micro-batch from the cursor on (partial_loss: a partial or empty one weighs its rows):
         loss = callbacks.before_backward(loss_fn(model(x), y))      faults
         backward; callbacks.after_backward                            health: first NaN/Inf loss
         every k-th micro-batch (engine.accumulation_steps):
@@ -39,9 +39,28 @@ HOOKS = ("before_backward", "after_backward", "before_sync", "on_gradients_ready
          "on_step_end", "on_train_end")
 
 
-def last_step_of(epochs: int, batches_per_epoch: int, accumulation_steps: int) -> int:
-    """The step a run of `epochs` ends at: each step is `accumulation_steps` minibatches."""
-    return epochs * batches_per_epoch // accumulation_steps
+def last_step_of(data: PartitionData, cursor: Cursor, step: int, epochs: int, accumulation_steps: int) -> int:
+    """The step a run at `step` and `cursor` ends at after `epochs`: each step is `accumulation_steps`
+    micro-batches (a checkpoint, so a cursor, is only ever at a step's end)."""
+    if cursor.epoch >= epochs:
+        return step
+    passes = (data.micro_batches(cursor) - cursor.batch
+              + (epochs - cursor.epoch - 1) * data.micro_batches(Cursor(cursor.epoch + 1)))
+    return step + passes // accumulation_steps
+
+
+def partial_loss(loss: torch.Tensor, rows: int, batch_size: int) -> torch.Tensor:
+    """The loss of a micro-batch of `rows` < batch_size rows (its mean over them), weighted so each of its rows
+    counts as much as a row of a full micro-batch: every sample of an epoch weighs the same in the gradient,
+    whichever step it falls in (the end of a run of the deal, stream_deal.py)."""
+    return loss * (rows / batch_size)
+
+
+def empty_loss(output: torch.Tensor) -> torch.Tensor:
+    """The loss of a micro-batch of no rows (a rank whose run of the deal is over): a zero computed through
+    the forward pass, so every parameter gets a zero gradient and the rank's backward still joins the step's
+    all-reduce (DDP decides in forward that a backward syncs; Horovod's hooks fire on backward)."""
+    return output.sum() * 0.0
 
 
 def implementing(callbacks: Sequence[Callback], hook: str) -> list[Callable]:
@@ -59,9 +78,10 @@ class TrainingLoop:
         self.data, self.epochs, self.seed, self.stop_on_degraded = data, epochs, seed, stop_on_degraded
         self.callbacks = list(callbacks)
         self.step, self.cursor = step, cursor
+        self.epoch = cursor.epoch  # the epoch of the micro-batch being trained on
         self.loss: torch.Tensor | None = None  # the last micro-batch's loss, detached, where it was computed
         self._loss_value: float | None = last_loss
-        self.last_step = last_step_of(epochs, data.batches_per_epoch, engine.accumulation_steps)
+        self.last_step = last_step_of(data, cursor, step, epochs, engine.accumulation_steps)
 
     @property
     def last_loss(self) -> float:
@@ -90,22 +110,31 @@ class TrainingLoop:
         before_backward, after_backward, before_sync, gradients_ready, after_step, step_end, train_end = (
             implementing(self.callbacks, hook) for hook in HOOKS)
         model, engine, optimizer, loss_fn = self.model, self.engine, self.optimizer, self.loss_fn
-        k, samples, per_epoch = engine.accumulation_steps, 0, self.data.batches_per_epoch
+        k, samples, passes, size = engine.accumulation_steps, 0, 0, self.data.batch_size
         for epoch in range(self.cursor.epoch, self.epochs):
-            start_batch = self.cursor.batch if epoch == self.cursor.epoch else 0
+            deal = self.cursor if epoch == self.cursor.epoch else Cursor(epoch)
+            self.epoch = epoch
+            per_epoch = self.data.micro_batches(deal)
             step_started = time.perf_counter()
-            for b, x, y in self.data.batches(self.seed, Cursor(epoch, start_batch)):
+            for b, x, y in self.data.batches(self.seed, deal):
                 if not model.training:  # a callback may have evaluated the model
                     model.train()
-                loss = loss_fn(model(x), y)
-                for hook in before_backward:
-                    loss = hook(self, loss)
+                rows = len(x)
+                if rows:
+                    loss = loss_fn(model(x), y)
+                    for hook in before_backward:
+                        loss = hook(self, loss)
+                    self.loss, self._loss_value = loss.detach(), None
+                    if rows < size:  # the end of a run of the deal: its rows weigh as a full batch's
+                        loss = partial_loss(loss, rows, size)
+                else:
+                    loss = empty_loss(model(x))
                 (loss / k if k > 1 else loss).backward()
-                self.loss, self._loss_value = loss.detach(), None
                 for hook in after_backward:
                     hook(self)
-                samples += len(x)
-                if k > 1 and (epoch * per_epoch + b + 1) % k:
+                samples += rows
+                passes += 1
+                if k > 1 and passes % k:
                     continue  # accumulate: the engine all-reduces after the k-th backward pass
                 sync_started = time.perf_counter()
                 for hook in before_sync:
@@ -123,7 +152,7 @@ class TrainingLoop:
                 stop = self._stop(after_step, timing)
                 if stop is not None:
                     return stop
-                self.cursor = Cursor(epoch, b + 1) if b + 1 < per_epoch else Cursor(epoch + 1, 0)
+                self.cursor = (Cursor(epoch, b + 1, deal.remaining) if b + 1 < per_epoch else Cursor(epoch + 1))
                 stop = self._stop(step_end, timing)
                 if stop is not None:
                     return stop

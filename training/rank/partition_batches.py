@@ -1,15 +1,23 @@
-"""A rank's view of its partition, streamed, as numpy arrays: one shuffle window of Parquet row groups in memory
+"""A rank's view of the shards, streamed, as numpy arrays: one shuffle window of Parquet row groups in memory
 (and the next one loading), a deterministic order per epoch, and a cursor that resumes at any minibatch.
-Torch-free: the TensorFlow rank reads its partition with it as it is, and data.py's PartitionData is the same
-reader serving torch tensors (through the hooks below), so every engine trains on the same rows in the same
-order.
+Torch-free: the TensorFlow rank reads with it as it is, and data.py's PartitionData is the same reader serving
+torch tensors (through the hooks below), so every engine trains on the same rows in the same order.
 
-The order of epoch `e` on rank `r` depends on (seed, e, r) alone, never on a running RNG, so a restart
-reproduces it: the partition's row groups are permuted, taken `SHUFFLE_WINDOW` at a time, and the rows of each
-window are permuted among themselves (a shuffle buffer of that many row groups). The shard step already put
-the rows in a random order, so every row group is a uniform sample of the data and the window only has to
-vary the order from epoch to epoch. Because every window's size is known from the Parquet footer, minibatch
-`b` is found without reading what comes before it: resume reads one window and starts inside it.
+A v4 manifest (world-size free): an epoch is ONE stream over the row groups ("blocks") of every partition
+file, its order a function of (seed, epoch) alone: the blocks permuted, taken `SHUFFLE_WINDOW` at a time, and
+the rows of each window permuted among themselves (a shuffle buffer of that many blocks). The cursor names
+what of the epoch is still unseen (stream_deal.py); it is dealt to the workers as contiguous runs of stream
+positions, and a rank reads only the windows its run touches (a boundary window is read whole and the rows
+outside the run dropped: a window's rows are mixed, so no smaller read serves them). No rank in the order is
+what lets a run checkpointed on N workers resume on M, sample-exact.
+
+An older manifest (v1-v3): each rank streams its own partition, in an order from (seed, epoch, rank), as one
+run dealt to one reader; the world size must be the partition count.
+
+The shard step already put the rows in a random order, so every block is a uniform sample of the data and
+the window only has to vary the order from epoch to epoch. Because every window's size is known from the
+manifest (or the Parquet footer), minibatch `b` is found without reading what comes before it: resume reads
+one window and starts inside it.
 """
 from __future__ import annotations
 
@@ -26,6 +34,8 @@ from ..health.progress import VERIFY, Progress
 from ..health.store_ops import StoreOp
 from ..formats.manifest import ShardManifest, ShardSchema
 from .partition_stream import PartitionSource, open_partition
+from . import stream_deal
+from .stream_deal import Ranges
 from ..store.base import ObjectStore
 
 # Row groups shuffled together: with the shard step's ~4 MiB row groups, a 16 MiB shuffle buffer.
@@ -34,14 +44,33 @@ SHUFFLE_WINDOW = 4
 
 @dataclasses.dataclass(frozen=True)
 class Cursor:
-    """Where training stands: the next minibatch to take is `batch` of `epoch`.
+    """Where training stands: the next micro-batch to take is `batch` of this rank's run of `epoch`, the
+    runs dealt from `remaining` (stream_deal.py: the stream positions of the epoch unseen when they were
+    dealt; None: the whole epoch) to the job's world size.
 
-    Saved in every checkpoint; a resumed run continues at exactly this minibatch, so no sample is seen
-    twice or skipped within an epoch.
+    A checkpoint stores it `settled` (batch 0, `remaining` what is still unseen), which any world size can
+    deal; a resumed run continues at exactly the rows it names, so no sample is seen twice or skipped within
+    an epoch. An older manifest's cursor never has `remaining`: `batch` counts the rank's own partition.
     """
 
     epoch: int = 0
     batch: int = 0
+    remaining: Ranges | None = None
+
+    def __post_init__(self) -> None:
+        if self.remaining is not None:
+            object.__setattr__(self, "remaining", stream_deal.normalized(self.remaining))
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One row group of one partition file: `file` is its index in the manifest, `first_row` its first row's
+    number in that file (row ids are (file, row in file): stable whatever the epoch or world size)."""
+
+    file: int
+    group: int
+    rows: int
+    first_row: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,26 +86,28 @@ class Window:
         return len(self.order)
 
 
-def epoch_windows(group_rows: Sequence[int], seed: int, epoch: int, rank: int,
+def epoch_windows(group_rows: Sequence[int], seed: int, epoch: int, rank: int | None,
                   window: int = SHUFFLE_WINDOW) -> list[Window]:
     """The order of one epoch: row groups permuted, `window` at a time, rows permuted within each window.
-    Pure: depends on the row-group sizes and (seed, epoch, rank) alone."""
+    Pure: depends on the row-group sizes and (seed, epoch, rank) alone; rank None: the global stream of a
+    world-size-free manifest, the same for every rank and world size."""
     if window < 1:
         raise ValueError(f"shuffle window is {window}; use >= 1 row group")
-    rng = np.random.default_rng([seed, epoch, rank])
+    key = [seed, epoch] if rank is None else [seed, epoch, rank]
+    rng = np.random.default_rng(key)
     groups = rng.permutation(len(group_rows))
     out, start = [], 0
     for i in range(0, len(groups), window):
         chosen = tuple(int(g) for g in groups[i:i + window])
         rows = sum(group_rows[g] for g in chosen)
-        out.append(Window(chosen, start, np.random.default_rng([seed, epoch, rank, i]).permutation(rows)))
+        out.append(Window(chosen, start, np.random.default_rng([*key, i]).permutation(rows)))
         start += rows
     return out
 
 
-def epoch_order(group_rows: Sequence[int] | int, seed: int, epoch: int, rank: int,
+def epoch_order(group_rows: Sequence[int] | int, seed: int, epoch: int, rank: int | None,
                 window: int = SHUFFLE_WINDOW) -> np.ndarray:
-    """Every row of the partition (numbered in file order) in the order epoch `epoch` serves them: for tests
+    """Every row of the stream (numbered in block order) in the order epoch `epoch` serves them: for tests
     and tools; training never materializes it. An int is one row group of that many rows."""
     sizes = [group_rows] if isinstance(group_rows, int) else list(group_rows)
     first_row = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
@@ -120,15 +151,16 @@ def check_skip_rows(skip_rows: Sequence[RowRef], manifest: ShardManifest, shards
 
 
 class PartitionBatches:
-    """One rank's partition, streamed. `batches(seed, cursor)` yields (batch_index, x, y) for the cursor's
-    epoch from its minibatch on, reading one window of row groups at a time while the next one loads.
+    """This rank's share of the shards, streamed. `batches(seed, cursor)` yields (batch_index, x, y) for the
+    cursor's epoch from its micro-batch on, reading one window of row groups at a time while the next one
+    loads; `row_ids` then holds the (file, row in file) of each row of the micro-batch last yielded.
     x and y are numpy arrays here; a subclass serves its library's tensors through the hooks `_decode`,
     `_index`, `_pin`, `_cat` and `_out` (data.py's PartitionData).
 
-    The partition comes from `store` (partition_stream.open_partition: ranged reads of a v3 manifest's row
-    groups, each checked as it arrives; an older manifest's file whole, checked first). Opening it and each
-    window's read are store operations (health/store_ops.py); when the training thread has to wait for one,
-    it waits through `progress` (the store is judged, not the thread).
+    The files come from `store` (partition_stream.open_partition: ranged reads of an indexed manifest's row
+    groups, each checked as it arrives; an older manifest's file whole, checked first), opened when first
+    read. Opening and each window's read are store operations (health/store_ops.py); when the training thread
+    has to wait for one, it waits through `progress` (the store is judged, not the thread).
 
     placement: where a subclass puts the batches (data.py: devices.py's Placement); unused here.
     skip_rows: rows never served (the job config's skip_rows); those of other partitions are ignored here."""
@@ -137,58 +169,166 @@ class PartitionBatches:
                  window: int = SHUFFLE_WINDOW, placement: Any = None,
                  progress: Progress | None = None, skip_rows: Sequence[RowRef] = ()):
         self.progress = progress or Progress()
-        entry = manifest.partition_for_rank(rank, world_size)
-        opening = StoreOp(f"read of {entry.key}'s index" if entry.indexed else f"download of {entry.key}",
-                          store.uri, None if entry.indexed else entry.size or None)
-        with self.progress.waiting(opening):
-            self.source: PartitionSource = open_partition(store, entry, opening.moved,
-                                                          on_verify=lambda: self.progress.phase(VERIFY))
-        opening.finish()
+        self._store = store
+        self._sources: dict[int, PartitionSource] = {}
+        if manifest.world_size_free:
+            # One stream over every file, dealt to the world: the rank is not in the order.
+            self.entries = manifest.partitions
+            self._order_rank: int | None = None
+            self.deal_size, self.deal_rank = world_size, rank
+            sizes = [[g.rows for g in e.row_groups] for e in self.entries]
+        else:
+            # The rank's own partition (the world size checked against the manifest), dealt to one reader.
+            self.entries = (manifest.partition_for_rank(rank, world_size),)
+            self._order_rank = rank
+            self.deal_size, self.deal_rank = 1, 0
+            sizes = [list(self._source(0).group_rows)]
+        self.blocks = tuple(Block(f, g, rows, first) for f, rows_of in enumerate(sizes)
+                            for g, (rows, first) in enumerate(zip(rows_of, np.concatenate(
+                                [[0], np.cumsum(rows_of)[:-1]]).astype(int).tolist())))
         self.schema = manifest.schema
-        self.group_rows = list(self.source.group_rows)
-        self.rows = sum(self.group_rows)
+        self.group_rows = [b.rows for b in self.blocks]
+        self.stream_rows = sum(self.group_rows)
         self.rank = rank
         self.batch_size = batch_size
         self.window = window
-        self.batches_per_epoch = self.rows // batch_size
+        # A run may end in a partial micro-batch on a world-size-free stream; an older partition holds whole
+        # minibatches of its shard's batch size, and a batch size that does not divide it skips the rest.
+        self._partial = manifest.world_size_free
+        self.rows = stream_deal.length(self._run(Cursor()))  # this rank's rows of a whole epoch
+        self.batches_per_epoch = self.micro_batches(Cursor())
+        self.row_ids: np.ndarray = np.zeros((0, 2), dtype=np.int64)
         self.placement = placement
         self._columns = [*manifest.schema.features, manifest.schema.target]
-        # A partition of one window is decoded once and kept (on its first load): streaming holds that much
+        # A stream of one window is decoded once and kept (on its first load): streaming holds that much
         # in memory anyway, and decoding it again each epoch took ~9 % of a small model's training time, on
         # the critical path at every epoch start (bench/results/throughput.md). Larger ones stream.
         self._keep_decoded = len(self.group_rows) <= window
         self._decoded: tuple[Any, Any] | None = None
         self._group_start = np.concatenate([[0], np.cumsum(self.group_rows)[:-1]]).astype(np.int64)
         check_skip_rows(skip_rows, manifest, store.uri)
-        self.skipped = np.array(sorted(r.row for r in skip_rows if r.file == self.source.key), dtype=np.int64)
+        # As keys of this reader's (file, row in file) ids: rows of files it does not read are not its to skip.
+        files = {e.key: f for f, e in enumerate(self.entries)}
+        self._skipped = np.unique(_row_key(np.array([(files[r.file], r.row) for r in skip_rows if r.file in files],
+                                                    dtype=np.int64).reshape(-1, 2)))
         # One loader thread: Parquet decoding releases the GIL, so the next window loads while this one trains.
         self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringflow-prefetch")
-        self._ahead: tuple[tuple[int, int], "_Pending"] | None = None  # (seed, epoch), its first window
+        self._ahead: tuple[tuple[int, int, int], "_Pending"] | None = None  # (seed, epoch, window start), its load
 
     def __len__(self) -> int:
         return self.rows
 
-    def _submit(self, w: Window) -> "_Pending":
-        groups = range(len(self.group_rows)) if self._keep_decoded and self._decoded is None else w.groups
-        op = StoreOp(f"read of {self.source.key} row groups {sorted(groups)}", self.source.store_uri,
-                     self.source.group_bytes(list(groups)))
-        return _Pending(op, self._loader.submit(self._load, w, op))
+    @property
+    def source(self) -> PartitionSource:
+        """The first file's source (an older manifest: the rank's partition)."""
+        return self._source(0)
 
-    def _wait(self, pending: "_Pending") -> tuple[Any, Any]:
-        """The window's tensors; a wait for them is a wait for the store."""
+    def _source(self, file: int) -> PartitionSource:
+        """File `file`, opened on first use (its footer read and checked: a store operation)."""
+        if file not in self._sources:
+            entry = self.entries[file]
+            opening = StoreOp(f"read of {entry.key}'s index" if entry.indexed else f"download of {entry.key}",
+                              self._store.uri, None if entry.indexed else entry.size or None)
+            with self.progress.waiting(opening):
+                self._sources[file] = open_partition(self._store, entry, opening.moved,
+                                                     on_verify=lambda: self.progress.phase(VERIFY))
+            opening.finish()
+        return self._sources[file]
+
+    # -- the deal ------------------------------------------------------------------------------------------
+
+    def _remaining(self, cursor: Cursor) -> Ranges:
+        return stream_deal.whole(self.stream_rows) if cursor.remaining is None else cursor.remaining
+
+    def _run(self, cursor: Cursor) -> Ranges:
+        """This rank's run of the cursor's deal."""
+        return stream_deal.deal(self._remaining(cursor), self.deal_size)[self.deal_rank]
+
+    def micro_batches(self, cursor: Cursor) -> int:
+        """Micro-batches every rank takes in the cursor's deal (the same on every rank)."""
+        if not self._partial:
+            return self.rows // self.batch_size
+        return stream_deal.micro_batches(self._remaining(cursor), self.deal_size, self.batch_size)
+
+    def uneven(self, cursor: Cursor = Cursor()) -> bool:
+        """Whether the cursor's deal gives some rank a partial or an empty micro-batch."""
+        return self._partial and stream_deal.length(self._remaining(cursor)) % (self.deal_size * self.batch_size) != 0
+
+    def settled(self, cursor: Cursor) -> Cursor:
+        """The same position as a cursor any world size can deal: batch 0, what is still unseen remaining.
+        An older manifest's cursor stays as it is (its world size is fixed)."""
+        if not self._partial or cursor.batch == 0:
+            return cursor
+        left = stream_deal.advance(self._remaining(cursor), self.deal_size, self.batch_size, cursor.batch)
+        return Cursor(cursor.epoch + 1) if not left else Cursor(cursor.epoch, 0, left)
+
+    @property
+    def epoch_rows(self) -> int:
+        """Rows an epoch trains on: the whole stream (a current manifest), else this rank's whole micro-batches."""
+        return self.stream_rows if self._partial else self.batches_per_epoch * self.batch_size
+
+    def rows_seen(self, cursor: Cursor) -> int:
+        """Rows of cursor.epoch trained on before the cursor (of epoch_rows): the same count on any world size
+        and batch, so progress measured in them never jumps on a resume (callbacks/trainer_status.py)."""
+        if not self._partial:
+            return cursor.batch * self.batch_size
+        settled = self.settled(cursor)
+        if settled.epoch > cursor.epoch:
+            return self.stream_rows
+        return self.stream_rows - stream_deal.length(self._remaining(settled))
+
+    # -- loading -------------------------------------------------------------------------------------------
+
+    def _submit(self, w: Window) -> "_Pending":
+        blocks = range(len(self.group_rows)) if self._keep_decoded and self._decoded is None else w.groups
+        keys = sorted({self.entries[self.blocks[b].file].key for b in blocks})
+        where = keys[0] if len(keys) == 1 else f"{len(keys)} files"
+        op = StoreOp(f"read of {where} row groups {sorted(blocks)}", self._store.uri, self._bytes(blocks))
+        return _Pending(op, self._loader.submit(self._load, w, op), w.start)
+
+    def _bytes(self, blocks: Sequence[int]) -> int | None:
+        entries = [self.entries[self.blocks[b].file] for b in blocks]
+        if not all(e.indexed for e in entries):
+            return None
+        return sum(e.row_groups[self.blocks[b].group].length for e, b in zip(entries, blocks))
+
+    def _read(self, blocks: Sequence[int], moved) -> "pa.Table":
+        """The rows of `blocks`, in that order: each file's row groups in one read, put back in order."""
+        by_file: dict[int, list[int]] = {}
+        for b in blocks:
+            by_file.setdefault(self.blocks[b].file, []).append(b)
+        pieces: dict[int, pa.Table] = {}
+        for file, mine in by_file.items():
+            table = self._source(file).read([self.blocks[b].group for b in mine], self._columns, moved)
+            at = 0
+            for b in mine:
+                pieces[b] = table.slice(at, self.blocks[b].rows)
+                at += self.blocks[b].rows
+        return pa.concat_tables([pieces[b] for b in blocks]) if len(blocks) > 1 else pieces[blocks[0]]
+
+    def _ids(self, blocks: Sequence[int]) -> np.ndarray:
+        """(file, row in file) of every row of `blocks`, in that order."""
+        files = np.concatenate([np.full(self.blocks[b].rows, self.blocks[b].file) for b in blocks])
+        rows = np.concatenate([np.arange(self.blocks[b].first_row, self.blocks[b].first_row + self.blocks[b].rows)
+                               for b in blocks])
+        return np.stack([files, rows], axis=1).astype(np.int64)
+
+    def _wait(self, pending: "_Pending") -> tuple[Any, Any, np.ndarray]:
+        """The window's tensors and row ids; a wait for them is a wait for the store."""
         if not pending.future.done():
             with self.progress.waiting(pending.op):
                 return pending.future.result()
         return pending.future.result()
 
-    def _load(self, w: Window, op: StoreOp) -> tuple[Any, Any]:
+    def _load(self, w: Window, op: StoreOp) -> tuple[Any, Any, np.ndarray]:
         try:
+            ids = self._ids(w.groups)[w.order]
             if not self._keep_decoded:
-                x, y = self._decode(self.source.read(w.groups, self._columns, op.moved))
+                x, y = self._decode(self._read(w.groups, op.moved))
                 index = self._index(w.order)
-            else:  # the window's rows, permuted, picked straight from the decoded partition
-                if self._decoded is None:  # rows in file order
-                    self._decoded = self._decode(self.source.read_all(self._columns, op.moved))
+            else:  # the window's rows, permuted, picked straight from the decoded stream
+                if self._decoded is None:  # rows in block order
+                    self._decoded = self._decode(self._read(range(len(self.blocks)), op.moved))
                 x, y = self._decoded
                 rows = np.concatenate([np.arange(self._group_start[g], self._group_start[g] + self.group_rows[g])
                                        for g in w.groups])
@@ -198,14 +338,30 @@ class PartitionBatches:
             op.finish(exc)
             raise
         op.finish()
-        return x, y
+        return x, y, ids
+
+    def _pieces(self, seed: int, cursor: Cursor) -> list[tuple[Window, int, int]]:
+        """(window, first, end) of every window this rank reads from the cursor on, in stream order: rows
+        [first, end) of the permuted window are this rank's."""
+        windows = epoch_windows(self.group_rows, seed, cursor.epoch, self._order_rank, self.window)
+        run = self._run(cursor)
+        skip = cursor.batch * self.batch_size
+        mine = stream_deal.cut(run, skip, stream_deal.length(run) - skip)
+        out = []
+        for start, stop in mine:
+            for w in windows:
+                lo, hi = max(start, w.start), min(stop, w.start + w.rows)
+                if lo < hi:
+                    out.append((w, lo - w.start, hi - w.start))
+        return out
 
     def _load_ahead(self, seed: int, epoch: int) -> None:
         """Start loading `epoch`'s first window for the batches() call that comes next, so no epoch starts
-        by waiting for its data (a partition of one window waited at every epoch). After the last epoch
+        by waiting for its data (a stream of one window waited at every epoch). After the last epoch
         this loads one window that nobody takes."""
-        first = epoch_windows(self.group_rows, seed, epoch, self.rank, self.window)[0]
-        self._ahead = ((seed, epoch), self._submit(first))
+        pieces = self._pieces(seed, Cursor(epoch))
+        if pieces:
+            self._ahead = ((seed, epoch, pieces[0][0].start), self._submit(pieces[0][0]))
 
     # The hooks a subclass overrides to serve its library's tensors (numpy arrays here).
     def _decode(self, table: "pa.Table") -> tuple[Any, Any]:
@@ -229,95 +385,99 @@ class PartitionBatches:
         return x, y
 
     def batches(self, seed: int, cursor: Cursor) -> Iterator[tuple[int, Any, Any]]:
-        """Yield (batch_index, x, y) for cursor.epoch from cursor.batch on."""
-        windows = epoch_windows(self.group_rows, seed, cursor.epoch, self.rank, self.window)
-        first_row = cursor.batch * self.batch_size
-        todo = [w for w in windows if w.start + w.rows > first_row]
+        """Yield (batch_index, x, y) for cursor.epoch from cursor.batch on: this rank's run of the cursor's
+        deal in micro-batches of batch_size, the last one partial, then (a rank whose run is shorter) empty
+        ones up to micro_batches(cursor), so every rank takes the same number."""
+        count = self.micro_batches(cursor)
+        pieces = self._pieces(seed, cursor)
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] == (seed, cursor.epoch) and todo and todo[0].start == 0:
+        if ahead is not None and pieces and ahead[0] == (seed, cursor.epoch, pieces[0][0].start):
             pending = ahead[1]  # loaded while the previous epoch's last window trained
         else:
-            pending = self._submit(todo[0]) if todo else None
-        carry_x, carry_y, carry_ids, position = None, None, None, first_row
-        b = cursor.batch
-        skipping = self.skipped.size > 0
-        for i, w in enumerate(todo):
-            x, y = self._wait(pending)
-            if i + 1 < len(todo):
-                pending = self._submit(todo[i + 1])
-            else:  # the last window of this epoch: start loading the next epoch's first one
-                self._load_ahead(seed, cursor.epoch + 1)
-                pending = None
-            skip = max(0, position - w.start)
-            x, y = x[skip:], y[skip:]
-            ids = self._window_rows(w)[skip:] if skipping else None
-            if carry_x is not None:  # a minibatch that spans two windows
-                x, y = self._cat(carry_x, x), self._cat(carry_y, y)
-                ids = np.concatenate([carry_ids, ids]) if skipping else None
-            whole = len(x) // self.batch_size
-            for k in range(whole):
-                if b >= self.batches_per_epoch:
-                    return
-                part = slice(k * self.batch_size, (k + 1) * self.batch_size)
-                if skipping:
-                    yield b, *self._out(*self._without_skipped(x[part], y[part], ids[part], cursor.epoch, b))
+            pending = self._submit(pieces[0][0]) if pieces else None
+        size, b = self.batch_size, cursor.batch
+        carry: tuple[Any, Any, np.ndarray] | None = None
+        loaded: tuple[Window, tuple[Any, Any, np.ndarray]] | None = None
+        for i, (w, first, end) in enumerate(pieces):
+            if loaded is None or loaded[0] != w:
+                loaded = (w, self._wait(pending))
+                # Pieces are in stream order, so a window's pieces are consecutive: the next one to load is
+                # the next piece's of another window; after the last, the next epoch's first window.
+                following = next((p[0] for p in pieces[i + 1:] if p[0] != w), None)
+                if following is not None:
+                    pending = self._submit(following)
                 else:
-                    yield b, *self._out(x[part], y[part])
+                    self._load_ahead(seed, cursor.epoch + 1)
+                    pending = None
+            x, y, ids = (part[first:end] for part in loaded[1])
+            if carry is not None:  # a micro-batch that spans two pieces
+                x, y, ids = self._cat(carry[0], x), self._cat(carry[1], y), np.concatenate([carry[2], ids])
+                carry = None
+            whole = len(x) // size
+            for k in range(whole):
+                if b >= count:
+                    return
+                yield b, *self._serve(x[k * size:(k + 1) * size], y[k * size:(k + 1) * size],
+                                      ids[k * size:(k + 1) * size])
                 b += 1
-            rest = whole * self.batch_size
-            carry_x, carry_y = (x[rest:], y[rest:]) if rest < len(x) else (None, None)
-            carry_ids = ids[rest:] if skipping and rest < len(ids) else None
-            position = w.start + w.rows
+            rest = whole * size
+            if rest < len(x):
+                carry = (x[rest:], y[rest:], ids[rest:])
+        if not self._partial:
+            return
+        if carry is not None and b < count:
+            yield b, *self._serve(*carry)
+            b += 1
+        while b < count:  # this rank's run is over: an empty micro-batch, so it still joins every step
+            x, y = self._empty(seed, cursor.epoch, loaded)
+            self.row_ids = np.zeros((0, 2), dtype=np.int64)
+            yield b, *self._out(x, y)
+            b += 1
 
-    def _window_rows(self, w: Window) -> np.ndarray:
-        """The file row numbers of window `w`'s rows, in the order it serves them."""
-        rows = np.concatenate([np.arange(self._group_start[g], self._group_start[g] + self.group_rows[g])
-                               for g in w.groups])
-        return rows[w.order]
+    def _serve(self, x: Any, y: Any, ids: np.ndarray) -> tuple[Any, Any]:
+        """One micro-batch as the loop takes it, without the skipped rows (skip_rows), its rows' ids in
+        `row_ids`. The micro-batch keeps its place in the deal: every other row is served in the same
+        micro-batch as without skip_rows, and every rank takes as many micro-batches as before, so a cursor
+        means the same rows with and without skip_rows and a retry that adds them resumes exactly where its
+        checkpoint stopped. Fewer rows than batch_size weigh as a partial micro-batch's (loop.partial_loss);
+        none at all, as an empty one's (loop.empty_loss)."""
+        if self._skipped.size:
+            keep = ~np.isin(_row_key(ids), self._skipped)
+            if not keep.all():
+                index = self._index(np.flatnonzero(keep))
+                x, y, ids = x[index], y[index], ids[keep]
+        self.row_ids = ids
+        return self._out(x, y)
 
-    def _without_skipped(self, x: Any, y: Any, ids: np.ndarray, epoch: int, b: int) -> tuple[Any, Any]:
-        """Minibatch `b` without the skipped rows. The minibatch keeps its place in the order: every other row
-        is served in the same minibatch as without skip_rows, and every rank takes as many steps as before. So
-        the order stays a function of (seed, epoch, rank) alone, a cursor means the same minibatch with and
-        without skip_rows, and a retry that adds skip_rows resumes exactly where its checkpoint stopped."""
-        keep = ~np.isin(ids, self.skipped)
-        if keep.all():
-            return x, y
-        if not keep.any():
-            raise ConfigError("skip_rows", f"skips every row of minibatch {b} of epoch {epoch} on rank {self.rank} "
-                                           f"({len(ids)} rows)", "raise batch_size, or skip fewer rows")
-        index = self._index(np.flatnonzero(keep))
-        return x[index], y[index]
+    def _empty(self, seed: int, epoch: int, loaded) -> tuple[Any, Any]:
+        """A micro-batch of no rows, shaped as the others (from the last window loaded, or the epoch's first)."""
+        if loaded is None:
+            first = epoch_windows(self.group_rows, seed, epoch, self._order_rank, self.window)[0]
+            loaded = (first, self._wait(self._submit(first)))
+        x, y, _ = loaded[1]
+        return x[:0], y[:0]
 
     def minibatch_rows(self, cursor: Cursor, seed: int) -> tuple[Any, Any, np.ndarray]:
-        """Minibatch `cursor.batch` of `cursor.epoch` as batches() serves it, with the file row number of each
-        of its rows: (x, y, row_ids). Reads the row groups that hold it (a replay's one read, not the
-        training's windows), on the calling thread."""
-        order = epoch_order(self.group_rows, seed, cursor.epoch, self.rank, self.window)
-        ids = order[cursor.batch * self.batch_size:(cursor.batch + 1) * self.batch_size]
-        if self.skipped.size:
-            ids = ids[~np.isin(ids, self.skipped)]
-        group_of = np.searchsorted(self._group_start, ids, side="right") - 1
-        groups = sorted({int(g) for g in group_of})
-        op = StoreOp(f"read of {self.source.key} row groups {groups}", self.source.store_uri,
-                     self.source.group_bytes(groups))
-        with self.progress.waiting(op):
-            try:
-                x, y = self._decode(self.source.read(groups, self._columns, op.moved))
-            except BaseException as exc:
-                op.finish(exc)
-                raise
-        op.finish()
-        # Row r of the file is row (r - its group's start + the group's offset in what was read).
-        offset = np.zeros(len(self.group_rows), dtype=np.int64)
-        offset[groups] = np.concatenate([[0], np.cumsum([self.group_rows[g] for g in groups])[:-1]])
-        index = self._index(ids - self._group_start[group_of] + offset[group_of])
-        return (*self._out(x[index], y[index]), ids)
+        """The exact micro-batch `cursor` serves this rank, and its rows' (file, row in file) ids."""
+        for _, x, y in self.batches(seed, cursor):
+            return x, y, self.row_ids
+        raise ValueError(f"cursor {cursor} is past this rank's last micro-batch ({self.micro_batches(cursor)})")
+
+    def row_keys(self, ids: np.ndarray) -> list[str]:
+        """Row ids as "<file key>:<row in file>" (what a report names)."""
+        return [f"{self.entries[int(f)].key}:{int(r)}" for f, r in ids]
+
+
+
+def _row_key(ids: np.ndarray) -> np.ndarray:
+    """One int64 per (file, row in file) id: the file index above the row's 40 bits (a file of < 2**40 rows)."""
+    return (ids[:, 0] << 40) | ids[:, 1]
 
 
 @dataclasses.dataclass(frozen=True)
 class _Pending:
-    """A window being loaded: its store operation and the loader's future."""
+    """A window being loaded: its store operation, the loader's future, and the window's first position."""
 
     op: StoreOp
     future: concurrent.futures.Future
+    start: int = 0

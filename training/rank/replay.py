@@ -25,6 +25,7 @@ import torch
 from ..formats.config import RowRef
 from ..formats.replay_report import ReplayReport
 from .bad_rows import MAX_ROW_TESTS, find_bad_rows
+from .loop import partial_loss
 from .partition_batches import Cursor, PartitionBatches
 
 # (a fresh model on the rank's device, with the rank's precision, and its loss function)
@@ -72,9 +73,13 @@ class StepReplay:
                 model.zero_grad(set_to_none=True)
                 try:
                     for x, y in pieces:
+                        if not len(x):  # an empty micro-batch (a run of the deal is over): a zero, as the loop's
+                            continue
                         loss = loss_fn(model(x), y)
                         if not torch.isfinite(loss.detach()).all():
                             return True
+                        if len(x) < self.data.batch_size:  # a partial micro-batch weighs its rows, as the loop's
+                            loss = partial_loss(loss, len(x), self.data.batch_size)
                         (loss / len(pieces) if len(pieces) > 1 else loss).backward()
                     grads = [p.grad for p in params if p.grad is not None]
                     return bool(grads) and not _finite(grads)
@@ -98,6 +103,6 @@ class StepReplay:
                 return ReplayReport(self.rank, step, checkpoint_step, True, complete=False,
                                     seconds=time.monotonic() - started,
                                     error=f"row search failed: {type(exc).__name__}: {exc}"[:300])
-            rows = tuple(RowRef(self.data.source.key, int(ids[p])) for p in search.rows)
+            rows = tuple(RowRef(self.data.entries[int(ids[p][0])].key, int(ids[p][1])) for p in search.rows)
             return ReplayReport(self.rank, step, checkpoint_step, True, rows, search.tests, search.complete,
                                 time.monotonic() - started)

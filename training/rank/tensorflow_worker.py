@@ -80,6 +80,12 @@ class TfTrainer(RankRun):
                                      progress=progress, skip_rows=cfg.skip_rows)
         if self.data.batches_per_epoch == 0:
             raise ValueError(f"batch_size {cfg.batch_size} exceeds the partition's {self.data.rows} rows")
+        if self.data.uneven():
+            # The torch engines weigh a partial micro-batch by its rows; this loop takes whole ones only.
+            raise ValueError(f"the TensorFlow engine trains on whole micro-batches only: the shards' "
+                             f"{self.data.stream_rows} training rows do not split into whole micro-batches of "
+                             f"{cfg.batch_size} on {self.size} workers; run as many workers as the shard step "
+                             f"wrote partitions ({manifest.num_partitions}), or use a torch engine")
         schema = manifest.schema
         self.schema = schema
         tf.random.set_seed(cfg.seed)
@@ -128,6 +134,12 @@ class TfTrainer(RankRun):
         if found is None:
             return
         loaded, state = found
+        trained_on = int(loaded.manifest.meta.get("world_size", self.size))
+        if trained_on != self.size:
+            raise ConfigError("engine", f"checkpoint {loaded.manifest.name} was written by {trained_on} TensorFlow "
+                              f"workers and this try runs {self.size}: the TensorFlow engine resumes on the same "
+                              f"number of workers only", f"run {trained_on} workers, or train with a torch engine "
+                              f"(horovod, ddp), which resumes on any number")
         # Every worker reads the same checkpoint: the replicas start equal again without a broadcast (the
         # replica checksum would say if they did not).
         missing = sorted(set(self.params) - set(state.model))
@@ -265,6 +277,9 @@ class TfTrainer(RankRun):
             start_batch = self.cursor.batch if epoch == self.cursor.epoch else 0
             step_started, samples = time.perf_counter(), 0
             for b, x, y in self.data.batches(cfg.seed, Cursor(epoch, start_batch)):
+                if not len(x):  # a mean over no rows is NaN here (the torch loop takes an empty micro-batch)
+                    raise ConfigError("skip_rows", f"skips every row of micro-batch {b} of epoch {epoch} on rank "
+                                                   f"{self.rank}", "raise batch_size, or skip fewer rows")
                 scale = self._loss_scale(self.step + 1)
                 loss, grads = self._compute(tf.constant(x), tf.constant(y), tf.constant(scale, tf.float32))
                 self.last_loss = float(loss)

@@ -34,7 +34,7 @@ class UnsafeCheckpoint(CheckpointCorrupt):
 class TrainingState:
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
-    cursor: tuple[int, int]  # (epoch, next minibatch in that epoch)
+    cursor: tuple[int, int]  # (epoch, next micro-batch of the rank's run of `remaining`'s deal)
     step: int
     torch_rng: torch.Tensor
     # fp16's loss scaling (torch.amp.GradScaler.state_dict(): numbers only), so a resumed fp16 run goes on
@@ -43,6 +43,9 @@ class TrainingState:
     # Under local SGD (ddp.local_sgd) every rank's optimizer state, in rank order: each rank keeps its own
     # momentum or moments, and a resume gives each its own back; None where rank 0's is every rank's.
     replica_optimizers: list[dict[str, Any]] | None = None
+    # A world-size-free manifest's global cursor (partition_batches.Cursor.remaining): the stream positions of
+    # the epoch still unseen, as [start, stop) pairs; None: the whole epoch (or an older manifest's cursor).
+    remaining: tuple[tuple[int, int], ...] | None = None
 
     def _doc(self) -> dict[str, Any]:
         doc = {"model": self.model, "optimizer": self.optimizer, "cursor": list(self.cursor), "step": self.step,
@@ -51,6 +54,8 @@ class TrainingState:
             doc["grad_scaler"] = self.grad_scaler
         if self.replica_optimizers is not None:
             doc["replica_optimizers"] = list(self.replica_optimizers)
+        if self.remaining is not None:
+            doc["remaining"] = [list(pair) for pair in self.remaining]
         return doc
 
     def to_bytes(self) -> bytes:
@@ -98,9 +103,11 @@ class TrainingState:
         doc = load_plain(data, where)
         try:
             epoch, batch = doc["cursor"]
+            remaining = doc.get("remaining")
             return cls(model=doc["model"], optimizer=doc["optimizer"], cursor=(int(epoch), int(batch)),
                        step=int(doc["step"]), torch_rng=doc["torch_rng"], grad_scaler=doc.get("grad_scaler"),
-                       replica_optimizers=doc.get("replica_optimizers"))
+                       replica_optimizers=doc.get("replica_optimizers"),
+                       remaining=None if remaining is None else tuple((int(a), int(b)) for a, b in remaining))
         except (KeyError, TypeError, ValueError) as exc:
             raise UnsafeCheckpoint(f"{where} is not a ringflow training state ({exc!r}); "
                                    "resume from another checkpoint") from exc

@@ -27,6 +27,7 @@ from .callbacks.faults import FaultInjection
 from .callbacks.garbage_collection import ScheduledGarbageCollection
 from .callbacks.health import HealthMonitoring
 from .callbacks.logging import ProgressLog, say
+from .callbacks.row_log import RowLog
 from .callbacks.throughput import Throughput
 from .callbacks.trainer_status import TrainerStatusReporting
 from ..formats.checkpoint import (CheckpointStore, LoadedCheckpoint, SkippedCheckpoint, first_loadable,
@@ -54,6 +55,8 @@ from .replay_exchange import (GRACE_SECONDS, gather_reports, gathered, publish_r
                               wait_for_result)
 from .step_minibatches import step_minibatches
 from .rank_start import RankStart, store_call
+from . import stream_deal
+from .world_size_change import WorldSizeChange, per_worker_cursor_in, plan_change
 
 
 def make_optimizer(cfg: JobConfig, model: torch.nn.Module, world_size: int) -> torch.optim.Optimizer:
@@ -73,6 +76,7 @@ class Trainer(RankRun):
         self.rank, self.size = engine.rank, engine.size
         self.step, self.cursor, self.resumed_from, self.last_loss = 0, Cursor(), None, float("nan")
         self.replica_optimizers: list | None = None  # each rank's optimizer state, from a local-SGD checkpoint
+        self.world_size_changes: list[dict] = []  # the run's resumes on other world sizes (_plan_world_size)
         self.skipped_checkpoints: list[SkippedCheckpoint] = []
         self.loop: TrainingLoop | None = None
         self.throughput: Throughput | None = None
@@ -89,14 +93,19 @@ class Trainer(RankRun):
         torch.manual_seed(cfg.seed)
         schema = manifest.schema
         self.model, self.loss_fn = self._new_model()
-        self.optimizer = engine.distribute(self.model, make_optimizer(cfg, self.model, self.size))
         progress.phase(RESTORE)
-        self._resume()
+        found = self._find_checkpoint()
+        # Before the optimizer is distributed: a resume on another world size changes the accumulation.
+        self.world_size_change = self._plan_world_size(found)
+        engine.accumulation_steps = self.world_size_change.accumulation_steps
+        self.optimizer = engine.distribute(self.model, make_optimizer(cfg, self.model, self.size))
+        if found is not None:
+            self._restore(*found)
         engine.broadcast_state(self.model, self.optimizer)
         engine.restore_replica_optimizer(self.optimizer, self.replica_optimizers)
         # After which steps every rank's replica agrees (all, unless local SGD): where checksums are compared
         # and checkpoints taken.
-        schedule = engine.replica_schedule(self.step, last_step_of(cfg.epochs, self.data.batches_per_epoch,
+        schedule = engine.replica_schedule(self.step, last_step_of(self.data, self.cursor, self.step, cfg.epochs,
                                                                     engine.accumulation_steps))
 
         self.monitor = SyncHealthMonitor(engine, cfg.health, self.health_log, cfg.batch_size, schedule)
@@ -105,14 +114,18 @@ class Trainer(RankRun):
                   if guard is not None else None)
         self.checkpointing = Checkpointing(writer, cfg.checkpoint.cadence_steps, self.size, {
             "manifest_uri": cfg.manifest_uri, "model": json.loads(json.dumps(cfg.to_dict()["model"])),
+            "learning_rate": cfg.learning_rate,  # the config's, per worker (_restore compares a retry's)
             "schema": {"num_features": schema.num_features, "input_shape": list(schema.input_shape),
-                       "num_outputs": schema.num_outputs, "task": schema.task}}, pin_memory=placement.pin_memory,
+                       "num_outputs": schema.num_outputs, "task": schema.task},
+            **self.world_size_meta()}, pin_memory=placement.pin_memory,
             progress=progress, floor_seconds=cfg.checkpoint.floor_seconds, schedule=schedule)
         self.health = HealthMonitoring(self.monitor, self.health_log, cfg.health, self.rank, self.checkpointing.due,
                                        {"world_size": self.size, "engine": engine.name,
                                         "device": placement.device, "precision": cfg.precision,
                                         "resumed_from": self.resumed_from, "health": self._health_dict(),
-                                        "nodes": gather_node_names(engine)})
+                                        "nodes": gather_node_names(engine),
+                                        **({"world_size_change": self.world_size_change.as_record()}
+                                           if self.world_size_change.changed else {})})
         self.throughput = Throughput(engine, lambda: self.health.seconds_in_monitor)
         self.garbage_collection = (ScheduledGarbageCollection(cfg.gc_every_steps) if cfg.gc_every_steps else None)
         # In this order on every hook: faults act before anything measures, the health verdict comes before
@@ -122,6 +135,7 @@ class Trainer(RankRun):
         self.callbacks: list[Callback] = [
             *([faults] if faults.active else []), *callbacks, self.throughput, self.health, self.liveness,
             ProgressLog(self.rank, self.size, cfg.log_every_steps, cfg.batch_size, cfg.learning_rate),
+            *([RowLog(cfg.row_log_dir, self.attempt, self.rank, self.size)] if cfg.row_log_dir else []),
             *([self.garbage_collection] if self.garbage_collection else []), self.checkpointing]
         # Rank 0 of a TrainJob reports progress into its status.trainerStatus (nothing elsewhere).
         reporter = TrainerStatusReporter.from_environ(os.environ) if self.rank == 0 else None
@@ -157,8 +171,9 @@ class Trainer(RankRun):
         data = require_file(loaded, STATE_FILE, where, self.engine.name)
         return loaded, TrainingState.from_bytes(data, f"{where}/{STATE_FILE}")
 
-    def _resume(self) -> None:
-        # Every rank reads the checkpoint itself; the broadcast that follows makes rank 0's copy the truth.
+    def _find_checkpoint(self) -> tuple[LoadedCheckpoint, TrainingState] | None:
+        """The newest safe checkpoint and its state, or None (a fresh run). Every rank reads it itself; the
+        broadcast that follows the restore makes rank 0's copy the truth."""
         def newest_safe(moved):
             self.skipped_checkpoints = []  # a retried read starts over
             # Before cfg.resume_before_step when a remedy set it: the newest checkpoint may already hold what
@@ -167,23 +182,66 @@ class Trainer(RankRun):
                                                  skipped=self.skipped_checkpoints,
                                                  before_step=self.cfg.resume_before_step)
 
-        found = store_call(self.progress, "read of the newest checkpoint", self.run_folder, newest_safe)
-        if found is None:
-            return
-        loaded, state = found
+        return store_call(self.progress, "read of the newest checkpoint", self.run_folder, newest_safe)
+
+    def _plan_world_size(self, found: tuple[LoadedCheckpoint, TrainingState] | None) -> WorldSizeChange:
+        """This try's accumulation and learning-rate factor against the checkpoint's world size and per-worker
+        batch (none: the config's, unchanged; the OOM remedy halves the batch). Also the run's history of
+        changes, which every checkpoint carries on."""
+        steps, batch = self.engine.accumulation_steps, self.cfg.batch_size  # the config's
+        meta = found[0].manifest.meta if found is not None else {}
+        self.base_world_size = int(meta.get("base_world_size", meta.get("world_size", self.size)))
+        self.base_accumulation_steps = int(meta.get("base_accumulation_steps", steps))
+        self.base_batch_size = int(meta.get("base_batch_size", meta.get("batch_size", batch)))
+        self.world_size_changes = [dict(c) for c in meta.get("world_size_changes", ())]
+        change = plan_change(int(meta.get("world_size", self.size)), int(meta.get("accumulation_steps", steps)),
+                             self.base_world_size, self.base_accumulation_steps, self.size, batch,
+                             from_batch_size=int(meta.get("batch_size", batch)), base_batch_size=self.base_batch_size)
+        if change.changed:
+            state = found[1]
+            if state.remaining is None and state.cursor[1] > 0 and change.from_world_size != change.to_world_size:
+                raise ValueError(f"checkpoint {found[0].manifest.name} holds a per-worker cursor (epoch "
+                                 f"{state.cursor[0]}, batch {state.cursor[1]} of {change.from_world_size} workers' "
+                                 f"partitions): resume it on {change.from_world_size} workers")
+            self.world_size_changes.append(change.as_record())
+            if self.rank == 0:
+                say(f"resuming with another global batch: {change.describe()}")
+        return change
+
+    def world_size_meta(self) -> dict:
+        """What every checkpoint says about the run's world sizes and batches (read back by _plan_world_size)."""
+        return {"base_world_size": self.base_world_size, "base_accumulation_steps": self.base_accumulation_steps,
+                "base_batch_size": self.base_batch_size, "world_size_changes": self.world_size_changes}
+
+    def _restore(self, loaded: LoadedCheckpoint, state: TrainingState) -> None:
         self.model.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)
+        # The optimizer's state brings the checkpoint's learning rate: scaled linearly from its global batch to
+        # this try's, and by this try's config rate against the checkpoint's (the NONFINITE remedy halves it;
+        # without this the checkpoint's rate would undo the remedy).
+        factor = self.world_size_change.lr_factor if self.world_size_change.changed else 1.0
+        config_rate = loaded.manifest.meta.get("learning_rate")
+        if config_rate:
+            factor *= self.cfg.learning_rate / float(config_rate)
+        if factor != 1.0:
+            for group in self.optimizer.param_groups:
+                group["lr"] *= factor
         scaler = self.engine.precision.scaler
         if scaler is not None and state.grad_scaler:  # fp16 goes on with its loss scale (not from fp32/bf16)
             scaler.load_state_dict(state.grad_scaler)
-        self.cursor, self.step = Cursor(*state.cursor), state.step
+        self.cursor, self.step = Cursor(*state.cursor, state.remaining), state.step
+        if state.remaining is None and self.cursor.batch and self.world_size_change.from_batch_size != self.cfg.batch_size:
+            self.cursor = per_worker_cursor_in(self.cursor, self.world_size_change.from_batch_size, self.cfg.batch_size,
+                                               loaded.manifest.name)
         self.replica_optimizers = state.replica_optimizers
         torch.set_rng_state(state.torch_rng)
         self.resumed_from = loaded.manifest.name
         self.last_loss = loaded.manifest.meta.get("loss", float("nan"))
         if self.rank == 0:
+            where = (f"batch {self.cursor.batch}" if self.cursor.remaining is None else
+                     f"{stream_deal.length(self.cursor.remaining)} of {self.data.stream_rows} rows of the epoch left")
             say(f"resuming from checkpoint {loaded.manifest.name} (step {self.step}, epoch {self.cursor.epoch}, "
-                f"batch {self.cursor.batch})")
+                f"{where})")
 
     def result(self, status: str, verdict: Verdict | None, checkpoint: str | None) -> RunResult:
         at = self.loop if self.loop is not None else self  # where training stands now
@@ -196,7 +254,8 @@ class Trainer(RankRun):
                          samples_per_sec_after_warmup=throughput.samples_per_sec if throughput else None,
                          health_monitor_share_after_warmup=throughput.monitor_share if throughput else None,
                          checkpoint_blocked_seconds=(self.checkpointing.blocked_seconds
-                                                     if self.checkpointing is not None and self.rank == 0 else None))
+                                                     if self.checkpointing is not None and self.rank == 0 else None),
+                         world_size_changes=tuple(self.world_size_changes))
 
     def replayed(self, verdict: Verdict) -> Verdict:
         """Replay the verdict's step on every rank (replay.py) and, on rank 0, add what the ranks found to its
@@ -239,8 +298,8 @@ class Trainer(RankRun):
         seconds count the checkpoint's read too."""
         started = time.monotonic()
         try:
-            cursors = step_minibatches(step, self.step, self.cursor, self.data.batches_per_epoch,
-                                       self.engine.accumulation_steps)
+            cursors = step_minibatches(step, self.step, self.cursor, self.data.micro_batches(self.cursor),
+                                       self.data.batches_per_epoch, self.engine.accumulation_steps)
             published = self.published()
             names = [name for name in published.names() if step_of(name) < step]
             found = store_call(self.progress, "read of the checkpoint to replay on", self.run_folder,

@@ -36,10 +36,10 @@ def test_bad_config_fails_before_start(jobs, no_processes, change, field):
     assert not (jobs.root / "bad").exists()
 
 
-def test_worker_count_must_match_the_shards(jobs, no_processes):
+def test_every_worker_needs_a_whole_micro_batch_of_the_shards(jobs, no_processes):
     path = jobs.root / "job.json"
-    path.write_text(json.dumps(jobs.config("np3")))
-    with pytest.raises(ConfigError, match="re-shard for 3 workers"):
+    path.write_text(json.dumps(jobs.config("np3") | {"batch_size": 500}))
+    with pytest.raises(ConfigError, match="3 workers x 500 rows exceeds the shards' 1408 training rows"):
         launcher.run_local(str(path), 3)
 
 

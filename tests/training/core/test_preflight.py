@@ -8,7 +8,10 @@ from ringflow.training.formats.manifest import PartitionEntry, ShardManifest, Sh
 from ringflow.training.core.preflight import check_job, preflight
 
 
-def manifest(partitions: int = 2, minibatches: int = 10, batch_size: int = 32) -> ShardManifest:
+V3, V4 = "ringflow.shards/v3", "ringflow.shards/v4"
+
+
+def manifest(partitions: int = 2, minibatches: int = 10, batch_size: int = 32, format: str = V3) -> ShardManifest:
     rows = minibatches * batch_size
     return ShardManifest(
         fingerprint="f", source={"uri": "builtin:digits"},
@@ -16,7 +19,7 @@ def manifest(partitions: int = 2, minibatches: int = 10, batch_size: int = 32) -
         schema=ShardSchema(features=("a", "b"), target="target", task="classification", num_classes=3),
         partitions=tuple(PartitionEntry(key=f"part-{i}.parquet", rows=rows, sha256="0" * 64, index=i,
                                         minibatches=minibatches) for i in range(partitions)),
-        eval=None)
+        eval=None, format=format)
 
 
 def job(**fields) -> JobConfig:
@@ -32,8 +35,15 @@ CUSTOM = {"kind": "custom", "factory": "ringflow.training.rank.models:conv_net"}
     ({"batch_size": 320}, {}, 2, None, None),                 # one step per epoch
     ({}, {"partitions": 1}, 1, None, None),
     ({"model": CUSTOM}, {}, 2, None, None),
-    ({}, {}, 3, "manifest_uri", "has 2 partitions but the job asks for 3 workers; re-shard for 3 workers or run with 2"),
-    ({}, {"partitions": 4}, 2, "manifest_uri", "re-shard for 2 workers or run with 4 workers"),
+    ({}, {}, 3, "manifest_uri", r"\(ringflow.shards/v3\) has 2 partitions but the job asks for 3 workers; run with 2 "
+                                "workers, or shard again"),
+    ({}, {"partitions": 4}, 2, "manifest_uri", "run with 4 workers, or shard again"),
+    # A current manifest: any number of workers, as long as each gets a whole micro-batch of the 640 rows.
+    ({}, {"format": V4}, 3, None, None),
+    ({}, {"format": V4, "partitions": 4}, 1, None, None),
+    ({"batch_size": 48}, {"format": V4}, 2, None, None),      # the runs' last micro-batches are partial
+    ({"batch_size": 321}, {"format": V4}, 2, "batch_size",
+     "2 workers x 321 rows exceeds the shards' 640 training rows.*use at most 320 rows per worker, or fewer workers"),
     ({"batch_size": 321}, {}, 2, "batch_size", "321 exceeds the 320 rows of each partition; use at most 320"),
     ({"batch_size": 48}, {}, 2, "batch_size", "48 does not divide the 320 rows.*use 32, the shards' batch size"),
     ({"model": {"kind": "custom", "factory": "no_such_module_xyz:build"}}, {}, 2, "model.factory",
@@ -63,7 +73,7 @@ def test_preflight_reads_the_config_and_the_manifest(tmp_path):
     import dataclasses
     import hashlib
 
-    written = manifest()
+    written = manifest(format="ringflow.shards/v2")
     for p in written.partitions:  # shards whose bytes the manifest describes (a v2 entry: the file's sha256)
         (tmp_path / p.key).write_bytes(f"partition {p.index}".encode())
     written = dataclasses.replace(written, partitions=tuple(
@@ -74,7 +84,7 @@ def test_preflight_reads_the_config_and_the_manifest(tmp_path):
     path = tmp_path / "job.json"
     path.write_text(json.dumps({"manifest_uri": str(tmp_path / "manifest.json"), "run_uri": "/r"}))
     assert preflight(str(path), 2).batch_size == 32
-    with pytest.raises(ConfigError, match="re-shard for 3 workers"):
+    with pytest.raises(ConfigError, match="run with 2 workers, or shard again"):
         preflight(str(path), 3)
     (tmp_path / "part-1.parquet").write_bytes(b"partition X")  # changed after sharding, same size
     assert preflight(str(path), 2).batch_size == 32  # a v2 entry has no footer hash: the ranks find it

@@ -1,5 +1,9 @@
-"""A rank's streamed partition: the epoch order is a pure function of (row groups, seed, epoch, rank), a cursor
-resumes at any minibatch (also inside a shuffle window, and across two), and tensor columns keep their shape."""
+"""A rank's streamed partition of an older (per-worker, v1-v3) manifest: the epoch order is a pure function of (row
+groups, seed, epoch, rank), a cursor resumes at any minibatch (also inside a shuffle window, and across two), and
+tensor columns keep their shape. (A current manifest's global stream, dealt to any world size:
+test_global_stream.py.)"""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +14,11 @@ from ringflow.training.rank.data import Cursor, PartitionData, epoch_order, epoc
 from ringflow.training.formats.datasets import builtin_table, load_builtin
 from ringflow.training.core.sharding import write_shards
 from ringflow.training.store import LocalFolderStore
+
+
+def per_rank(manifest, version="v3"):
+    """The same shards read as an older manifest: one partition per worker, each streamed by its rank."""
+    return dataclasses.replace(manifest, format=f"ringflow.shards/{version}")
 
 
 def test_epoch_order_depends_on_seed_epoch_rank_only():
@@ -49,7 +58,7 @@ def test_resuming_from_a_cursor_neither_repeats_nor_skips(tmp_path, small_row_gr
     store = LocalFolderStore(str(tmp_path))
     manifest = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
     assert manifest.params["row_group_rows"] == 32
-    data = PartitionData(store, manifest, rank=1, world_size=2, batch_size=16, window=window)
+    data = PartitionData(store, per_rank(manifest), rank=1, world_size=2, batch_size=16, window=window)
     assert len(data.group_rows) == 22 and len(data) == data.rows == 704
     full = [(b, x, y) for b, x, y in data.batches(seed=5, cursor=Cursor(1, 0))]
     assert [b for b, _, _ in full] == list(range(data.batches_per_epoch))
@@ -68,7 +77,7 @@ def test_resuming_from_a_cursor_neither_repeats_nor_skips(tmp_path, small_row_gr
 def test_a_batch_size_that_does_not_divide_the_row_groups_spans_windows(tmp_path, small_row_groups):
     store = LocalFolderStore(str(tmp_path))
     manifest = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
-    data = PartitionData(store, manifest, rank=0, world_size=2, batch_size=24, window=1)
+    data = PartitionData(store, per_rank(manifest), rank=0, world_size=2, batch_size=24, window=1)
     served = [(b, x) for b, x, _ in data.batches(seed=0, cursor=Cursor(0, 0))]
     assert [b for b, _ in served] == list(range(704 // 24)) and all(len(x) == 24 for _, x in served)
     resumed = [(b, x) for b, x, _ in data.batches(seed=0, cursor=Cursor(0, 5))]  # batch 5 spans two groups
@@ -85,7 +94,7 @@ def test_each_batch_is_the_epoch_order_s_rows(tmp_path, small_row_groups, batch_
 
     store = LocalFolderStore(str(tmp_path))
     manifest = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
-    data = PartitionData(store, manifest, rank=1, world_size=2, batch_size=batch_size, window=window)
+    data = PartitionData(store, per_rank(manifest), rank=1, world_size=2, batch_size=batch_size, window=window)
     x_all, y_all = to_tensors(pq.read_table(store.root / manifest.partitions[1].key), data.schema)  # file order
     order = torch.from_numpy(epoch_order(data.group_rows, seed=3, epoch=1, rank=1, window=window))
     for start in (0, 3):  # from the epoch's start, and resumed inside it
@@ -104,7 +113,7 @@ def test_image_columns_reach_the_model_in_their_shape(tmp_path):
     image, target = manifest.schema.columns
     assert (image.name, image.shape, image.dtype) == ("image", (1, 8, 8), "float32")
     assert (target.name, target.shape, target.dtype) == ("target", (), "int64")
-    data = PartitionData(store, manifest, rank=0, world_size=2, batch_size=16)
+    data = PartitionData(store, per_rank(manifest), rank=0, world_size=2, batch_size=16)
     _, x, y = next(data.batches(seed=0, cursor=Cursor()))
     assert x.shape == (16, 1, 8, 8) and x.dtype == torch.float32 and y.dtype == torch.int64
     # One mean and std over all of the image's elements (the training rows'), so x is about standardized.
@@ -115,7 +124,7 @@ def test_image_columns_reach_the_model_in_their_shape(tmp_path):
 def test_prefetch_loads_the_next_window_while_this_one_is_served(tmp_path, small_row_groups, monkeypatch):
     store = LocalFolderStore(str(tmp_path))
     manifest = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
-    data = PartitionData(store, manifest, rank=0, world_size=2, batch_size=16, window=2)
+    data = PartitionData(store, per_rank(manifest), rank=0, world_size=2, batch_size=16, window=2)
     loaded = []
     real = data._load
     monkeypatch.setattr(data, "_load", lambda w, op: (loaded.append(w.groups), real(w, op))[1])
@@ -142,7 +151,7 @@ def test_a_v3_partition_is_streamed_by_ranges_each_checked_and_nothing_is_downlo
     entry = manifest.partitions[0]
     assert entry.indexed and len(entry.row_groups) == 22
     store = RangesOnly(inner)
-    data = PartitionData(store, manifest, rank=0, world_size=2, batch_size=16, window=4)
+    data = PartitionData(store, per_rank(manifest), rank=0, world_size=2, batch_size=16, window=4)
     assert store.ranges == [(entry.key, entry.footer.offset, entry.footer.length)]  # opening reads the footer only
     served = list(data.batches(seed=0, cursor=Cursor()))
     assert len(served) == data.batches_per_epoch
@@ -160,7 +169,7 @@ def test_a_row_group_changed_after_sharding_is_refused_when_it_arrives(tmp_path,
     raw = bytearray(path.read_bytes())
     raw[group.offset + 10] ^= 0xFF
     path.write_bytes(bytes(raw))
-    data = PartitionData(store, manifest, rank=0, world_size=2, batch_size=16, window=4)
+    data = PartitionData(store, per_rank(manifest), rank=0, world_size=2, batch_size=16, window=4)
     with pytest.raises(ManifestError, match="row group 5 of partition 'part-00000.parquet' fails its checksum"):
         list(data.batches(seed=0, cursor=Cursor()))
 
@@ -179,7 +188,7 @@ def test_an_older_manifest_without_an_index_is_downloaded_and_checked(tmp_path):
     manifest = write_shards(load_builtin("wine"), inner, target="target", num_partitions=2, batch_size=8)
     v2 = dataclasses.replace(manifest, partitions=tuple(dataclasses.replace(p, row_groups=(), footer=None, size=0)
                                                          for p in manifest.partitions))
-    data = PartitionData(Remote(inner), v2, rank=0, world_size=2, batch_size=8)
+    data = PartitionData(Remote(inner), per_rank(v2, 'v2'), rank=0, world_size=2, batch_size=8)
     assert data.source.path != str(inner.root / manifest.partitions[0].key)
     assert data.rows == manifest.partitions[0].rows
     assert data_module.SHUFFLE_WINDOW >= 1

@@ -1,6 +1,8 @@
 """A partition of at most one shuffle window is decoded once and kept (data.PartitionData): every epoch
 serves exactly what streaming it would, and a larger partition still streams. The next epoch's first
 window loads while an epoch's last one is served."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -14,10 +16,12 @@ from ringflow.training.store import LocalFolderStore
 
 @pytest.fixture()
 def digits_in_small_row_groups(tmp_path, monkeypatch):
-    """A digits partition of 22 row groups of 32 rows (as in test_data.py)."""
+    """A digits partition of 22 row groups of 32 rows (as in test_data.py), read per worker (a v3 manifest: a
+    current one's global stream is decoded once the same way when it is one window, test_global_stream.py)."""
     monkeypatch.setattr(sharding, "ROW_GROUP_BYTES", (64 * 4 + 8) * 32)
     store = LocalFolderStore(str(tmp_path))
-    return store, write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
+    written = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
+    return store, dataclasses.replace(written, format="ringflow.shards/v3")
 
 
 def served(data, epoch, batch=0):

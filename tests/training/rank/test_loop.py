@@ -52,10 +52,17 @@ class OneRank(Engine):
 
 
 class Batches:
-    """PartitionData's interface: `batches_per_epoch`, and `batches(seed, cursor)` from the cursor on."""
+    """PartitionData's interface: `micro_batches(cursor)`, `settled(cursor)`, and `batches(seed, cursor)` from the
+    cursor on."""
 
     def __init__(self, batches_per_epoch=3, batch_size=4):
         self.batches_per_epoch, self.batch_size = batches_per_epoch, batch_size
+
+    def micro_batches(self, cursor):
+        return self.batches_per_epoch
+
+    def settled(self, cursor):
+        return cursor
 
     def batches(self, seed, cursor):
         for b in range(cursor.batch, self.batches_per_epoch):
@@ -274,3 +281,29 @@ def test_a_slow_sync_fault_is_timed_as_the_steps_all_reduce_not_its_compute():
     slow = {t.step for t in timings if t.sync_time >= 0.05}
     assert slow == {3, 4, 5, 6}
     assert all(t.step_time >= t.sync_time for t in timings)
+class UnevenBatches(Batches):
+    """A run that ends in a partial micro-batch (2 rows of 4), then an empty one (another rank's run is longer)."""
+
+    def __init__(self):
+        super().__init__(batches_per_epoch=3, batch_size=4)
+
+    def batches(self, seed, cursor):
+        g = torch.Generator().manual_seed(seed)
+        x, y = torch.randn(6, 3, generator=g), torch.randn(6, 1, generator=g)
+        for b, (lo, hi) in enumerate([(0, 4), (4, 6), (6, 6)][cursor.batch:], start=cursor.batch):
+            yield b, x[lo:hi], y[lo:hi]
+
+
+def test_a_partial_micro_batch_weighs_its_rows_and_an_empty_one_joins_the_step_with_no_gradient():
+    """k=3: one step of 4 + 2 + 0 rows; its gradient is the sum over the 6 rows' losses / (3 x 4): every row
+    weighs as a row of a full micro-batch, and the empty micro-batch adds nothing."""
+    data = UnevenBatches()
+    loop = make_loop([], epochs=1, k=3, data=data)
+    start = {n: p.detach().clone() for n, p in loop.model.named_parameters()}
+    reference = torch.nn.Linear(3, 1)
+    reference.load_state_dict(start)
+    x, y = torch.cat([b[1] for b in data.batches(0, Cursor())]), torch.cat([b[2] for b in data.batches(0, Cursor())])
+    (torch.nn.functional.mse_loss(reference(x), y, reduction="sum") / 12).backward()
+    assert loop.run() is None and loop.step == 1
+    for name, p in loop.model.named_parameters():
+        torch.testing.assert_close(p.detach(), start[name] - 0.1 * dict(reference.named_parameters())[name].grad)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 from ...formats import exit_codes
 from .connections import Connections
@@ -91,6 +91,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def launch(self, spec: JobSpec) -> str:
         """Start the job; return its id. Must not block until the job ends."""
+
+    def capacity(self, num_workers: int, avoid_nodes: Sequence[str] = ()) -> int:
+        """How many of `num_workers` workers it can place now, kept off `avoid_nodes` (the operator's
+        min_workers compares). Default: all of them (the local backend runs its workers as processes on this
+        machine, and has no nodes to avoid)."""
+        return num_workers
 
     @abc.abstractmethod
     def find(self, labels: dict[str, str]) -> str | None:

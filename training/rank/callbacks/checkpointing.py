@@ -42,11 +42,13 @@ def training_state(loop, replica_optimizers: list | None = None) -> TrainingStat
     replica_optimizers: every rank's optimizer state where they differ (Engine.replica_optimizer_states)."""
     # The user's module, not an engine's wrapper of it: the same keys whichever engine trained it.
     scaler = loop.engine.precision.scaler
+    # Settled: what of the epoch is unseen, which a resume on any world size deals (stream_deal.py).
+    cursor = loop.data.settled(loop.cursor)
     return TrainingState(model=loop.engine.unwrap(loop.model).state_dict(), optimizer=loop.optimizer.state_dict(),
-                         cursor=(loop.cursor.epoch, loop.cursor.batch), step=loop.step,
+                         cursor=(cursor.epoch, cursor.batch), step=loop.step,
                          torch_rng=torch.get_rng_state(),
                          grad_scaler=scaler.state_dict() if scaler is not None else None,
-                         replica_optimizers=replica_optimizers)
+                         replica_optimizers=replica_optimizers, remaining=cursor.remaining)
 
 
 def serialize_state(loop) -> bytes:
@@ -181,8 +183,13 @@ class Checkpointing(Callback):
             if final:
                 self.final = checkpoint_name(loop.step)
             return None
-        meta = {"step": loop.step, "epoch": loop.cursor.epoch, "cursor": [loop.cursor.epoch, loop.cursor.batch],
-                "loss": loop.last_loss, "world_size": self._size, "final": final} | self._run_meta
+        cursor = loop.data.settled(loop.cursor)
+        meta = {"step": loop.step, "epoch": cursor.epoch, "cursor": [cursor.epoch, cursor.batch],
+                "loss": loop.last_loss, "world_size": self._size,
+                "accumulation_steps": loop.engine.accumulation_steps, "batch_size": loop.data.batch_size,
+                "final": final} | self._run_meta
+        if cursor.remaining is not None:
+            meta["remaining"] = [list(pair) for pair in cursor.remaining]
         for callback in loop.callbacks:
             callback.before_checkpoint(loop, meta, final)
         self._last_taken = self._clock()

@@ -18,12 +18,21 @@ class Reporter:
         self.closed = True
 
 
+class Data:
+    """The reader's row count (partition_batches.PartitionBatches.epoch_rows / rows_seen): 10 micro-batches of 32."""
+    epoch_rows = 320
+
+    @staticmethod
+    def rows_seen(cursor):
+        return cursor.batch * 32
+
+
 def test_reports_follow_the_data_order_at_most_every_five_seconds():
     now = [100.0]
     reporter = Reporter()
     callback = TrainerStatusReporting(reporter, world_size=2, clock=lambda: now[0])
     # resumed at epoch 1, batch 0 of 2 epochs x 10 batches: half done before this attempt
-    loop = types.SimpleNamespace(data=types.SimpleNamespace(batches_per_epoch=10), epochs=2, step=10, last_loss=0.5,
+    loop = types.SimpleNamespace(data=Data(), epochs=2, step=10, last_loss=0.5,
                                  cursor=types.SimpleNamespace(epoch=1, batch=0))
     callback.on_train_start(loop)
     for batch in range(1, 11):
@@ -37,7 +46,7 @@ def test_reports_follow_the_data_order_at_most_every_five_seconds():
     # last report), none for the 9th and 10th, then the end
     assert progress == [50, 70, 90, 100], progress
     assert reporter.reports[0].estimated_remaining_seconds is None  # nothing done by this attempt yet
-    assert reporter.reports[1].estimated_remaining_seconds == 9  # 6 batches left at 4 batches / 6 s
+    assert reporter.reports[1].estimated_remaining_seconds == 9  # 6 batches' rows left at 4 / 6 s
     assert reporter.reports[-1].estimated_remaining_seconds == 0 and reporter.closed
     last = reporter.reports[-1].metrics
     assert last["step"] == "20" and last["epoch"] == "2" and last["workers"] == "2" and last["loss"] == "0.5"

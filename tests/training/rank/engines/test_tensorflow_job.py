@@ -88,3 +88,12 @@ def test_the_torch_evaluate_step_loads_its_checkpoint(jobs_run):
     _, whole, _, _ = jobs_run
     doc = evaluate(whole["run_uri"])
     assert doc["checkpoint"] == "ckpt-000000044" and doc["metrics"]["accuracy"] > 0.8
+
+
+def test_a_resume_on_another_number_of_workers_is_refused(jobs_run):
+    """The TensorFlow rank's cursor counts micro-batches of its world size's deal: another one is refused with
+    what to do, before any training (last in this module: the refused try is an attempt of that run folder)."""
+    runner, _, resumed, _ = jobs_run
+    code, log = runner.run(resumed, np=1)
+    assert code != 0
+    assert "written by 2 TensorFlow workers and this try runs 1" in log and "resumes on any number" in log

@@ -65,6 +65,8 @@ _OPS: dict[str, tuple[tuple[str, str, str], Callable[..., Any]]] = {
                   .list_namespaced_pod(ns, label_selector=selector, **o)),
     "read_pod_log": (("", "pods/log", "get"), lambda c, api, o, ns, name, kw: c.CoreV1Api(api)
                      .read_namespaced_pod_log(name, ns, **o, **kw)),
+    # Cluster-scoped (a ClusterRole grants it): how many workers the cluster can place (capacity.py).
+    "list_nodes": (("", "nodes", "list"), lambda c, api, o: c.CoreV1Api(api).list_node(**o)),
 }
 API_CALLS: frozenset[tuple[str, str, str]] = frozenset(rbac for rbac, _ in _OPS.values())
 
@@ -334,6 +336,10 @@ class KubernetesClient:
                             since_seconds: int | None = None, tail_lines: int | None = None) -> str:
         raw = await self._araw("read_pod_log", namespace, name, _log_args(container, since_seconds, tail_lines))
         return raw.decode("utf-8", errors="replace")
+
+    # -- nodes ------------------------------------------------------------------------------------
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return self._json("list_nodes").get("items") or []
 
     # -- create, or reattach to what an earlier attempt created -------------------------------------
     def _create(self, kind: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:

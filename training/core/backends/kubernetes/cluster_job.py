@@ -10,12 +10,13 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 from ..base import Backend, JobNotFound, JobStatus, LogChunk
 from ..job_spec import JobSpec
 from . import labels as L
 from ..connections import Connections
+from .capacity import worker_capacity
 from .client import KubernetesApiError, KubernetesClient
 from .job_parts import build_configmap, configmap_name
 
@@ -167,6 +168,14 @@ class ClusterJobBackend(Backend):
 
     def _call(self, op: str) -> Any:
         return getattr(self.client, op.format(self.resource))
+
+    # -- capacity -------------------------------------------------------------------------------
+    def capacity(self, num_workers: int, avoid_nodes: Sequence[str] = ()) -> int:
+        """Ready, schedulable nodes the workers' node selector and tolerations allow, less `avoid_nodes`, one
+        worker each (capacity.py), at most num_workers."""
+        nodes = self.client.list_nodes()
+        return min(num_workers, worker_capacity(nodes, self.settings.node_selector, self.settings.tolerations,
+                                                avoid_nodes))
 
     # -- launch / reattach ----------------------------------------------------------------------
     def manifests(self, spec: JobSpec) -> tuple[dict[str, Any], dict[str, Any]]:

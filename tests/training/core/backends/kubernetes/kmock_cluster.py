@@ -25,6 +25,7 @@ MPIJOBS = "kubeflow.org/v2beta1/mpijobs"
 TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
 PODS = "v1/pods"
 CONFIGMAPS = "v1/configmaps"
+NODES = "v1/nodes"
 # The label each job kind's operator puts on every pod of a job, valued with the job's name: the MPI
 # Operator's, and the JobSet's (a TrainJob's JobSet is named like it).
 JOB_POD_LABELS = {MPIJOBS: "training.kubeflow.org/job-name", TRAINJOBS: "jobset.sigs.k8s.io/jobset-name"}
@@ -166,7 +167,7 @@ class Cluster:
         async with FaithfulEmulator() as k, kmock.Server(k, host="127.0.0.1") as server:
             self.k = k
             self.url = str(server.url).rstrip("/")
-            for resource in (MPIJOBS, TRAINJOBS, PODS, CONFIGMAPS):
+            for resource in (MPIJOBS, TRAINJOBS, PODS, CONFIGMAPS, NODES):
                 k.resources[resource] = {}
             # The log subresource is not an object: serve the text the test scripted for that pod.
             k["get", kmock.resource(PODS), kmock.subresource("log")] << self._serve_log
@@ -192,6 +193,14 @@ class Cluster:
         obj = dict(obj)
         obj.setdefault("metadata", {}).update(name=name, namespace=namespace)
         self.call(lambda: self.k.objects.__setitem__((kmock.resource(resource), namespace, name), obj))
+
+    def add_node(self, name: str, *, ready: bool = True, unschedulable: bool = False,
+                 labels: dict[str, str] | None = None, taints: list[dict[str, str]] | None = None) -> None:
+        """A node as the kubelet reports it (its Ready condition) and as an admin may cordon or taint it."""
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}},
+                "spec": {"unschedulable": unschedulable, "taints": taints or []},
+                "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+        self.call(lambda: self.k.objects.__setitem__((kmock.resource(NODES), None, name), node))
 
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
         def read() -> Any:

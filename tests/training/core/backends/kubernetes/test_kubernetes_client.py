@@ -67,6 +67,9 @@ def test_api_calls_lists_exactly_what_the_client_uses(cluster, client):
     assert asyncio.run(client.aget_trainjob(NS, "t"))["metadata"]["name"] == "t"
     assert client.delete_trainjob(NS, "t") is True and asyncio.run(client.adelete_trainjob(NS, "t")) is False
 
+    cluster.add_node("n1")
+    assert [n["metadata"]["name"] for n in client.list_nodes()] == ["n1"]  # cluster-scoped: the min_workers count
+
     made = {_verb(r) for r in cluster.requests() if r.resource is not None}
     assert made == set(API_CALLS)
 

@@ -1,0 +1,149 @@
+"""The cost of world-size-free shards (issue 21): per-rank partitions (the code of the last revision that had them,
+or --baseline's, run from a temporary export of that revision) against this checkout's layout (a v4 manifest: one global stream per epoch,
+dealt to the ranks by the global cursor), on the same dataset of a few hundred MB of float32 rows.
+
+1. Shard time: `ringflow shard` of the same Parquet dataset into 2 partition files, by each revision, in
+   alternating order, `--repeats` times each.
+2. Training throughput: a 2-worker Horovod job (the small MLP of the throughput benches, one epoch, the
+   defaults otherwise) on each revision's shards, by that revision, alternating; samples/s after warm-up as
+   the job's result.json counts it (the slowest rank's rate times the ranks).
+
+Ratios are this checkout's over the baseline's, medians of the repeats, measured side by side: the machine is
+shared, so absolute figures vary run to run and only the ratios are meant to be compared.
+
+    .venv/bin/python -m bench.sharding_order [--rows 400000] [--repeats 4] [--baseline REV] [--out NAME]
+                                             [--results-dir DIR]
+
+Results: bench/results/<out>.json and <out>.md, with the command (linked from the README).
+"""
+from __future__ import annotations
+
+if not __package__:  # run as a file: its relative imports would fail with a message that does not say why
+    raise SystemExit(f"run it as a module from the repository root: python -m bench.{__file__.rsplit('/', 1)[-1][:-3]}")
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .common import BATCH, CLASSES, FEATURES, HIDDEN, REPO, importable, machine, spread
+from .results_file import add_results_arguments, write_results
+
+THIS, BASELINE = "this checkout (v4: one global stream)", "baseline (per-rank partitions)"
+# The last revision whose shards were per-rank partitions (this branch's starting point on main): the default
+# baseline, which stays right after the world-size-free layout is merged into main.
+PER_RANK_REVISION = "eed7b695ae67ef67003cf6a07a9b4db3b78e2b95"
+
+
+def export_revision(revision: str, into: Path) -> dict[str, str]:
+    """`revision`'s training package under into/, importable as `ringflow.training` ahead of the editable
+    install (PYTHONPATH wins over its finder); the environment that runs it (its ranks inherit it)."""
+    src, pkg = into / "src", into / "pkg" / "ringflow"
+    src.mkdir(parents=True)
+    pkg.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "training"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    (pkg / "training").symlink_to(src / "training")
+    (pkg / "__init__.py").write_text("")
+    env = importable(dict(os.environ))
+    env["PYTHONPATH"] = os.pathsep.join([str(into / "pkg"), env["PYTHONPATH"]])
+    return env
+
+
+def write_dataset(path: Path, rows: int) -> int:
+    """Random classification rows (FEATURES float32 columns, an int target), seeded; its size in bytes."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    schema = pa.schema([*[(f"f{i}", pa.float32()) for i in range(FEATURES)], ("target", pa.int64())])
+    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        for start in range(0, rows, 50_000):
+            n = min(50_000, rows - start)
+            x = rng.standard_normal((n, FEATURES)).astype("float32")
+            columns = [pa.array(x[:, i]) for i in range(FEATURES)] + [pa.array(rng.integers(0, CLASSES, n))]
+            writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+    return rows * (FEATURES * 4 + 8)
+
+
+def shard(env: dict[str, str], dataset: Path, out: Path) -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "ringflow.training.core.cli", "shard", str(dataset), str(out),
+                    "--workers", "2", "--batch-size", str(BATCH), "--eval-fraction", "0.0"],
+                   env=env, check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+def train(env: dict[str, str], manifest: Path, run: Path) -> float:
+    config = run.with_suffix(".json")
+    config.write_text(json.dumps({"manifest_uri": str(manifest), "run_uri": str(run), "epochs": 1,
+                                  "batch_size": BATCH, "learning_rate": 0.01, "engine": "horovod",
+                                  "model": {"hidden": HIDDEN}}))
+    proc = subprocess.run([sys.executable, "-m", "ringflow.training.core.cli", "train", str(config), "--np", "2"],
+                          env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"the job on {manifest} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    from ringflow.training.formats.run_result import read_result
+    from ringflow.training.store import LocalFolderStore
+
+    return float(read_result(LocalFolderStore(str(run))).samples_per_sec_after_warmup)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=400_000, help="dataset rows (default: ~200 MB of float32)")
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--baseline", default=PER_RANK_REVISION,
+                        help="the git revision to compare against (default: the last with per-rank partitions)")
+    add_results_arguments(parser, "sharding_order")
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="ringflow-bench-sharding-order-"))
+    try:
+        envs = {BASELINE: export_revision(args.baseline, root / "baseline"), THIS: importable(dict(os.environ))}
+        dataset = root / "data.parquet"
+        data_bytes = write_dataset(dataset, args.rows)
+        shard_seconds: dict[str, list[float]] = {name: [] for name in envs}
+        rates: dict[str, list[float]] = {name: [] for name in envs}
+        for r in range(args.repeats):
+            order = list(envs) if r % 2 == 0 else list(reversed(envs))
+            for name in order:
+                out = root / f"shards-{r}-{list(envs).index(name)}"
+                shard_seconds[name].append(shard(envs[name], dataset, out))
+            for name in order:
+                out = root / f"shards-{r}-{list(envs).index(name)}"
+                rates[name].append(train(envs[name], out / "manifest.json", root / f"run-{r}-{list(envs).index(name)}"))
+            for name in envs:  # a few hundred MB each: only one repeat's on disk at a time
+                shutil.rmtree(root / f"shards-{r}-{list(envs).index(name)}", ignore_errors=True)
+                shutil.rmtree(root / f"run-{r}-{list(envs).index(name)}", ignore_errors=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    def ratio(series: dict[str, list[float]]) -> float:
+        return statistics.median(series[THIS]) / statistics.median(series[BASELINE])
+
+    summary = {"rows": args.rows, "data_mb": round(data_bytes / 2**20), "baseline": args.baseline,
+               "repeats": args.repeats, "shard_seconds": shard_seconds, "samples_per_sec": rates,
+               "shard_time_ratio": ratio(shard_seconds), "throughput_ratio": ratio(rates), "machine": machine()}
+    lines = [f"# World-size-free shards against per-rank partitions ({args.rows:,} rows, "
+             f"{summary['data_mb']} MB of float32 rows, 2 files, 2 Horovod workers)", "",
+             "| | shard time, s | training, samples/s |", "|---|---|---|"]
+    for name in (BASELINE, THIS):
+        lines.append(f"| {name} | {spread(shard_seconds[name], 1)} | {spread(rates[name], 0)} |")
+    lines += [f"| **ratio, this / baseline** | **{summary['shard_time_ratio']:.2f}** | "
+              f"**{summary['throughput_ratio']:.2f}** |", "",
+              f"Medians (min–max) of {args.repeats} repeats, the two revisions alternating; baseline = "
+              f"`{args.baseline}`, run from an export of that revision. Machine: {machine()['cpus']} CPUs, shared."]
+    write_results(args, summary, lines)
+
+
+if __name__ == "__main__":
+    main()
