@@ -59,7 +59,9 @@ class Gate:
         """None if the candidate passes, else the reason it does not, in words. remedies: what the training
         run's retries changed (RunResult.remedies)."""
         if self.require_no_remediation and remedies:
-            changed = "; ".join(f"try {r.get('try')}: {r.get('remedy')} after {r.get('verdict')}" for r in remedies)
+            from .remediation import remedy_words
+
+            changed = "; ".join(remedy_words(r) for r in remedies)
             return (f"the training run was remediated ({changed}) and the gate requires no remediation; review the "
                     "run and promote it by hand, or set require_no_remediation=False")
         if self.allowed_verdicts is not None and verdict is None:
