@@ -7,14 +7,17 @@ slowly, is waited for. Otherwise STALLED means no progress for `stall_seconds`: 
 before the first step, start-up showed no sign of progress (a phase begun, a wait for the store ended) for
 that long, or STARTUP_SECONDS if longer (verdict.stall_limit says why), however long start-up takes.
 
-Outside the job (`judged_outside`, the Airflow trigger): rank 0's heartbeat carries the same reading. On
-time, it is judged as in the job. Late, it is either the job (a dead or frozen rank 0, a lost host) or the
-store that does not take the heartbeat's writes; the watcher tells them apart by the store itself: how long
-the heartbeat's own last write took, and how long the watcher's own reads and probe write take
-(`store_slow_seconds`). A slow store is waited for up to store_timeout_seconds, then STORE_UNAVAILABLE;
-a fast store and no heartbeat is silence, judged like the job's.
+Outside the job (`judged_outside`, the Airflow trigger): rank 0's heartbeat carries the same reading, judged
+as in the job however late the beat arrives. Late, it is either the job (a dead or frozen rank 0, a lost host)
+or the store that does not take the heartbeat's writes; the watcher tells them apart by the store itself: how
+long the heartbeat's own last write took, and how long the watcher's own reads and probe write take
+(`StoreSeen`). A slow store is waited for up to store_timeout_seconds, then STORE_UNAVAILABLE; a store whose
+probe write, begun after the beat went late, came back at once, and no heartbeat is silence, judged like the
+job's.
 """
 from __future__ import annotations
+
+import dataclasses
 
 from .heartbeat import Heartbeat, ENDED
 from .progress import ProgressReading
@@ -40,44 +43,75 @@ def judged_in_job(reading: ProgressReading, stall_seconds: float, store_timeout_
                    phase=reading.phase if reading.step is None else None)
 
 
+@dataclasses.dataclass(frozen=True)
+class StoreSeen:
+    """What the watcher knows of the run folder's store (core/runs/store_probe.py), on its own clock (unix
+    seconds)."""
+    slow_seconds: float         # how slow its access is now: this poll's reads, its probe write in flight or
+                                # just finished; 0 for a store that answers at once
+    answered_at: float | None   # when the newest probe write that has come back began; None: none has
+    slow_until: float | None = None  # when the store was last seen slow (a slow probe write or poll's reads)
+
+
 def judged_outside(beat: Heartbeat | None, now: float, interval: float, stall_seconds: float,
-                   store_timeout_seconds: float, watching_since: float, store_slow_seconds: float,
+                   store_timeout_seconds: float, watching_since: float, store: StoreSeen,
                    store_uri: str, records_step: int | None = None) -> Verdict | None:
     """The watcher's verdict on the attempt whose last heartbeat is `beat` (None: none yet, counted from
     `watching_since`, when the watcher saw the job running); None while it is alive or once it has ended.
-    store_slow_seconds: how long the watcher's own access to the run folder's store has been slow (its
-    reads this poll, its probe write in flight or just finished); 0 when the store answers at once.
     records_step: the last step the attempt's health records show: a late beat written during start-up
     (rank 0 went silent between two beats, after its first step) is judged as training, not start-up."""
     if beat is not None and beat.state == ENDED:
         return None
-    late = now - (beat.time if beat is not None else watching_since)
-    if beat is not None and late <= LATE_AFTER_INTERVALS * interval:  # on time: the job's own reading
-        if beat.waiting is not None:
-            if beat.waiting.idle_seconds > store_timeout_seconds:
-                return store_unavailable(beat.waiting.store_uri, beat.waiting.what, beat.waiting.idle_seconds,
-                                         store_timeout_seconds, "the heartbeat of rank 0", last_step=beat.step)
-            return None
-        return stalled(beat.silent_seconds, _limit(beat, stall_seconds), beat.step, "the heartbeat of rank 0",
-                       phase=beat.phase if beat.step is None else None)
+    if beat is not None:
+        # What rank 0 read when it wrote the beat holds however late the beat arrives: a store slow to take
+        # heartbeats (a disk busy with fsyncs) must not hide a silence the beat itself already reports.
+        own = _as_written(beat, stall_seconds, store_timeout_seconds)
+        if own is not None:
+            return own
+    last_word = beat.time if beat is not None else watching_since
+    late = now - last_word
+    due = LATE_AFTER_INTERVALS * interval
+    if beat is not None and late <= due:  # on time: the job's own reading said it
+        return None
     writes_slow = beat is not None and beat.write_seconds > interval
-    if writes_slow or store_slow_seconds > interval:  # the store, not the job, keeps the heartbeat away
+    if writes_slow or store.slow_seconds > interval:  # the store, not the job, keeps the heartbeat away
         if late > store_timeout_seconds:
             return store_unavailable(store_uri, "writes of heartbeat.json", late, store_timeout_seconds,
                                      f"the watcher: no heartbeat for {late:.0f}s while the store answered in "
-                                     f"{max(store_slow_seconds, beat.write_seconds if beat else 0):.0f}s",
+                                     f"{max(store.slow_seconds, beat.write_seconds if beat else 0):.0f}s",
                                      last_step=beat.step if beat else None)
         return None
+    # The store answers now. Time it was seen slow is no silence: the heartbeat it held back (and rank 0's
+    # writes queued behind it) get their interval again from when it was last slow.
+    heard_from = max(last_word, store.slow_until) if store.slow_until is not None else last_word
+    unheard = now - heard_from
+    if beat is not None and unheard <= due:
+        return None
+    if store.answered_at is None or store.answered_at < heard_from + due:
+        # The watcher's probe has not come back since then: a store that just stopped taking writes looks
+        # fast until its probe write is seen to hang. Silence is called only against a store seen to answer.
+        return None
     if beat is None:
-        return stalled(late, stall_limit(stall_seconds, True), None,
+        return stalled(unheard, stall_limit(stall_seconds, True), None,
                        "the watcher: no heartbeat from this attempt since it started")
-    # The store answers at once and rank 0 says nothing: silence since its last word (a wait for the
-    # store it reported then is not silence, but nothing since is).
-    silent = late if beat.waiting is not None else beat.silent_seconds + late
+    # Rank 0 says nothing: silence since its last word (a wait for the store it reported then is not
+    # silence, but nothing since is), less the time the store was seen slow.
+    silent = unheard if beat.waiting is not None else beat.silent_seconds + unheard
     step = beat.step if beat.step is not None else records_step
     return stalled(silent, stall_limit(stall_seconds, step is None), step,
                    f"the watcher: no heartbeat for {late:.0f}s (due every {interval:g}s)",
                    phase=beat.phase if step is None else None)
+
+
+def _as_written(beat: Heartbeat, stall_seconds: float, store_timeout_seconds: float) -> Verdict | None:
+    """The in-job rule on the reading the beat carries."""
+    if beat.waiting is not None:
+        if beat.waiting.idle_seconds > store_timeout_seconds:
+            return store_unavailable(beat.waiting.store_uri, beat.waiting.what, beat.waiting.idle_seconds,
+                                     store_timeout_seconds, "the heartbeat of rank 0", last_step=beat.step)
+        return None
+    return stalled(beat.silent_seconds, _limit(beat, stall_seconds), beat.step, "the heartbeat of rank 0",
+                   phase=beat.phase if beat.step is None else None)
 
 
 def _limit(beat: Heartbeat, stall_seconds: float) -> float:

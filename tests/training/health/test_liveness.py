@@ -4,7 +4,7 @@ and STALLED is the training thread's own silence, at start-up as in training."""
 import pytest
 
 from ringflow.training.health.heartbeat import ENDED, Heartbeat
-from ringflow.training.health.liveness import judged_in_job, judged_outside
+from ringflow.training.health.liveness import StoreSeen, judged_in_job, judged_outside
 from ringflow.training.health.progress import FETCH, FIRST_STEP, RENDEZVOUS, TRAINING, ProgressReading
 from ringflow.training.health.store_ops import StoreOpReading
 from ringflow.training.health.verdict import STARTUP_SECONDS
@@ -64,45 +64,62 @@ def beat(written_at, silent, state="running", step=40, phase=TRAINING, wait=None
     return Heartbeat("a1", 3, written_at, step, silent, written_at - silent, state, phase, {}, wait, write_seconds)
 
 
+FAST = 0.0  # a store column as a number: how slow the store is, its probe back just now (at `now`)
 OUTSIDE = [
-    # name, heartbeat, now, store_slow_seconds, (status, evidence) or None
-    ("on time: the job's own reading", beat(1000.0, 2.0), 1004.0, 0.0, None),
-    ("on time, a slow step past the limit", beat(1000.0, 31.0), 1004.0, 0.0, ("STALLED", {"seconds": 31.0})),
-    ("on time, waiting for a slow store", beat(1000.0, 400.0, wait=waiting(idle=3.0)), 1004.0, 0.0, None),
-    ("on time, waiting for a store that moves nothing", beat(1000.0, 400.0, wait=waiting(idle=320.0)), 1004.0, 0.0,
+    # name, heartbeat, now, store (slow seconds, or a StoreSeen), (status, evidence) or None
+    ("on time: the job's own reading", beat(1000.0, 2.0), 1004.0, FAST, None),
+    ("on time, a slow step past the limit", beat(1000.0, 31.0), 1004.0, FAST, ("STALLED", {"seconds": 31.0})),
+    ("on time, waiting for a slow store", beat(1000.0, 400.0, wait=waiting(idle=3.0)), 1004.0, FAST, None),
+    ("on time, waiting for a store that moves nothing", beat(1000.0, 400.0, wait=waiting(idle=320.0)), 1004.0, FAST,
      ("STORE_UNAVAILABLE", {"seen_by": "the heartbeat of rank 0"})),
     ("late and the store answers at once: silence from its last word", beat(1000.0, 2.0), 1029.0, 0.05,
      ("STALLED", {"seconds": 31.0, "last_step": 40})),
+    ("late, the store looks fast but the probe begun since it went late is not back: not yet silence",
+     beat(1000.0, 2.0), 1029.0, StoreSeen(0.05, 1005.0), None),
+    ("late, the probe begun as it went late is back", beat(1000.0, 2.0), 1029.0, StoreSeen(0.05, 1010.0),
+     ("STALLED", {"seconds": 31.0})),
+    ("late, no probe back yet at all", beat(1000.0, 2.0), 1029.0, StoreSeen(0.0, None), None),
+    ("late, the store slow until just now: the held beat gets its interval again",
+     beat(1000.0, 2.0), 1029.0, StoreSeen(0.05, 1028.0, slow_until=1025.0), None),
+    ("still nothing long after the store was last slow: silence, less the time it was slow",
+     beat(1000.0, 2.0), 1060.0, StoreSeen(0.05, 1059.0, slow_until=1025.0), ("STALLED", {"seconds": 37.0})),
     ("late, not yet past the limit", beat(1000.0, 2.0), 1020.0, 0.05, None),
-    ("late because the store does not take writes (the watcher's probe hangs too)", beat(1000.0, 2.0), 1200.0, 190.0,
-     None),
-    ("late because its own writes were slow", beat(1000.0, 2.0, write_seconds=40.0), 1200.0, 0.0, None),
+    ("late because the store does not take writes (the watcher's probe hangs too)", beat(1000.0, 2.0), 1200.0,
+     190.0, None),
+    ("late because its own writes were slow", beat(1000.0, 2.0, write_seconds=40.0), 1200.0, FAST, None),
+    ("late, its writes slow, but the beat itself reports silence past the limit (a disk busy with fsyncs)",
+     beat(1000.0, 31.0, write_seconds=3.0), 1012.0, 3.0, ("STALLED", {"seconds": 31.0})),
     ("a store that takes no write for store_timeout", beat(1000.0, 2.0), 1301.0, 290.0,
      ("STORE_UNAVAILABLE", {"operation": "writes of heartbeat.json", "store": "s3://b/run"})),
     ("late after saying it waits for the store, and the store is fine: silence since then",
-     beat(1000.0, 500.0, wait=waiting(idle=1.0)), 1031.0, 0.0, ("STALLED", {"seconds": 31.0})),
+     beat(1000.0, 500.0, wait=waiting(idle=1.0)), 1031.0, FAST, ("STALLED", {"seconds": 31.0})),
+    ("late, its last word a wait that moved nothing for store_timeout", beat(1000.0, 400.0, wait=waiting(idle=320.0)),
+     1100.0, 90.0, ("STORE_UNAVAILABLE", {"seen_by": "the heartbeat of rank 0"})),
     ("starting (no step yet): the rendezvous allowance", beat(1000.0, 40.0, step=None, phase=RENDEZVOUS), 1001.0,
-     0.0, None),
-    ("starting, fetching with nothing moving", beat(1000.0, 61.0, step=None, phase=FETCH), 1001.0, 0.0,
+     FAST, None),
+    ("starting, fetching with nothing moving", beat(1000.0, 61.0, step=None, phase=FETCH), 1001.0, FAST,
      ("STALLED", {"phase": FETCH})),
-    ("ended: nothing to count", beat(1000.0, 2.0, state=ENDED), 9999.0, 0.0, None),
-    ("no heartbeat yet: since the watcher saw it run, allowing for start-up", None, 1030.0, 0.0, None),
-    ("no heartbeat past the start-up allowance", None, 1061.0, 0.0, ("STALLED", {"limit": STARTUP_SECONDS})),
+    ("ended: nothing to count", beat(1000.0, 2.0, state=ENDED), 9999.0, FAST, None),
+    ("no heartbeat yet: since the watcher saw it run, allowing for start-up", None, 1030.0, FAST, None),
+    ("no heartbeat past the start-up allowance", None, 1061.0, FAST, ("STALLED", {"limit": STARTUP_SECONDS})),
+    ("no heartbeat past the allowance, the probe not back", None, 1061.0, StoreSeen(0.0, 1005.0), None),
     ("no heartbeat, and the store does not take writes", None, 1061.0, 50.0, None),
 ]
 
 
-@pytest.mark.parametrize("name, heartbeat, now, store_slow, expected", OUTSIDE, ids=[c[0] for c in OUTSIDE])
-def test_outside(name, heartbeat, now, store_slow, expected):
-    check(judged_outside(heartbeat, now, INTERVAL, STALL, STORE_TIMEOUT, 1000.0, store_slow, "s3://b/run"), expected)
+@pytest.mark.parametrize("name, heartbeat, now, store, expected", OUTSIDE, ids=[c[0] for c in OUTSIDE])
+def test_outside(name, heartbeat, now, store, expected):
+    if not isinstance(store, StoreSeen):
+        store = StoreSeen(store, now)
+    check(judged_outside(heartbeat, now, INTERVAL, STALL, STORE_TIMEOUT, 1000.0, store, "s3://b/run"), expected)
 
 
 def test_a_live_job_is_never_silent_between_health_records():
     """Health records every 10 steps of 20 s each, stall_seconds 60: each heartbeat says < 20 s, whatever
     the gap between records; the old watcher called this STALLED after 60 s without a record."""
     for t in range(0, 300, 5):
-        assert judged_outside(beat(1000.0 + t, t % 20), 1000.0 + t + 2, INTERVAL, 60, STORE_TIMEOUT, 1000.0, 0.0,
-                              "s3://b/run") is None
+        assert judged_outside(beat(1000.0 + t, t % 20), 1000.0 + t + 2, INTERVAL, 60, STORE_TIMEOUT, 1000.0,
+                              StoreSeen(0.0, 1000.0 + t), "s3://b/run") is None
 
 
 @pytest.mark.parametrize("records_step, expected", [
@@ -113,5 +130,6 @@ def test_a_late_beat_from_start_up_is_judged_by_what_the_records_show(records_st
     """Rank 0 beat while it fetched, trained 35 steps and froze before its next beat: its records say it is
     past start-up, so the silence is judged against stall_seconds, not the start-up allowance."""
     last = beat(1000.0, 1.0, step=None, phase=FETCH)
-    check(judged_outside(last, 1000.0 + STALL + 5, INTERVAL, STALL, STORE_TIMEOUT, 1000.0, 0.0, "s3://b/run",
+    check(judged_outside(last, 1000.0 + STALL + 5, INTERVAL, STALL, STORE_TIMEOUT, 1000.0,
+                         StoreSeen(0.0, 1000.0 + STALL), "s3://b/run",
                          records_step=records_step), expected)

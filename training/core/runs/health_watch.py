@@ -47,7 +47,7 @@ class HealthWatch:
         self._judge = HealthJudge(self.cfg)
         self._first_beat: tuple[str, int] | None = None
         self._polled = False
-        self._probe = StoreProbe(run)
+        self._probe = StoreProbe(run, slow_after=self.cfg.heartbeat_interval())
         self._folder = RunFolder(run)
         self._watched: tuple[str, ObjectStore] | None = None  # (attempt, where it writes) once it claimed
         self._first_current: int | None = None  # the pointer's attempt number at the first poll
@@ -93,9 +93,9 @@ class HealthWatch:
             interval = self.cfg.heartbeat_interval()
             since = watching_since if watching_since is not None else now
             if now - (beat.time if beat is not None else since) > LATE_AFTER_INTERVALS * interval:
-                self._probe.probe()  # late: is it the store? (its answer counts from the next poll on)
+                self._probe.probe()  # late: is it the store? (silence is called once its write is back)
             stall = judged_outside(beat, now, interval, self.cfg.stall_seconds, self.cfg.store_timeout_seconds,
-                                   since, self._probe.slow_seconds(), self._store.uri,
+                                   since, self._probe.seen(), self._store.uri,
                                    records_step=self._judge.last_step if own else None)
             if stall:
                 return self._dict(stall)

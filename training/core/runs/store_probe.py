@@ -4,7 +4,8 @@ When rank 0's heartbeat is late, either the job is silent (a dead or frozen rank
 does not take the heartbeat's writes. Reads alone cannot tell (a store can stall writes and answer reads),
 so the watcher writes a small object of its own (run_layout.WATCHER_PROBE) on a thread, one at a time, and
 judges the store by how long that write takes (or has been taking), and by how long its own reads of this
-poll took. liveness.judged_outside decides with the number `slow_seconds` gives.
+poll took. liveness.judged_outside decides with what `seen` gives: silence is called only once a probe write
+begun after the heartbeat went late has come back.
 """
 from __future__ import annotations
 
@@ -13,16 +14,23 @@ import threading
 import time
 
 from ...formats.run_layout import WATCHER_PROBE
+from ...health.liveness import StoreSeen
 from ...store.base import ObjectStore
 
 
 class StoreProbe:
-    def __init__(self, store: ObjectStore):
+    def __init__(self, store: ObjectStore, slow_after: float):
+        """slow_after: a write or a poll's reads taking longer than this is the store being slow (the
+        heartbeat's interval)."""
         self._store = store
+        self._slow_after = slow_after
         self._lock = threading.Lock()
         self._started: float | None = None  # monotonic start of the write in flight
+        self._started_at = 0.0              # its start on the wall clock (the heartbeat's clock)
+        self._answered_at: float | None = None  # wall-clock start of the last finished write
         self._last_seconds = 0.0            # how long the last finished write took (inf: it failed)
         self._reads = 0.0                   # how long the reads of the last poll took
+        self._slow_until: float | None = None  # wall clock: when the store was last seen slow
         self._seq = 0
 
     def probe(self) -> None:
@@ -30,7 +38,7 @@ class StoreProbe:
         with self._lock:
             if self._started is not None:
                 return
-            self._started = time.monotonic()
+            self._started, self._started_at = time.monotonic(), time.time()
             self._seq += 1
             payload = json.dumps({"seq": self._seq, "time": time.time()}).encode()
         threading.Thread(target=self._write, args=(payload,), name="ringflow-store-probe", daemon=True).start()
@@ -43,15 +51,21 @@ class StoreProbe:
             failed = True
         with self._lock:
             self._last_seconds = float("inf") if failed else time.monotonic() - self._started
-            self._started = None
+            self._started, self._answered_at = None, self._started_at
+            if self._last_seconds > self._slow_after:
+                self._slow_until = time.time()
 
     def read_took(self, seconds: float) -> None:
         """How long this poll's own reads of the store took."""
-        self._reads = seconds
+        with self._lock:
+            self._reads = seconds
+            if seconds > self._slow_after:
+                self._slow_until = time.time()
 
-    def slow_seconds(self) -> float:
+    def seen(self) -> StoreSeen:
         """How slow the store looks to the watcher now: the longest of the write in flight so far, the last
-        write, and this poll's reads. 0 for a store that answers at once."""
+        write, and this poll's reads (0 for a store that answers at once); when the last write that came
+        back began; when the store was last seen slow."""
         with self._lock:
             in_flight = time.monotonic() - self._started if self._started is not None else 0.0
-            return max(in_flight, self._last_seconds, self._reads)
+            return StoreSeen(max(in_flight, self._last_seconds, self._reads), self._answered_at, self._slow_until)

@@ -26,9 +26,10 @@ class Run:
             log.append(rec)
         return log
 
-    def beat(self, attempt, seq, silent, step=5, state="running", at=None):
+    def beat(self, attempt, seq, silent, step=5, state="running", at=None, write_seconds=0.0):
         at = time.time() if at is None else at
-        self.store.put_bytes(HEARTBEAT, Heartbeat(attempt, seq, at, step, silent, at - silent, state).to_json())
+        self.store.put_bytes(HEARTBEAT, Heartbeat(attempt, seq, at, step, silent, at - silent, state,
+                                                  write_seconds=write_seconds).to_json())
 
 
 def steps(first, last):
@@ -78,16 +79,33 @@ def test_no_records_for_longer_than_stall_seconds_is_not_a_stall(tmp_path):
         assert watch.poll(time.time(), since)["status"] == "HEALTHY"
 
 
-@pytest.mark.parametrize("silent, late, stalled", [(29.0, 0, False), (31.0, 0, True), (20.0, 15, True),
+@pytest.mark.parametrize("silent, late, stalled", [(29.0, 0, False), (31.0, 0, True), (20.0, 16, True),
                                                     (20.0, 5, False)])
 def test_stall_is_judged_on_the_heartbeat(tmp_path, silent, late, stalled):
     run = Run(tmp_path)
     run.attempt("a1", record("start", step=0), *steps(1, 5))
     run.beat("a1", 3, silent=silent, at=time.time() - late)  # heartbeat every 7.5 s: late after 15 s
-    got = HealthWatch(run.store, HEALTH, attempt="a1").poll(time.time(), time.time() - 100)
+    watch, since = HealthWatch(run.store, HEALTH, attempt="a1"), time.time() - 100
+    got = watch.poll(time.time(), since)
+    if late > 15:  # a late beat is silence once the probe write the watcher began on seeing it late is back
+        assert got["status"] == "HEALTHY", got
+        deadline = time.monotonic() + 30
+        while got["status"] == "HEALTHY" and time.monotonic() < deadline:
+            time.sleep(0.02)
+            got = watch.poll(time.time(), since)
     assert (got["status"] == "STALLED") == stalled and got["fatal"] == stalled
     if stalled:
         assert got["evidence"]["last_step"] == 5 and got["evidence"]["limit"] == 30
+
+
+def test_a_late_beat_that_reports_the_silence_itself_is_a_stall_however_slow_the_store(tmp_path):
+    """A disk busy with fsyncs makes every heartbeat late (its write took 10 s): the silence the beat itself
+    carries is still the job's own reading, judged at once (the store's slowness hid it before)."""
+    run = Run(tmp_path)
+    run.attempt("a1", record("start", step=0), *steps(1, 5))
+    run.beat("a1", 3, silent=31.0, at=time.time() - 16, write_seconds=10.0)
+    got = HealthWatch(run.store, HEALTH, attempt="a1").poll(time.time(), time.time() - 100)
+    assert got["status"] == "STALLED" and got["evidence"]["seconds"] == 31.0, got
 
 
 def test_an_ended_attempt_is_never_stalled(tmp_path):

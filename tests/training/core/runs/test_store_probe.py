@@ -1,0 +1,65 @@
+"""The watcher's probe of the run folder's store: how slow the store is now, when a probe write last came
+back, and when the store was last seen slow (liveness.judged_outside decides with it)."""
+import threading
+import time
+
+from ringflow.training.core.runs.store_probe import StoreProbe
+from ringflow.training.store.local import LocalFolderStore
+
+
+class HeldStore(LocalFolderStore):
+    """A store whose writes wait for `release` (a store that stalls writes)."""
+    def __init__(self, root):
+        super().__init__(str(root))
+        self.release = threading.Event()
+
+    def put_bytes(self, key, data):
+        self.release.wait(30)
+        super().put_bytes(key, data)
+
+
+def wait_for_answer(probe, after):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        seen = probe.seen()
+        if seen.answered_at is not None and seen.answered_at >= after:
+            return seen
+        time.sleep(0.01)
+    raise AssertionError("the probe write never came back")
+
+
+def test_a_fast_store_answers_and_is_never_seen_slow(tmp_path):
+    probe = StoreProbe(LocalFolderStore(str(tmp_path)), slow_after=1.0)
+    assert probe.seen().answered_at is None  # nothing known until a probe write is back
+    began = time.time()
+    probe.probe()
+    seen = wait_for_answer(probe, began)
+    assert seen.slow_seconds < 1.0 and seen.slow_until is None
+
+
+def test_a_held_write_is_slow_while_in_flight_and_remembered_once_back(tmp_path):
+    store = HeldStore(tmp_path)
+    probe = StoreProbe(store, slow_after=0.2)
+    began = time.time()
+    probe.probe()
+    time.sleep(0.5)
+    probe.probe()  # one write at a time: this one is not started
+    held = probe.seen()
+    assert held.slow_seconds >= 0.5 and held.answered_at is None
+    store.release.set()
+    back = wait_for_answer(probe, began)
+    assert back.slow_until is not None and back.slow_until >= began + 0.5  # when it came back
+    # A fast write after it: the store answers now, and when it was last slow is kept.
+    again = time.time()
+    probe.probe()
+    after = wait_for_answer(probe, again)
+    assert after.slow_seconds < 0.2 and after.slow_until == back.slow_until
+
+
+def test_slow_reads_count_as_a_slow_store(tmp_path):
+    probe = StoreProbe(LocalFolderStore(str(tmp_path)), slow_after=1.0)
+    probe.read_took(0.1)
+    assert probe.seen().slow_until is None
+    probe.read_took(3.0)
+    seen = probe.seen()
+    assert seen.slow_seconds == 3.0 and seen.slow_until is not None
