@@ -139,6 +139,7 @@ def test_a_store_that_stalls_writes_longer_than_stall_seconds_is_never_a_stall(
     assert not [v for v in outcome.watched.verdicts if v["status"] == "STALLED"], outcome.watched.verdicts
     assert "STALLED" not in outcome.output
     result = read_result(run)
+    assert result is not None, ("no result.json", outcome.output[-3000:])
     assert (result.verdict.status if result.verdict else None) == verdict, result
     if verdict == "STORE_UNAVAILABLE":
         assert result.verdict.evidence["store"].startswith(f"s3://{bucket}/runs/stall")

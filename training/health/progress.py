@@ -42,7 +42,10 @@ class Progress:
         self._lock = threading.Lock()
         self._step, self._phase, self._done = step, phase if step is None else TRAINING, {}
         self._mono, self._wall = time.monotonic(), time.time()
-        self._waiting: StoreOp | None = None
+        # Each thread's innermost wait (the training thread's, in practice), so that waits entered on two
+        # threads never restore each other's: a finished operation left as the wait would look idle and,
+        # after store_timeout_seconds, be judged STORE_UNAVAILABLE in a healthy run.
+        self._waiting: dict[int, StoreOp] = {}
 
     def _moved(self) -> None:
         self._mono, self._wall = time.monotonic(), time.time()
@@ -77,13 +80,17 @@ class Progress:
     @contextlib.contextmanager
     def waiting(self, op: StoreOp) -> Iterator[StoreOp]:
         """The training thread blocks on `op` inside this block: not silence, the store's time."""
+        thread = threading.get_ident()
         with self._lock:
-            outer, self._waiting = self._waiting, op
+            outer = self._waiting.pop(thread, None)
+            self._waiting[thread] = op
         try:
             yield op
         finally:
             with self._lock:
-                self._waiting = outer
+                del self._waiting[thread]
+                if outer is not None:
+                    self._waiting[thread] = outer
                 if self._step is None:  # start-up: what the phase has read or written so far
                     self._done["bytes"] = self._done.get("bytes", 0) + op.reading().bytes
                 self._moved()
@@ -91,7 +98,8 @@ class Progress:
     def read(self) -> ProgressReading:
         with self._lock:
             now = time.monotonic()
-            waiting = self._waiting.reading(now) if self._waiting is not None else None
+            op = next(reversed(self._waiting.values()), None)  # the wait entered last
+            waiting = op.reading(now) if op is not None else None
             done = dict(self._done)
             if waiting is not None and self._step is None:
                 done["bytes"] = done.get("bytes", 0) + waiting.bytes

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -223,10 +223,20 @@ class PartitionBatches:
         """The first file's source (an older manifest: the rank's partition)."""
         return self._source(0)
 
-    def _source(self, file: int) -> PartitionSource:
-        """File `file`, opened on first use (its footer read and checked: a store operation)."""
+    def _source(self, file: int, moved: Callable[[int], None] | None = None) -> PartitionSource:
+        """File `file`, opened on first use (its footer read and checked: a store operation).
+
+        moved: given by a window's load on the loader thread, whose operation the open is part of (the
+        training thread's wait, if any, is for that window). Progress.waiting is the training thread's
+        alone: entered from the loader thread too, the two threads' nested waits would restore each
+        other's, leaving a finished open as the wait of a thread that has moved on, idle until
+        store_timeout_seconds made it STORE_UNAVAILABLE."""
         if file not in self._sources:
             entry = self.entries[file]
+            if moved is not None:
+                self._sources[file] = open_partition(self._store, entry, moved,
+                                                     on_verify=lambda: self.progress.phase(VERIFY))
+                return self._sources[file]
             opening = StoreOp(f"read of {entry.key}'s index" if entry.indexed else f"download of {entry.key}",
                               self._store.uri, None if entry.indexed else entry.size or None)
             with self.progress.waiting(opening):
@@ -299,7 +309,7 @@ class PartitionBatches:
             by_file.setdefault(self.blocks[b].file, []).append(b)
         pieces: dict[int, pa.Table] = {}
         for file, mine in by_file.items():
-            table = self._source(file).read([self.blocks[b].group for b in mine], self._columns, moved)
+            table = self._source(file, moved).read([self.blocks[b].group for b in mine], self._columns, moved)
             at = 0
             for b in mine:
                 pieces[b] = table.slice(at, self.blocks[b].rows)
