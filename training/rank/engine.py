@@ -61,6 +61,11 @@ class Engine(abc.ABC):
         `sync_gradients`. Horovod waits there; DDP waits inside backward and measures it itself."""
         return waited
 
+    def end_step_early(self) -> None:
+        """The next backward pass ends the step with fewer than `accumulation_steps` passes (the run's last
+        step): its gradients are synced after it. Horovod needs nothing: its optimizer's synchronize()
+        all-reduces every gradient whose delay had not run out yet."""
+
     @abc.abstractmethod
     def apply_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """The optimizer step on the averaged gradients, without syncing them again."""

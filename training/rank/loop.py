@@ -3,7 +3,7 @@
     for each micro-batch from the cursor on (partial_loss: a partial or empty one weighs its rows):
         loss = callbacks.before_backward(loss_fn(model(x), y))      faults
         backward; callbacks.after_backward                            health: first NaN/Inf loss
-        every k-th micro-batch (engine.accumulation_steps):
+        every k-th micro-batch (engine.accumulation_steps), and the run's last:
             callbacks.before_sync; engine.sync_gradients; step += 1   faults: slow_sync (timed as sync)
             callbacks.on_gradients_ready  -> stop?                    health: measure (before the update)
             engine.apply_gradients
@@ -41,12 +41,13 @@ HOOKS = ("before_backward", "after_backward", "before_sync", "on_gradients_ready
 
 def last_step_of(data: PartitionData, cursor: Cursor, step: int, epochs: int, accumulation_steps: int) -> int:
     """The step a run at `step` and `cursor` ends at after `epochs`: each step is `accumulation_steps`
-    micro-batches (a checkpoint, so a cursor, is only ever at a step's end)."""
+    micro-batches but the last, which takes what is left (a checkpoint, so a cursor, is only ever at a
+    step's end)."""
     if cursor.epoch >= epochs:
         return step
     passes = (data.micro_batches(cursor) - cursor.batch
               + (epochs - cursor.epoch - 1) * data.micro_batches(Cursor(cursor.epoch + 1)))
-    return step + passes // accumulation_steps
+    return step + -(-passes // accumulation_steps)  # the run's last step may hold fewer passes
 
 
 def partial_loss(loss: torch.Tensor, rows: int, batch_size: int) -> torch.Tensor:
@@ -116,9 +117,15 @@ class TrainingLoop:
             self.epoch = epoch
             per_epoch = self.data.micro_batches(deal)
             step_started = time.perf_counter()
+            run_ends = epoch == self.epochs - 1
             for b, x, y in self.data.batches(self.seed, deal):
                 if not model.training:  # a callback may have evaluated the model
                     model.train()
+                # The run's last micro-batch ends its step however many passes it holds: the tail of the
+                # last epoch is trained on too, every sample once (its passes weigh 1/k each, as always).
+                last_pass = run_ends and b == per_epoch - 1
+                if last_pass and k > 1 and (passes + 1) % k:
+                    engine.end_step_early()
                 rows = len(x)
                 if rows:
                     loss = loss_fn(model(x), y)
@@ -134,7 +141,7 @@ class TrainingLoop:
                     hook(self)
                 samples += rows
                 passes += 1
-                if k > 1 and passes % k:
+                if k > 1 and passes % k and not last_pass:
                     continue  # accumulate: the engine all-reduces after the k-th backward pass
                 sync_started = time.perf_counter()
                 for hook in before_sync:

@@ -1,7 +1,7 @@
 """Which micro-batches a step trained on: the cursors of step `s`, from where the attempt started.
 
 The loop (loop.py) ends a step after every `accumulation_steps`-th backward pass, counted from the start of
-the attempt (a step may run across an epoch's end). An attempt starts at a step boundary (step 0, or a
+the attempt (a step may run across an epoch's end), and after the run's last one. An attempt starts at a step boundary (step 0, or a
 checkpoint's step and its settled cursor), so the start (`first_step`, `first_cursor`) and the loop's rule give
 every later step's micro-batches: nothing has to be recorded while training, and a replay finds the exact
 micro-batches of a step from the deterministic order alone.
@@ -18,9 +18,10 @@ from .partition_batches import Cursor
 
 
 def step_minibatches(step: int, first_step: int, first_cursor: Cursor, first_deal_batches: int,
-                     batches_per_epoch: int, accumulation_steps: int) -> list[Cursor]:
+                     batches_per_epoch: int, accumulation_steps: int, epochs: int) -> list[Cursor]:
     """The cursors of the micro-batches step `step` (1-based) trained on, in order, for an attempt that
-    started after step `first_step` at `first_cursor`. ValueError for a step this attempt did not train."""
+    started after step `first_step` at `first_cursor` and trains to the end of epoch `epochs` - 1 (the run's
+    last step takes what is left). ValueError for a step this attempt did not train."""
     if step <= first_step:
         raise ValueError(f"step {step} was not trained by this attempt, which started after step {first_step}")
     if batches_per_epoch < 1 or accumulation_steps < 1:
@@ -37,4 +38,7 @@ def step_minibatches(step: int, first_step: int, first_cursor: Cursor, first_dea
 
     # Backward passes (attempt_pass) (s - first_step - 1) * k .. (s - first_step) * k - 1 make step s.
     begin = (step - first_step - 1) * k
-    return [cursor_of(p) for p in range(begin, begin + k)]
+    cursors = [c for c in (cursor_of(p) for p in range(begin, begin + k)) if c.epoch < epochs]
+    if not cursors:
+        raise ValueError(f"step {step} is past the run's end (epoch {epochs - 1} ends before it)")
+    return cursors

@@ -132,15 +132,14 @@ class Trainer(RankRun):
         # the final checkpoint, and a checkpoint is taken last in a step.
         # Fault injection only on a rank with faults to inject: its hooks run on every micro-batch.
         faults = FaultInjection(cfg, self.rank)
+        # Rank 0 of a TrainJob reports progress into its status.trainerStatus (nothing elsewhere).
+        reporter = TrainerStatusReporter.from_environ(os.environ) if self.rank == 0 else None
         self.callbacks: list[Callback] = [
             *([faults] if faults.active else []), *callbacks, self.throughput, self.health, self.liveness,
             ProgressLog(self.rank, self.size, cfg.log_every_steps, cfg.batch_size, cfg.learning_rate),
             *([RowLog(cfg.row_log_dir, self.attempt, self.rank, self.size)] if cfg.row_log_dir else []),
-            *([self.garbage_collection] if self.garbage_collection else []), self.checkpointing]
-        # Rank 0 of a TrainJob reports progress into its status.trainerStatus (nothing elsewhere).
-        reporter = TrainerStatusReporter.from_environ(os.environ) if self.rank == 0 else None
-        if reporter is not None:
-            self.callbacks.append(TrainerStatusReporting(reporter, self.size))
+            *([self.garbage_collection] if self.garbage_collection else []),
+            *([TrainerStatusReporting(reporter, self.size)] if reporter is not None else []), self.checkpointing]
 
     def _new_model(self) -> tuple[torch.nn.Module, object]:
         """The config's model on this rank's device with its precision, and its loss: with torch seeded by
@@ -299,7 +298,8 @@ class Trainer(RankRun):
         started = time.monotonic()
         try:
             cursors = step_minibatches(step, self.step, self.cursor, self.data.micro_batches(self.cursor),
-                                       self.data.batches_per_epoch, self.engine.accumulation_steps)
+                                       self.data.batches_per_epoch, self.engine.accumulation_steps,
+                                       self.cfg.epochs)
             published = self.published()
             names = [name for name in published.names() if step_of(name) < step]
             found = store_call(self.progress, "read of the checkpoint to replay on", self.run_folder,

@@ -128,6 +128,19 @@ def test_gradients_of_k_micro_batches_make_one_step():
     assert sum(c[0] == "before_backward" for c in rec.calls) == 8
 
 
+def test_the_runs_last_step_takes_the_passes_left():
+    """k=3 over 2 epochs of 4 micro-batches: steps of 3, 3 and the last 2; no micro-batch is left out of
+    the model (the last epoch's tail was dropped before), and the engine is told the step ends early."""
+    rec = Recorder()
+    loop = make_loop([rec], k=3, data=Batches(batches_per_epoch=4))
+    ended_early = []
+    loop.engine.end_step_early = lambda: ended_early.append(loop.step)
+    assert loop.last_step == 3
+    assert loop.run() is None and loop.step == 3 and loop.finished
+    assert [c[2] for c in rec.calls if c[0] == "on_gradients_ready"] == [12, 12, 8]  # samples per step
+    assert ended_early == [2]  # before the run's last pass, in step 3
+
+
 def test_a_resumed_loop_starts_at_its_cursor():
     rec = Recorder()
     loop = make_loop([rec], step=4, cursor=Cursor(1, 1))

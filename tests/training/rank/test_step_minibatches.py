@@ -21,6 +21,8 @@ def loop_steps(first_cursor: Cursor, first_deal: int, per_epoch: int, k: int, ep
                 continue
             step += 1
             steps[step], current = current, []
+    if current:  # the run's last step: what is left
+        steps[step + 1] = current
     return steps
 
 
@@ -33,24 +35,28 @@ def loop_steps(first_cursor: Cursor, first_deal: int, per_epoch: int, k: int, ep
 def test_every_step_is_the_loops(first_cursor, first_deal, per_epoch, k):
     first_step = 11  # the checkpoint's step the attempt resumed from: steps are counted on from it
     for step, cursors in loop_steps(first_cursor, first_deal, per_epoch, k, epochs=5).items():
-        assert step_minibatches(first_step + step, first_step, first_cursor, first_deal, per_epoch, k) == cursors, step
+        assert step_minibatches(first_step + step, first_step, first_cursor, first_deal, per_epoch, k, 5) == cursors, step
 
 
-# (step, first step, first cursor, first deal's micro-batches, micro-batches per epoch, accumulation) -> cursors
+# (step, first step, first cursor, first deal's micro-batches, micro-batches per epoch, accumulation, epochs)
+# -> cursors
 ROWS = [
-    (1, 0, Cursor(0, 0), 5, 5, 1, [Cursor(0, 0)]),
-    (6, 0, Cursor(0, 0), 5, 5, 1, [Cursor(1, 0)]),
-    (3, 0, Cursor(0, 0), 5, 5, 2, [Cursor(0, 4), Cursor(1, 0)]),  # a step across an epoch's end
-    (21, 20, Cursor(4, 0), 5, 5, 1, [Cursor(4, 0)]),  # resumed at step 20
-    (22, 20, Cursor(4, 0, LEFT), 3, 5, 2, [Cursor(4, 2, LEFT), Cursor(5, 0)]),  # the rest of a settled deal, on
+    (1, 0, Cursor(0, 0), 5, 5, 1, 9, [Cursor(0, 0)]),
+    (6, 0, Cursor(0, 0), 5, 5, 1, 9, [Cursor(1, 0)]),
+    (3, 0, Cursor(0, 0), 5, 5, 2, 9, [Cursor(0, 4), Cursor(1, 0)]),  # a step across an epoch's end
+    (21, 20, Cursor(4, 0), 5, 5, 1, 9, [Cursor(4, 0)]),  # resumed at step 20
+    (22, 20, Cursor(4, 0, LEFT), 3, 5, 2, 9, [Cursor(4, 2, LEFT), Cursor(5, 0)]),  # the rest of a settled deal, on
+    (5, 0, Cursor(0, 0), 7, 7, 3, 2, [Cursor(1, 5), Cursor(1, 6)]),  # the run's last step: 2 passes of 3 left
 ]
 
 
-@pytest.mark.parametrize("step, first_step, first_cursor, first_deal, per_epoch, k, cursors", ROWS)
-def test_table(step, first_step, first_cursor, first_deal, per_epoch, k, cursors):
-    assert step_minibatches(step, first_step, first_cursor, first_deal, per_epoch, k) == cursors
+@pytest.mark.parametrize("step, first_step, first_cursor, first_deal, per_epoch, k, epochs, cursors", ROWS)
+def test_table(step, first_step, first_cursor, first_deal, per_epoch, k, epochs, cursors):
+    assert step_minibatches(step, first_step, first_cursor, first_deal, per_epoch, k, epochs) == cursors
 
 
-def test_a_step_before_the_attempt_is_refused():
+def test_a_step_before_the_attempt_or_after_the_run_is_refused():
     with pytest.raises(ValueError, match="not trained by this attempt"):
-        step_minibatches(20, 20, Cursor(4, 0), 5, 5, 1)
+        step_minibatches(20, 20, Cursor(4, 0), 5, 5, 1, 9)
+    with pytest.raises(ValueError, match="past the run's end"):
+        step_minibatches(6, 0, Cursor(0, 0), 7, 7, 3, 2)

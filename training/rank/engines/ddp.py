@@ -82,12 +82,14 @@ class AccumulatingDDP(DistributedDataParallel):
         super().__init__(module, **kwargs)
         self.accumulation_steps = accumulation_steps
         self._passes = 0
+        self.sync_next = False  # the next pass ends its step early (the run's last step: end_step_early)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.accumulation_steps == 1 or not (self.training and torch.is_grad_enabled()):
             return super().forward(*args, **kwargs)
         self._passes += 1
-        if self._passes % self.accumulation_steps == 0:
+        if self._passes % self.accumulation_steps == 0 or self.sync_next:
+            self._passes, self.sync_next = 0, False
             return super().forward(*args, **kwargs)
         with self.no_sync():
             return super().forward(*args, **kwargs)
@@ -179,6 +181,11 @@ class DdpEngine(Engine):
 
     def step_sync_seconds(self, waited: float) -> float:
         return waited + self._last_sync
+
+    def end_step_early(self) -> None:
+        # DDP decides in forward whether the backward that follows all-reduces.
+        if self._ddp is not None:
+            self._ddp.sync_next = True
 
     def apply_gradients(self, optimizer) -> None:
         self.precision.step(optimizer)

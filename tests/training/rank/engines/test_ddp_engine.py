@@ -44,6 +44,15 @@ def test_only_every_kth_pass_all_reduces_and_checkpoints_see_the_users_module(wo
         hooked.append(bool(engine.clock._spans))
         engine.clock._spans.clear()
     assert hooked == [False, False, True, False, False, True]
+    # The run's last step, 2 passes of 3: the engine is told before its last pass, which all-reduces; the
+    # count starts again after it.
+    for i in range(5):
+        if i == 1:
+            engine.end_step_early()
+        ddp(torch.randn(2, 3)).sum().backward()
+        hooked.append(bool(engine.clock._spans))
+        engine.clock._spans.clear()
+    assert hooked[6:] == [False, True, False, False, True]
 
     engine.broadcast_state(model, optimizer)  # a world of one: nothing changes, nothing hangs
     engine.sync_gradients(optimizer)
