@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from ..formats.config import REMEDIATION_AUTO, JobConfig
+from ..formats.config import APPLIED_REMEDY_FIELDS, REMEDIATION_AUTO, JobConfig
 from ..formats.engines import MPIJOB, TRAINJOB, engine_spec
 from ..health.oom_advice import ACCUMULATE, JobShape, advise
 from ..health.verdict import (DEGRADED, NONFINITE, OOM, STORE_UNAVAILABLE, STRAGGLER, SYNC_BOUND,
@@ -314,8 +314,8 @@ class PlannedRemedy:
 
     def applied(self) -> dict[str, Any]:
         """What the ranks get in their config's `remedies`, and write in their result."""
-        return {"try": self.try_number, "verdict": self.remedy.verdict, "remedy": self.remedy.remedy,
-                "words": self.remedy.words}
+        return dict(zip(APPLIED_REMEDY_FIELDS, (self.try_number, self.remedy.verdict, self.remedy.remedy,
+                                                self.remedy.words)))
 
 
 def taken_before(planned: Sequence[PlannedRemedy], try_number: int) -> list[PlannedRemedy]:
