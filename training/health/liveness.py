@@ -50,7 +50,18 @@ class StoreSeen:
     slow_seconds: float         # how slow its access is now: this poll's reads, its probe write in flight or
                                 # just finished; 0 for a store that answers at once
     answered_at: float | None   # when the newest probe write that has come back began; None: none has
-    slow_until: float | None = None  # when the store was last seen slow (a slow probe write or poll's reads)
+    slow_spells: tuple[tuple[float, float], ...] = ()  # (from, to): a probe write or a poll's reads that was slow
+
+
+def _slow_within(spells: tuple[tuple[float, float], ...], start: float, end: float) -> tuple[float, float]:
+    """(seconds of [start, end] the store was seen slow in, when the last such spell ended, or `start`)."""
+    covered, last_end, reach = 0.0, start, start
+    for lo, hi in sorted(spells):
+        lo, hi = max(lo, reach), min(hi, end)
+        if hi > lo:
+            covered += hi - lo
+            reach = last_end = hi
+    return covered, last_end
 
 
 def judged_outside(beat: Heartbeat | None, now: float, interval: float, stall_seconds: float,
@@ -81,15 +92,16 @@ def judged_outside(beat: Heartbeat | None, now: float, interval: float, stall_se
                                      f"{max(store.slow_seconds, beat.write_seconds if beat else 0):.0f}s",
                                      last_step=beat.step if beat else None)
         return None
-    # The store answers now. Time it was seen slow is no silence: the heartbeat it held back (and rank 0's
-    # writes queued behind it) get their interval again from when it was last slow.
-    heard_from = max(last_word, store.slow_until) if store.slow_until is not None else last_word
-    unheard = now - heard_from
+    # The store answers now. The time it was seen slow is no silence: the heartbeats it held back (and rank
+    # 0's writes queued behind them) get their interval again after it, and only that time is taken out.
+    slow, settled = _slow_within(store.slow_spells, last_word, now)
+    unheard = late - slow
     if beat is not None and unheard <= due:
         return None
-    if store.answered_at is None or store.answered_at < heard_from + due:
-        # The watcher's probe has not come back since then: a store that just stopped taking writes looks
-        # fast until its probe write is seen to hang. Silence is called only against a store seen to answer.
+    if store.answered_at is None or store.answered_at < max(last_word + due, settled):
+        # The watcher's probe has not come back since the beat went late (or the store was last slow): a
+        # store that just stopped taking writes looks fast until its probe write is seen to hang. Silence is
+        # called only against a store seen to answer.
         return None
     if beat is None:
         return stalled(unheard, stall_limit(stall_seconds, True), None,

@@ -45,7 +45,8 @@ class Progress:
         # Each thread's innermost wait (the training thread's, in practice), so that waits entered on two
         # threads never restore each other's: a finished operation left as the wait would look idle and,
         # after store_timeout_seconds, be judged STORE_UNAVAILABLE in a healthy run.
-        self._waiting: dict[int, StoreOp] = {}
+        self._waiting: dict[int, tuple[int, StoreOp]] = {}  # thread -> (when entered, in entry order; op)
+        self._entered = 0
 
     def _moved(self) -> None:
         self._mono, self._wall = time.monotonic(), time.time()
@@ -82,15 +83,17 @@ class Progress:
         """The training thread blocks on `op` inside this block: not silence, the store's time."""
         thread = threading.get_ident()
         with self._lock:
-            outer = self._waiting.pop(thread, None)
-            self._waiting[thread] = op
+            outer = self._waiting.get(thread)
+            self._entered += 1
+            self._waiting[thread] = (self._entered, op)
         try:
             yield op
         finally:
             with self._lock:
-                del self._waiting[thread]
                 if outer is not None:
                     self._waiting[thread] = outer
+                else:
+                    del self._waiting[thread]
                 if self._step is None:  # start-up: what the phase has read or written so far
                     self._done["bytes"] = self._done.get("bytes", 0) + op.reading().bytes
                 self._moved()
@@ -98,7 +101,7 @@ class Progress:
     def read(self) -> ProgressReading:
         with self._lock:
             now = time.monotonic()
-            op = next(reversed(self._waiting.values()), None)  # the wait entered last
+            _, op = max(self._waiting.values(), key=lambda entry: entry[0], default=(0, None))  # entered last
             waiting = op.reading(now) if op is not None else None
             done = dict(self._done)
             if waiting is not None and self._step is None:

@@ -67,8 +67,8 @@ class StepReplay:
             parts = len(batches)
 
             def nonfinite(pieces: Sequence[tuple[Any, Any]]) -> bool:
-                """Forward and backward over `pieces` as one step (each loss divided by their number, as the
-                loop divides by the accumulation steps): whether the loss or the gradient is NaN/Inf."""
+                """Forward and backward over `pieces` as one step (each loss divided by the accumulation
+                steps, as the loop's; a run's short last step too): whether the loss or the gradient is NaN/Inf."""
                 torch.manual_seed(self.seed * 1_000_003 + step)  # dropout: the same draws at every test
                 model.zero_grad(set_to_none=True)
                 try:
@@ -80,7 +80,7 @@ class StepReplay:
                             return True
                         if len(x) < self.data.batch_size:  # a partial micro-batch weighs its rows, as the loop's
                             loss = partial_loss(loss, len(x), self.data.batch_size)
-                        (loss / len(pieces) if len(pieces) > 1 else loss).backward()
+                        (loss / self.k if self.k > 1 else loss).backward()
                     grads = [p.grad for p in params if p.grad is not None]
                     return bool(grads) and not _finite(grads)
                 finally:

@@ -23,6 +23,10 @@ from .store_probe import StoreProbe
 from ...store.base import ObjectStore
 
 
+# A one-off look waits this many heartbeat intervals for its probe write: a store held longer is slow.
+PROBE_WAIT_INTERVALS = 1.5
+
+
 class HealthWatch:
     """The watcher's view of one job, whose records share a run folder with earlier attempts of the task.
 
@@ -35,9 +39,11 @@ class HealthWatch:
     """
 
     def __init__(self, run: ObjectStore, health: dict[str, Any], attempt: str | None = None,
-                 follow_latest: bool = False):
+                 follow_latest: bool = False, one_look: bool = False):
         """run: the run folder's store. follow_latest: watch whichever attempt started last (one look from
-        a script, not a retry's watcher, which must not take an earlier attempt's records for its own)."""
+        a script, not a retry's watcher, which must not take an earlier attempt's records for its own).
+        one_look: polled once (a script's look): a late heartbeat's probe of the store is waited for, as no
+        later poll will see its answer."""
         self._store = run
         self.cfg = HealthConfig(**health)
         self.attempt = attempt
@@ -48,6 +54,8 @@ class HealthWatch:
         self._first_beat: tuple[str, int] | None = None
         self._polled = False
         self._probe = StoreProbe(run, slow_after=self.cfg.heartbeat_interval())
+        # Long enough for a held write to count as slow (in flight past the interval), no longer.
+        self._probe_wait = PROBE_WAIT_INTERVALS * self.cfg.heartbeat_interval() if one_look else None
         self._folder = RunFolder(run)
         self._watched: tuple[str, ObjectStore] | None = None  # (attempt, where it writes) once it claimed
         self._first_current: int | None = None  # the pointer's attempt number at the first poll
@@ -93,7 +101,7 @@ class HealthWatch:
             interval = self.cfg.heartbeat_interval()
             since = watching_since if watching_since is not None else now
             if now - (beat.time if beat is not None else since) > LATE_AFTER_INTERVALS * interval:
-                self._probe.probe()  # late: is it the store? (silence is called once its write is back)
+                self._probe.probe(self._probe_wait)  # late: is it the store? (silence needs its answer)
             stall = judged_outside(beat, now, interval, self.cfg.stall_seconds, self.cfg.store_timeout_seconds,
                                    since, self._probe.seen(), self._store.uri,
                                    records_step=self._judge.last_step if own else None)
@@ -137,4 +145,4 @@ def read_verdict(run: ObjectStore, health: dict[str, Any], now: float | None = N
                  watching_since: float | None = None, attempt: str | None = None) -> dict | None:
     """One look at a run (a script, a test): the verdict on `attempt`, else on the attempt that started
     last, with the heartbeat's stall check when `now` is given. A watcher that polls keeps a HealthWatch."""
-    return HealthWatch(run, health, attempt, follow_latest=attempt is None).poll(now, watching_since)
+    return HealthWatch(run, health, attempt, follow_latest=attempt is None, one_look=True).poll(now, watching_since)

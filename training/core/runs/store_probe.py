@@ -9,6 +9,7 @@ begun after the heartbeat went late has come back.
 """
 from __future__ import annotations
 
+import collections
 import json
 import threading
 import time
@@ -16,6 +17,10 @@ import time
 from ...formats.run_layout import WATCHER_PROBE
 from ...health.liveness import StoreSeen
 from ...store.base import ObjectStore
+
+
+# The slow spells kept: enough for a heartbeat's silence (a spell ends at most every poll), bounded.
+SLOW_SPELLS_KEPT = 64
 
 
 class StoreProbe:
@@ -30,18 +35,23 @@ class StoreProbe:
         self._answered_at: float | None = None  # wall-clock start of the last finished write
         self._last_seconds = 0.0            # how long the last finished write took (inf: it failed)
         self._reads = 0.0                   # how long the reads of the last poll took
-        self._slow_until: float | None = None  # wall clock: when the store was last seen slow
+        self._slow_spells: collections.deque[tuple[float, float]] = collections.deque(maxlen=SLOW_SPELLS_KEPT)
+        self._written = threading.Event()
         self._seq = 0
 
-    def probe(self) -> None:
-        """Start a write of the probe object, unless one is still in flight."""
+    def probe(self, wait: float | None = None) -> None:
+        """Start a write of the probe object, unless one is still in flight. wait: seconds to wait for it
+        (a one-off look, whose next poll never comes); None: return at once, a later poll sees the answer."""
         with self._lock:
-            if self._started is not None:
-                return
-            self._started, self._started_at = time.monotonic(), time.time()
-            self._seq += 1
-            payload = json.dumps({"seq": self._seq, "time": time.time()}).encode()
-        threading.Thread(target=self._write, args=(payload,), name="ringflow-store-probe", daemon=True).start()
+            if self._started is None:
+                self._started, self._started_at = time.monotonic(), time.time()
+                self._seq += 1
+                self._written.clear()
+                payload = json.dumps({"seq": self._seq, "time": time.time()}).encode()
+                threading.Thread(target=self._write, args=(payload,), name="ringflow-store-probe",
+                                 daemon=True).start()
+        if wait is not None:
+            self._written.wait(wait)
 
     def _write(self, payload: bytes) -> None:
         try:
@@ -53,19 +63,22 @@ class StoreProbe:
             self._last_seconds = float("inf") if failed else time.monotonic() - self._started
             self._started, self._answered_at = None, self._started_at
             if self._last_seconds > self._slow_after:
-                self._slow_until = time.time()
+                self._slow_spells.append((self._started_at, time.time()))
+            self._written.set()
 
     def read_took(self, seconds: float) -> None:
         """How long this poll's own reads of the store took."""
         with self._lock:
             self._reads = seconds
             if seconds > self._slow_after:
-                self._slow_until = time.time()
+                now = time.time()
+                self._slow_spells.append((now - seconds, now))
 
     def seen(self) -> StoreSeen:
         """How slow the store looks to the watcher now: the longest of the write in flight so far, the last
         write, and this poll's reads (0 for a store that answers at once); when the last write that came
-        back began; when the store was last seen slow."""
+        back began; the spells it was seen slow in."""
         with self._lock:
             in_flight = time.monotonic() - self._started if self._started is not None else 0.0
-            return StoreSeen(max(in_flight, self._last_seconds, self._reads), self._answered_at, self._slow_until)
+            return StoreSeen(max(in_flight, self._last_seconds, self._reads), self._answered_at,
+                             tuple(self._slow_spells))

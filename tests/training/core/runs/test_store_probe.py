@@ -1,7 +1,9 @@
 """The watcher's probe of the run folder's store: how slow the store is now, when a probe write last came
-back, and when the store was last seen slow (liveness.judged_outside decides with it)."""
+back, and the spells it was seen slow in (liveness.judged_outside decides with it)."""
 import threading
 import time
+
+import pytest
 
 from ringflow.training.core.runs.store_probe import StoreProbe
 from ringflow.training.store.local import LocalFolderStore
@@ -34,7 +36,7 @@ def test_a_fast_store_answers_and_is_never_seen_slow(tmp_path):
     began = time.time()
     probe.probe()
     seen = wait_for_answer(probe, began)
-    assert seen.slow_seconds < 1.0 and seen.slow_until is None
+    assert seen.slow_seconds < 1.0 and seen.slow_spells == ()
 
 
 def test_a_held_write_is_slow_while_in_flight_and_remembered_once_back(tmp_path):
@@ -48,18 +50,34 @@ def test_a_held_write_is_slow_while_in_flight_and_remembered_once_back(tmp_path)
     assert held.slow_seconds >= 0.5 and held.answered_at is None
     store.release.set()
     back = wait_for_answer(probe, began)
-    assert back.slow_until is not None and back.slow_until >= began + 0.5  # when it came back
-    # A fast write after it: the store answers now, and when it was last slow is kept.
+    (spell,) = back.slow_spells  # from the write's start to its end
+    assert spell[0] == back.answered_at and spell[1] - spell[0] >= 0.5
+    # A fast write after it: the store answers now, and the spell it was slow in is kept.
     again = time.time()
     probe.probe()
     after = wait_for_answer(probe, again)
-    assert after.slow_seconds < 0.2 and after.slow_until == back.slow_until
+    assert after.slow_seconds < 0.2 and after.slow_spells == back.slow_spells
+
+
+def test_a_one_off_look_waits_for_its_probe_a_held_one_no_longer_than_asked(tmp_path):
+    fast = StoreProbe(LocalFolderStore(str(tmp_path / "fast")), slow_after=1.0)
+    began = time.time()
+    fast.probe(wait=5.0)
+    assert fast.seen().answered_at >= began  # back before probe() returned
+    store = HeldStore(tmp_path / "held")
+    held = StoreProbe(store, slow_after=0.2)
+    waited = time.monotonic()
+    held.probe(wait=0.3)
+    assert 0.3 <= time.monotonic() - waited < 5
+    assert held.seen().answered_at is None and held.seen().slow_seconds >= 0.3  # in flight: slow
+    store.release.set()
 
 
 def test_slow_reads_count_as_a_slow_store(tmp_path):
     probe = StoreProbe(LocalFolderStore(str(tmp_path)), slow_after=1.0)
     probe.read_took(0.1)
-    assert probe.seen().slow_until is None
+    assert probe.seen().slow_spells == ()
     probe.read_took(3.0)
     seen = probe.seen()
-    assert seen.slow_seconds == 3.0 and seen.slow_until is not None
+    (spell,) = seen.slow_spells
+    assert seen.slow_seconds == 3.0 and spell[1] - spell[0] == pytest.approx(3.0)
