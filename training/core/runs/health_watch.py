@@ -76,12 +76,14 @@ class HealthWatch:
     def poll(self, now: float | None, watching_since: float | None) -> dict | None:
         """The verdict on the watched attempt so far, with `fatal`; None while there is nothing to say.
         `now` (unix seconds, while the job runs) adds the outside stall check on the heartbeat."""
-        reading_since = time.monotonic()
         store = self._attempt_store()
         records = self._reader.poll(store) if store is not None else []
         if self.attempt is not None and not self._follow_latest:
             records = [r for r in records if r.get("attempt") == self.attempt]  # not even a late write of another
         self._judge.feed(records)
+        # The store's speed from one small read, the heartbeat's: reading and judging the records costs what
+        # there is to read (all of a run's history in a first poll or a one-off look) and the CPU's load.
+        reading_since = time.monotonic()
         heartbeat = read_heartbeat(store) if store is not None else None
         self._probe.read_took(time.monotonic() - reading_since)
         self._adopt(heartbeat)

@@ -3,9 +3,9 @@
 When rank 0's heartbeat is late, either the job is silent (a dead or frozen rank 0, a lost host) or the store
 does not take the heartbeat's writes. Reads alone cannot tell (a store can stall writes and answer reads),
 so the watcher writes a small object of its own (run_layout.WATCHER_PROBE) on a thread, one at a time, and
-judges the store by how long that write takes (or has been taking), and by how long its own reads of this
-poll took. liveness.judged_outside decides with what `seen` gives: silence is called only once a probe write
-begun after the heartbeat went late has come back.
+judges the store by how long that write takes (or has been taking), and by how long its read of the
+heartbeat took this poll. liveness.judged_outside decides with what `seen` gives: silence is called only once
+a probe write begun after the heartbeat went late has come back.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class StoreProbe:
         self._started_at = 0.0              # its start on the wall clock (the heartbeat's clock)
         self._answered_at: float | None = None  # wall-clock start of the last finished write
         self._last_seconds = 0.0            # how long the last finished write took (inf: it failed)
-        self._reads = 0.0                   # how long the reads of the last poll took
+        self._reads = 0.0                   # how long the last poll's read of the heartbeat took
         self._slow_spells: collections.deque[tuple[float, float]] = collections.deque(maxlen=SLOW_SPELLS_KEPT)
         self._written = threading.Event()
         self._seq = 0
@@ -67,7 +67,7 @@ class StoreProbe:
             self._written.set()
 
     def read_took(self, seconds: float) -> None:
-        """How long this poll's own reads of the store took."""
+        """How long this poll's read of the heartbeat (one small object) took."""
         with self._lock:
             self._reads = seconds
             if seconds > self._slow_after:
