@@ -85,14 +85,21 @@ class LocalFolderStore(ObjectStore):
 
     def put_bytes_if_match(self, key: str, data: bytes, etag: str) -> str:
         target = self._path(key)
-        with self._locked(key, target):
-            try:
-                current = target.read_bytes()
-            except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
-                raise PreconditionFailed(f"{key!r} no longer exists in {self.uri}") from exc
-            if _etag(current) != etag:
-                raise PreconditionFailed(f"{key!r} in {self.uri} changed since it was read (etag {etag[:12]}…)")
-            self._atomic_write(target, lambda f: f.write(data))
+        # The new content is written and synced before the lock, which is held only to compare and rename
+        # (microseconds, not an fsync's time on a busy disk): a writer frozen while holding it (a stopped
+        # attempt, run_folder.py's fencing) blocks every later writer of the key until it is killed.
+        tmp = self._write_temp(target, lambda f: f.write(data))
+        try:
+            with self._locked(key, target):
+                try:
+                    current = target.read_bytes()
+                except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+                    raise PreconditionFailed(f"{key!r} no longer exists in {self.uri}") from exc
+                if _etag(current) != etag:
+                    raise PreconditionFailed(f"{key!r} in {self.uri} changed since it was read (etag {etag[:12]}…)")
+                os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
         return _etag(data)
 
     def delete(self, key: str) -> None:
