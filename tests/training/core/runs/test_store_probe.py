@@ -6,18 +6,18 @@ import time
 import pytest
 
 from ringflow.training.core.runs.store_probe import StoreProbe
-from ringflow.training.store.local import LocalFolderStore
 
 
-class HeldStore(LocalFolderStore):
-    """A store whose writes wait for `release` (a store that stalls writes)."""
-    def __init__(self, root):
-        super().__init__(str(root))
+class HeldStore:
+    """The one call the probe makes of a store, answered in memory once `release` is set (a store that
+    stalls writes; set at once, a store that answers at once, whatever the disk's load)."""
+    def __init__(self, released=False):
         self.release = threading.Event()
+        if released:
+            self.release.set()
 
     def put_bytes(self, key, data):
         self.release.wait(30)
-        super().put_bytes(key, data)
 
 
 def wait_for_answer(probe, after):
@@ -31,7 +31,7 @@ def wait_for_answer(probe, after):
 
 
 def test_a_fast_store_answers_and_is_never_seen_slow(tmp_path):
-    probe = StoreProbe(LocalFolderStore(str(tmp_path)), slow_after=1.0)
+    probe = StoreProbe(HeldStore(released=True), slow_after=1.0)
     assert probe.seen().answered_at is None  # nothing known until a probe write is back
     began = time.time()
     probe.probe()
@@ -40,7 +40,7 @@ def test_a_fast_store_answers_and_is_never_seen_slow(tmp_path):
 
 
 def test_a_held_write_is_slow_while_in_flight_and_remembered_once_back(tmp_path):
-    store = HeldStore(tmp_path)
+    store = HeldStore()
     probe = StoreProbe(store, slow_after=0.2)
     began = time.time()
     probe.probe()
@@ -60,11 +60,11 @@ def test_a_held_write_is_slow_while_in_flight_and_remembered_once_back(tmp_path)
 
 
 def test_a_one_off_look_waits_for_its_probe_a_held_one_no_longer_than_asked(tmp_path):
-    fast = StoreProbe(LocalFolderStore(str(tmp_path / "fast")), slow_after=1.0)
+    fast = StoreProbe(HeldStore(released=True), slow_after=1.0)
     began = time.time()
     fast.probe(wait=5.0)
     assert fast.seen().answered_at >= began  # back before probe() returned
-    store = HeldStore(tmp_path / "held")
+    store = HeldStore()
     held = StoreProbe(store, slow_after=0.2)
     waited = time.monotonic()
     held.probe(wait=0.3)
@@ -74,7 +74,7 @@ def test_a_one_off_look_waits_for_its_probe_a_held_one_no_longer_than_asked(tmp_
 
 
 def test_slow_reads_count_as_a_slow_store(tmp_path):
-    probe = StoreProbe(LocalFolderStore(str(tmp_path)), slow_after=1.0)
+    probe = StoreProbe(HeldStore(released=True), slow_after=1.0)
     probe.read_took(0.1)
     assert probe.seen().slow_spells == ()
     probe.read_took(3.0)
