@@ -10,8 +10,8 @@ that long, or STARTUP_SECONDS if longer (verdict.stall_limit says why), however 
 Outside the job (`judged_outside`, the Airflow trigger): rank 0's heartbeat carries the same reading, judged
 as in the job however late the beat arrives. Late, it is either the job (a dead or frozen rank 0, a lost host)
 or the store that does not take the heartbeat's writes; the watcher tells them apart by the store itself: how
-long the heartbeat's own last write took, and how long the watcher's own reads and probe write take
-(`StoreSeen`). A slow store is waited for up to store_timeout_seconds, then STORE_UNAVAILABLE; a store whose
+long the heartbeat's own last write took, and how long the watcher's own read of the heartbeat and probe
+write take (`StoreSeen`). A slow store is waited for up to store_timeout_seconds, then STORE_UNAVAILABLE; a store whose
 probe write, begun after the beat went late, came back at once, and no heartbeat is silence, judged like the
 job's.
 """
