@@ -3,9 +3,8 @@
 The loop (loop.py) ends a step after every `accumulation_steps`-th backward pass, counted from the start of
 the attempt (a step may run across an epoch's end), and after the run's last one. An attempt starts at a step
 boundary (step 0, or a checkpoint's step and its settled cursor), so the start (`first_step`, `first_cursor`)
-and the loop's rule give
-every later step's micro-batches: nothing has to be recorded while training, and a replay finds the exact
-micro-batches of a step from the deterministic order alone.
+and the loop's rule give every later step's micro-batches: nothing has to be recorded while training, and a
+replay finds the exact micro-batches of a step from the deterministic order alone.
 
 The attempt's first epoch is the deal of `first_cursor.remaining` (stream_deal.py: what of the epoch was
 unseen at the checkpoint, dealt to this try's world size), `first_deal_batches` micro-batches long, taken from
