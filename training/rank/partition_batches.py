@@ -40,6 +40,8 @@ from ..store.base import ObjectStore
 
 # Row groups shuffled together: with the shard step's ~4 MiB row groups, a 16 MiB shuffle buffer.
 SHUFFLE_WINDOW = 4
+# Files a window's store operation names one by one (more are counted).
+NAMED_FILES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,7 +294,8 @@ class PartitionBatches:
     def _submit(self, w: Window) -> "_Pending":
         blocks = range(len(self.group_rows)) if self._keep_decoded and self._decoded is None else w.groups
         keys = sorted({self.entries[self.blocks[b].file].key for b in blocks})
-        where = keys[0] if len(keys) == 1 else f"{len(keys)} files"
+        # Named, so a heartbeat that says "waiting" says for which files (a window of the stream spans several).
+        where = ", ".join(keys) if len(keys) <= NAMED_FILES else f"{keys[0]} and {len(keys) - 1} other files"
         op = StoreOp(f"read of {where} row groups {sorted(blocks)}", self._store.uri, self._bytes(blocks))
         return _Pending(op, self._loader.submit(self._load, w, op), w.start)
 

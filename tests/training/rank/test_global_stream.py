@@ -1,6 +1,10 @@
 """A current (v4) manifest's epoch is one stream over every file, dealt to any world size: every training row
 once per epoch whatever the number of workers, a settled cursor resumes sample-exact on another number, row ids
 name the rows served, and a rank reads only the windows its run touches."""
+import concurrent.futures
+import threading
+import time
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -10,6 +14,7 @@ import torch
 from ringflow.training.core import sharding
 from ringflow.training.core.sharding import write_shards
 from ringflow.training.formats.datasets import load_builtin
+from ringflow.training.health.progress import Progress
 from ringflow.training.rank.data import Cursor, PartitionData, epoch_order, to_tensors
 from ringflow.training.store import LocalFolderStore
 
@@ -158,3 +163,37 @@ def test_a_settled_cursor_resumes_sample_exact_with_a_smaller_per_worker_batch(s
     done = 2 * 7 * BATCH
     assert halves[BATCH][0].rows_seen(Cursor(1, 7)) == done == halves[BATCH // 2][1].rows_seen(settled)
     assert halves[BATCH][0].epoch_rows == manifest.training_rows
+
+
+class HeldStore(CountingStore):
+    """Ranged reads that wait until released: a store too slow for the training thread to get ahead of."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.released = threading.Event()
+
+    def get_range(self, key, start, length, progress=None):
+        assert self.released.wait(30)
+        return super().get_range(key, start, length, progress=progress)
+
+
+def test_a_wait_for_a_window_names_the_files_it_reads(shards):
+    """What the heartbeat says the rank waits for: the window's read, by file (a window spans files), and
+    nothing once it came."""
+    store, manifest = shards
+    held = HeldStore(store)
+    progress = Progress()
+    data = PartitionData(held, manifest, rank=0, world_size=1, batch_size=BATCH, window=4, progress=progress)
+    first = concurrent.futures.ThreadPoolExecutor(1).submit(
+        lambda: (next(iter(data.batches(5, Cursor(0)))), data.row_ids.copy()))
+    deadline = time.monotonic() + 10
+    while progress.read().waiting is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    waiting = progress.read().waiting
+    held.released.set()
+    (batch, _, _), ids = first.result(30)
+    assert batch == 0
+    assert waiting is not None and waiting.what.startswith("read of part-") and "row groups" in waiting.what
+    served_from = {manifest.partitions[file].key for file in np.unique(ids[:, 0])}
+    assert len(served_from) > 1 and all(key in waiting.what for key in served_from), (served_from, waiting.what)
+    assert progress.read().waiting is None
