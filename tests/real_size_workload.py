@@ -67,7 +67,7 @@ def write_wide_shards(store, rows_per_partition: int = ROWS_PER_PARTITION, parti
 class Watched:
     """What the watcher outside the job saw while it ran."""
 
-    verdicts: list[dict]          # every verdict HealthWatch returned (fatal or not)
+    verdicts: list[dict]          # the verdicts HealthWatch returned, up to the first fatal one
     phases: list[tuple[float, str, dict]]  # (seconds since launch, heartbeat phase, what it had done)
     waits: list[tuple[float, str]]         # (seconds since launch, the store op the job waited for)
 
@@ -133,9 +133,11 @@ class RealSizeJob:
         while proc.poll() is None and time.monotonic() - started < timeout:
             time.sleep(poll)
             watch.learn_from_log(list(lines))
-            verdict = watch.poll(time.time(), time.time() - (time.monotonic() - started))
-            if verdict is not None:
-                watched.verdicts.append(verdict)
+            # Judged until the first fatal verdict, as the trigger is: it yields that one and stops watching.
+            if not any(v.get("fatal") for v in watched.verdicts):
+                verdict = watch.poll(time.time(), time.time() - (time.monotonic() - started))
+                if verdict is not None:
+                    watched.verdicts.append(verdict)
             self._note_heartbeat(run_store, watch.attempt, time.monotonic() - started, watched)
         if proc.poll() is None:
             proc.kill()

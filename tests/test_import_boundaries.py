@@ -130,6 +130,13 @@ def test_the_tensorflow_rank_never_imports_torch(tf_python):
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_a_torch_rank_never_imports_pandas_or_the_data_checks():
+    """Every job starts a Python per rank: what a rank imports, each rank pays for at every start. Its shards
+    are read with pyarrow alone (formats/tensor_columns.py), so pandas and Great Expectations stay out."""
+    names = ["ringflow.training.__main__", "ringflow.training.rank.worker"]
+    assert imported_after(names, ("pandas", "great_expectations", "airflow")) == []
+
+
 def test_training_never_imports_airflow():
     assert imported_after(airflow_venv_modules(), ("airflow",)) == []
 

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..formats.datasets import column_shape, tensor_matrix
+from ..formats.tensor_columns import column_shape, tensor_matrix
 
 # Features (and a regression target) are stored and trained as float32: anything larger becomes inf.
 FLOAT32_MAX = float(np.finfo(np.float32).max)

@@ -39,9 +39,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..formats.datasets import (
-    ContentHash, Dataset, as_dataset, column_shape, row_bytes, tensor_matrix,
-)
+from ..formats.datasets import ContentHash, Dataset, as_dataset
+from ..formats.tensor_columns import column_shape, row_bytes, tensor_matrix
 from .input_gate import InputGate, check_trainable, feature_columns
 from ..formats.manifest import (
     MANIFEST_NAME, ColumnSpec, ManifestError, PartitionEntry, ShardManifest, ShardSchema, sha256_hex,

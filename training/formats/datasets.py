@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import math
 import os
 import re
 import tempfile
@@ -24,6 +23,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+
+from .tensor_columns import column_shape, row_bytes, tensor_values
 
 BUILTIN = ("digits", "diabetes", "wine", "digits_images")
 # About this many bytes of rows per record batch: what bounds the memory of every streaming step.
@@ -40,8 +41,6 @@ COLUMN_READ_BYTES = 6 * 2**20
 # would grow with the input's row groups.
 READ_BUFFER_BYTES = 2**16
 MIN_BATCH_ROWS, MAX_BATCH_ROWS = 256, 1 << 20
-# Assumed width of a value whose type has none (strings, variable lists), to size batches.
-_VARIABLE_WIDTH_GUESS = 32
 # The shape of the digits images (channels, height, width).
 DIGITS_IMAGE_SHAPE = (1, 8, 8)
 
@@ -79,70 +78,6 @@ def check_table_name(uri: str) -> None:
     """Fail before any read when a dataset file is neither Parquet nor CSV."""
     if not uri.endswith((".parquet", ".csv")):
         raise DatasetError(f"dataset {uri!r}: use a .parquet or .csv file, or builtin:<name>")
-
-
-# -- tensor-valued columns -------------------------------------------------------------------------------
-
-def column_shape(type_: pa.DataType) -> tuple[tuple[int, ...], pa.DataType]:
-    """(shape of one value, type of its elements): () for a scalar column, the tensor's shape for Arrow's
-    fixed_shape_tensor, the sizes of nested fixed-size lists for those. A variable-length list has no
-    shape: (-1,) marks it, and the input gate refuses it."""
-    if isinstance(type_, pa.FixedShapeTensorType):
-        return tuple(int(s) for s in type_.shape), type_.value_type
-    shape: list[int] = []
-    while pa.types.is_fixed_size_list(type_) or pa.types.is_list(type_) or pa.types.is_large_list(type_):
-        shape.append(type_.list_size if pa.types.is_fixed_size_list(type_) else -1)
-        type_ = type_.value_type
-    return tuple(shape), type_
-
-
-def tensor_values(column: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """The elements of a fixed-shape column, flat in row order (a scalar column as it is)."""
-    if isinstance(column, pa.ChunkedArray):
-        column = pa.concat_arrays(column.chunks) if column.num_chunks != 1 else column.chunk(0)
-    if isinstance(column, pa.ExtensionArray):
-        column = column.storage
-    while pa.types.is_fixed_size_list(column.type):
-        column = column.flatten()
-    return column
-
-
-def tensor_matrix(column: pa.Array | pa.ChunkedArray, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
-    """A fixed-shape (or scalar) column as a (rows, elements) array of `dtype`, and which rows are null.
-    Null elements become NaN; a null row's elements are whatever the buffer holds (check the mask)."""
-    if isinstance(column, pa.ChunkedArray):
-        column = pa.concat_arrays(column.chunks) if column.num_chunks != 1 else column.chunk(0)
-    rows = len(column)
-    row_null = np.asarray(column.is_null(), dtype=bool) if column.null_count else np.zeros(rows, dtype=bool)
-    if isinstance(column, pa.ExtensionArray):
-        column = column.storage
-    size = 1
-    # Not flatten(): it drops null rows, and the rows must stay aligned.
-    while pa.types.is_fixed_size_list(column.type):
-        width = column.type.list_size
-        column = column.values.slice(column.offset * width, len(column) * width)
-        size *= width
-    values = column.to_numpy(zero_copy_only=False)
-    if values.dtype == object:  # ints with nulls come back as objects holding None
-        values = np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
-    return values.astype(dtype, copy=False).reshape(rows, size), row_null
-
-
-def value_size(shape: Sequence[int]) -> int:
-    return math.prod(shape) if shape else 1
-
-
-def row_bytes(schema: pa.Schema) -> int:
-    """Bytes one row takes in memory, about."""
-    total = 0
-    for field in schema:
-        shape, element = column_shape(field.type)
-        try:
-            width = element.bit_width // 8 or 1
-        except ValueError:
-            width = _VARIABLE_WIDTH_GUESS
-        total += width * value_size([abs(s) for s in shape])
-    return max(total, 1)
 
 
 def rows_per_batch(schema: pa.Schema, budget: int | None = None) -> int:

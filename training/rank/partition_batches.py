@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..formats.config import ConfigError, RowRef
-from ..formats.datasets import tensor_matrix
+from ..formats.tensor_columns import tensor_matrix
 from ..health.progress import VERIFY, Progress
 from ..health.store_ops import StoreOp
 from ..formats.manifest import ShardManifest, ShardSchema

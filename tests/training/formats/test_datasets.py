@@ -10,8 +10,9 @@ import pytest
 
 from ringflow.training.formats import datasets
 from ringflow.training.formats.datasets import (
-    ContentHash, as_dataset, builtin_table, column_shape, fingerprint, open_dataset, rows_per_batch, tensor_matrix,
+    ContentHash, as_dataset, builtin_table, fingerprint, open_dataset, rows_per_batch,
 )
+from ringflow.training.formats.tensor_columns import column_shape, tensor_matrix
 from ringflow.training.store import ObjectNotFound
 
 

@@ -48,7 +48,8 @@ def validate_dataset(dataset: Any, suite: Mapping[str, Any], target: str | None 
     import great_expectations as gx
     import pyarrow as pa
 
-    from ...formats.datasets import as_dataset, row_bytes
+    from ...formats.datasets import as_dataset
+    from ...formats.tensor_columns import row_bytes
     from ..input_gate import InputGate, feature_columns
     from ..sharding import shuffled_positions
 

@@ -13,7 +13,7 @@ from .scopes import TENSOR_SHAPE
 
 def tensor_outcome(outcome: Outcome, batch: Any, offset: int) -> None:
     """ringflow's tensor expectations on one Arrow record batch."""
-    from ...formats.datasets import column_shape, tensor_matrix
+    from ...formats.tensor_columns import column_shape, tensor_matrix
 
     kwargs, column = outcome.kwargs, outcome.kwargs["column"]
     if column not in batch.schema.names:
