@@ -1,5 +1,5 @@
 """Tensor-valued columns: the shape and element type of a column's values, and a column as a (rows, elements)
-array. Pure pyarrow and numpy, apart from datasets.py (which imports pandas), so a training rank reading its
+array. Pure pyarrow and numpy, kept out of datasets.py (which imports pandas), so a training rank reading its
 shards imports neither pandas nor the dataset reader."""
 from __future__ import annotations
 
@@ -26,10 +26,16 @@ def column_shape(type_: pa.DataType) -> tuple[tuple[int, ...], pa.DataType]:
     return tuple(shape), type_
 
 
+def _one_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A chunked column as one array (its only chunk as it is)."""
+    if isinstance(column, pa.ChunkedArray):
+        return pa.concat_arrays(column.chunks) if column.num_chunks != 1 else column.chunk(0)
+    return column
+
+
 def tensor_values(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     """The elements of a fixed-shape column, flat in row order (a scalar column as it is)."""
-    if isinstance(column, pa.ChunkedArray):
-        column = pa.concat_arrays(column.chunks) if column.num_chunks != 1 else column.chunk(0)
+    column = _one_array(column)
     if isinstance(column, pa.ExtensionArray):
         column = column.storage
     while pa.types.is_fixed_size_list(column.type):
@@ -40,8 +46,7 @@ def tensor_values(column: pa.Array | pa.ChunkedArray) -> pa.Array:
 def tensor_matrix(column: pa.Array | pa.ChunkedArray, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
     """A fixed-shape (or scalar) column as a (rows, elements) array of `dtype`, and which rows are null.
     Null elements become NaN; a null row's elements are whatever the buffer holds (check the mask)."""
-    if isinstance(column, pa.ChunkedArray):
-        column = pa.concat_arrays(column.chunks) if column.num_chunks != 1 else column.chunk(0)
+    column = _one_array(column)
     rows = len(column)
     row_null = np.asarray(column.is_null(), dtype=bool) if column.null_count else np.zeros(rows, dtype=bool)
     if isinstance(column, pa.ExtensionArray):
