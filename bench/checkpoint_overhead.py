@@ -103,8 +103,7 @@ def shards(root: Path, batch: int) -> str:
 def run_job(root: Path, manifest: str, blocks: int, batch: int, env: dict) -> tuple[list, list[dict], dict]:
     """One job: its blocks, its `checkpoint` health records and its result (as a dict)."""
     from ringflow.training.rank.engines import ENGINE_ENV
-    from ringflow.training.health.records import read_health
-    from ringflow.training.formats.run_result import read_result
+    from .common import read_health, read_result
     from ringflow.training.store import LocalFolderStore
 
     tag = f"job-{time.monotonic_ns()}"

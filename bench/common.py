@@ -1,7 +1,8 @@
 """What several benchmarks repeat, in one place: the environment every bench job runs with, the small model
 the throughput benches train and its random shards, spread and quartile formatting, the machine a result
 was measured on, a throwaway Airflow home, moto's S3 server, how a bench module is started in another
-process, and the route to the modules the benches share with tests/."""
+process, a run folder's result and health records, and the route to the modules the benches share with
+tests/."""
 from __future__ import annotations
 
 import atexit
@@ -17,6 +18,10 @@ import time
 import urllib.request
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ringflow.training.formats.run_result import RunResult
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -126,6 +131,20 @@ def tests_module(name: str) -> ModuleType:
         del sys.modules[name]
         raise
     return module
+
+
+def read_result(store) -> RunResult | None:
+    """The published result of the run folder in `store` (an ObjectStore), through its RunFolder."""
+    from ringflow.training.formats.run_folder import RunFolder
+
+    return RunFolder(store).read_result()
+
+
+def read_health(store) -> list[dict]:
+    """All of the visible health records of the run folder in `store` (an ObjectStore), in order."""
+    from ringflow.training.formats.run_folder import RunFolder
+
+    return RunFolder(store).read_health()
 
 
 class Moto:

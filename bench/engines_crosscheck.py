@@ -61,7 +61,7 @@ def train_and_evaluate(root: Path, manifest: str, engine: str, np_: int, epochs:
     """One `ringflow train` job at ringflow's defaults but for the model, batch, learning rate and epochs,
     then the evaluate step on its final checkpoint: its samples/s after warm-up, steps and accuracy."""
     from ringflow.training.core.evaluate import evaluate
-    from ringflow.training.formats.run_result import read_result
+    from .common import read_result
     from ringflow.training.store import LocalFolderStore
 
     run = root / f"run-{engine}-{np_}-{time.monotonic_ns()}"

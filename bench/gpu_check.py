@@ -89,7 +89,7 @@ def horovod_nccl() -> tuple[bool, str]:
 def run_job(root: Path, manifest: str, engine: str, precision: str, np_: int, batch: int, steps: int) -> dict:
     from ringflow.training.rank.engines import ENGINE_ENV
     from ringflow.training.core.launcher import rank_environment
-    from ringflow.training.formats.run_result import read_result
+    from .common import read_result
     from ringflow.training.store import LocalFolderStore
     from ringflow.training.rank.training_state import STATE_FILE
     from ringflow.training.formats.run_folder import RunFolder

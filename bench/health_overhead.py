@@ -75,7 +75,7 @@ def run_job(root: Path, index: int, steps: int, block: int, health: dict,
     """One np=2 job: its blocks, and the share of its time rank 0's training thread spent in the health monitor
     (result.json: the job's own accounting, over all its steps after warm-up, the monitor on and off alike)."""
     from ringflow.training.rank.engines import ENGINE_ENV
-    from ringflow.training.formats.run_result import read_result
+    from .common import read_result
     from ringflow.training.store import LocalFolderStore
 
     run = root / f"run-{index}"

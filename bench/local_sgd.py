@@ -63,8 +63,7 @@ def run(root: Path, manifest: str, name: str, epochs: int) -> dict:
     """One np=2 DDP job and its evaluation: samples/s, steps, final loss, eval metrics, sync share."""
     from ringflow.training.core.evaluate import evaluate_run
     from ringflow.training.formats.run_folder import RunFolder
-    from ringflow.training.formats.run_result import read_result
-    from ringflow.training.health.records import read_health
+    from .common import read_health, read_result
     from ringflow.training.store import LocalFolderStore
 
     folder = root / f"run-{name.replace(' ', '-').replace('=', '')}-{time.monotonic_ns()}"

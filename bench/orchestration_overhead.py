@@ -55,7 +55,7 @@ def job_seconds(jobs: Path) -> dict[str, float]:
 
 def in_job_training_seconds(run_folder: Path) -> float | None:
     """From the job's first health record to its last: the training loop itself, without process start."""
-    from ringflow.training.health.records import read_health
+    from .common import read_health
     from ringflow.training.store import LocalFolderStore
 
     records = read_health(LocalFolderStore(str(run_folder)))

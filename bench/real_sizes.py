@@ -34,8 +34,7 @@ FaultProxy = tests_module("s3_fault_proxy").FaultProxy
 
 
 def measure(job, folder: Path, run_uri: str, settings, label: str) -> dict:
-    from ringflow.training.health.records import read_health
-    from ringflow.training.formats.run_result import read_result
+    from .common import read_health, read_result
     from ringflow.training.store import open_store
 
     outcome = job.run(folder)

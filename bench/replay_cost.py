@@ -55,7 +55,7 @@ def write_data(root: Path) -> str:
 
 
 def run_job(folder: Path, manifest: str, engine: str, replay: bool, n: int) -> dict:
-    from ringflow.training.formats.run_result import read_result
+    from .common import read_result
     from ringflow.training.store import LocalFolderStore
 
     run = folder / f"{engine}-{'replay' if replay else 'none'}-{n}"

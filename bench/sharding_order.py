@@ -91,7 +91,7 @@ def train(env: dict[str, str], manifest: Path, run: Path) -> float:
                           env=env, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"the job on {manifest} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    from ringflow.training.formats.run_result import read_result
+    from .common import read_result
     from ringflow.training.store import LocalFolderStore
 
     return float(read_result(LocalFolderStore(str(run))).samples_per_sec_after_warmup)

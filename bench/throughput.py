@@ -93,7 +93,7 @@ def ringflow(root: Path, np_: int, steps: int, engine: str, controller: str | No
                          capture_output=True, text=True, env=environment(), timeout=900)
     if out.returncode != 0:
         raise RuntimeError(out.stdout[-3000:])
-    from ringflow.training.formats.run_result import read_result
+    from .common import read_result
     from ringflow.training.store import LocalFolderStore
 
     result = read_result(LocalFolderStore(str(run)))

@@ -50,7 +50,7 @@ def add(log, first: int, count: int) -> None:
 
 def old_poll(uri: str, cfg) -> str:
     """What the watcher's read_verdict did before: every record, every poll."""
-    from ringflow.training.health.records import read_health
+    from .common import read_health
     from ringflow.training.health.verdict import judge
     from ringflow.training.store import open_store
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
-from ringflow.training.core.backends.kubernetes.client import ClusterConfig
+from ringflow.training.core.backends.kubernetes.settings import ClusterConfig
 from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.store import ObjectStore, S3Settings, StoreConfigError, open_store
 

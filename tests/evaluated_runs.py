@@ -7,7 +7,8 @@ from ringflow.training.formats.checkpoint import CheckpointStore
 from ringflow.training.formats.eval_result import EvalResult
 from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.health.verdict import Verdict
-from ringflow.training.formats.run_result import RunResult, write_result
+from ringflow.training.formats.run_result import RunResult
+from run_folder_files import write_result
 
 
 def make_run(store, run_id, accuracy, *, status="succeeded", verdict="HEALTHY", step=40):
@@ -33,7 +34,8 @@ def make_trained_run(run_folder, manifest_uri: str, steps: int, s3=None) -> str:
     from ringflow.training.formats.manifest import load_manifest
     from ringflow.training.rank.models import build_model
     from ringflow.training.core.sharding import read_partition
-    from ringflow.training.formats.run_result import RunResult, write_result
+    from ringflow.training.formats.run_result import RunResult
+    from run_folder_files import write_result
     from ringflow.training.rank.training_state import STATE_FILE, TrainingState
 
     manifest, shard_store = load_manifest(manifest_uri, s3=s3)

@@ -202,3 +202,124 @@ def test_parsing_a_dag_loads_no_data_stack():
     or Great Expectations (the validate operator imports the core's engine when its task runs)."""
     assert imported_after(["ringflow.operators.pipeline", "ringflow.operators.sweep"],
                           ("pandas", "numpy", "pyarrow", "great_expectations")) == []
+
+
+# -- import cycles ------------------------------------------------------------------------------------------
+
+# Where each importable tree's sources lie: package name -> folder (pyproject.toml's package-dir; the example
+# DAGs are top-level modules, parsed so that what they import is in the graph too).
+SOURCES = {"ringflow.training": TRAINING, "ringflow.operators": ROOT / "operators", "dags": ROOT / "dags"}
+
+
+def module_files(sources: dict[str, Path]) -> dict[str, Path]:
+    """Every module of `sources` by its dotted name (a package by its own name, for its __init__.py)."""
+    found = {}
+    for package, folder in sources.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            found[".".join((package, *(parts[:-1] if parts[-1] == "__init__" else parts)))] = path
+    return found
+
+
+def imported_names(module: str, path: Path) -> list[str]:
+    """The absolute dotted name of everything `path` (module `module`) imports, anywhere in it: inside
+    functions and `if TYPE_CHECKING:` too (a lazy or hint-only import is still a dependence), relative
+    imports resolved against its package. `from a.b import c` gives a.b.c: c may be a module or a name."""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1] + [node.module or ""]).strip(".") \
+                if node.level else node.module
+            names += [base if alias.name == "*" else f"{base}.{alias.name}" for alias in node.names]
+    return names
+
+
+def module_of(name: str, modules) -> str | None:
+    """The module `name` is or is in (a.b.c: module a.b.c if there is one, else a name in a.b); None: not ours."""
+    parts = name.split(".")
+    while parts and ".".join(parts) not in modules:
+        parts.pop()
+    return ".".join(parts) or None
+
+
+def import_graph(sources: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the modules of `sources` it imports.
+
+    An import names the one module it resolves to, not the packages above it, though Python runs their
+    __init__ first: a package's __init__ that re-exports its modules would otherwise be in a cycle with every
+    module of the package that imports a sibling, a cycle Python never trips on (the package is initialised
+    before any of its modules). A name imported from a package (`from ..store import open_store`) is an edge
+    to that package's __init__, which is what runs it."""
+    files = module_files(sources)
+    return {module: {found for name in imported_names(module, path)
+                     if (found := module_of(name, files)) is not None and found != module}
+            for module, path in files.items()}
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of `graph` (each sorted; iterative: no recursion limit)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph.get(step, ())))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                components.append(sorted(component))
+    return components
+
+
+def import_cycles(sources: dict[str, Path]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or round a loop."""
+    return sorted(c for c in strongly_connected(import_graph(sources)) if len(c) > 1)
+
+
+def test_no_module_imports_itself_round_a_loop():
+    cycles = import_cycles(SOURCES)
+    assert not cycles, "import cycles (each: modules that import each other round a loop): " + "; ".join(
+        " <-> ".join(cycle) for cycle in cycles)
+
+
+def test_the_cycle_check_sees_a_lazy_cycle(tmp_path):
+    """The check can fail: a lazy import inside a function, relative, closes a loop of three modules."""
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("from .c import C\n")
+    (package / "a.py").write_text("from pkg.b import B\n")
+    (package / "b.py").write_text("import pkg.sub.c\nB = 1\n")
+    (package / "sub" / "c.py").write_text("def f():\n    from ..a import B\nC = 2\n")
+    (package / "d.py").write_text("from pkg.sub import C\nfrom pkg import a\n")
+    assert import_cycles({"pkg": package}) == [["pkg.a", "pkg.b", "pkg.sub.c"]]
+    assert strongly_connected({"x": {"y"}, "y": set()}) == [["y"], ["x"]]

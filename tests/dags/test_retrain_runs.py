@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from ringflow.training.formats.run_result import read_result
+from run_folder_files import read_result
 from ringflow.training.store import LocalFolderStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

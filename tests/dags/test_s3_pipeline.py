@@ -25,7 +25,7 @@ import urllib.request
 import pytest
 
 from ringflow.training.formats.run_folder import RunFolder
-from ringflow.training.formats.run_result import read_result
+from run_folder_files import read_result
 from ringflow.training.store import open_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -101,7 +101,7 @@ def files_holding(root: pathlib.Path, secret: str) -> list[str]:
 def check_bucket(server, bucket: str, model: str, health_steps=frozenset({10, 20, 30, 40})) -> dict:
     """Everything the run should have left in the bucket; returns the production pointer.
     health_steps: steps that must have a health record (measured every 10)."""
-    from ringflow.training.health.records import read_health
+    from run_folder_files import read_health
     from ringflow.training.store import open_store
 
     client = server.boto3_client()

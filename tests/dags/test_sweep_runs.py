@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from ringflow.training.formats.run_result import read_result
+from run_folder_files import read_result
 from ringflow.training.core.runs import store_layout
 from ringflow.training.store import LocalFolderStore
 

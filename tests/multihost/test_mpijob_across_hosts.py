@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ringflow.training.formats.run_folder import RunFolder
-from ringflow.training.formats.run_result import read_result
+from run_folder_files import read_result
 from ringflow.training.store import LocalFolderStore
 
 import mpi_operator as op
@@ -241,7 +241,7 @@ def test_a_host_cut_off_from_the_launcher_but_not_from_the_store_ends_fenced(clu
     from ringflow.training.core.backends.job_spec import JobSpec
     from ringflow.training.core.backends.kubernetes.settings import MPIJobSettings
     from ringflow.training.health.heartbeat import read_heartbeat
-    from ringflow.training.health.records import read_health
+    from run_folder_files import read_health
     from ringflow.training.core.runs.health_watch import read_verdict
 
     config = job_config("dark")

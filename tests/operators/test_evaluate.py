@@ -46,7 +46,8 @@ def test_a_run_without_result_fails_clearly(tmp_path):
 
 def test_a_failed_run_has_no_checkpoint_to_score(tmp_path):
     from ringflow.training.health.verdict import Verdict
-    from ringflow.training.formats.run_result import RunResult, write_result
+    from ringflow.training.formats.run_result import RunResult
+    from run_folder_files import write_result
     from ringflow.training.store import LocalFolderStore
 
     write_result(LocalFolderStore(tmp_path / "run"), RunResult(

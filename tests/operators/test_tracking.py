@@ -115,7 +115,7 @@ def test_runs_are_tracked_and_promotions_registered_and_rolled_back(tmp_path, di
                                                                     mlflow_connection, candidates, monkeypatch):
     from mlflow import MlflowClient
 
-    from ringflow.training.health.records import read_health
+    from run_folder_files import read_health
     from ringflow.training.store import open_store
 
     store, trained, evaluated = candidates

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from ringflow.training.formats.run_folder import RunFolder
-from ringflow.training.health.records import read_health
-from ringflow.training.formats.run_result import RunResult, read_result
+from run_folder_files import read_health, read_result
+from ringflow.training.formats.run_result import RunResult
 from ringflow.training.store import LocalFolderStore
 from ringflow.training.rank.training_state import STATE_FILE, TrainingState
 

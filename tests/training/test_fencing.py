@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 
 from ringflow.training.formats import exit_codes
-from ringflow.training.health.records import read_health
+from run_folder_files import read_health, read_result
 from ringflow.training.core.registry.model_registry import ModelRegistry
 from ringflow.training.formats.run_folder import RunFolder
-from ringflow.training.formats.run_result import read_result
 from ringflow.training.store import LocalFolderStore, S3Store
 
 pytestmark = pytest.mark.slow

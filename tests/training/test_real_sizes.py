@@ -10,8 +10,7 @@ import time
 
 import pytest
 
-from ringflow.training.health.records import read_health
-from ringflow.training.formats.run_result import read_result
+from run_folder_files import read_health, read_result
 from ringflow.training.store import S3Store
 
 from real_size_workload import (LINK_BYTES_PER_SECOND, LINK_LATENCY, PARTITIONS, ROWS_PER_PARTITION, RealSizeJob,

@@ -23,46 +23,22 @@ def check_job(cfg: JobConfig, manifest: ShardManifest, num_workers: int, *, chec
     """Raise ConfigError unless `cfg` can train on `manifest` with `num_workers` workers under `engine` (None:
     the config's; `ringflow train --engine` may choose another).
 
-    - a world-size-free manifest (v4): every worker gets at least one whole micro-batch of the epoch's stream
-      (a run's last micro-batch may be partial: the loop weighs it by its rows);
-    - an older one: one partition per worker (the world size is the manifest's partition count), and the
-      per-worker batch size fits a partition, and divides it: every partition holds whole minibatches of
-      the shards' batch size, and another batch size that does not divide them would skip rows every epoch;
+    - every worker gets at least one whole micro-batch of the epoch's stream (a run's last micro-batch may be
+      partial: the loop weighs it by its rows);
     - a custom model factory can be imported (`check_factory`; off where the job's code lives elsewhere, as in
       an MPIJob's image, which the rank checks when it starts); for the TensorFlow engine its module is only
       looked for (find_spec), since importing it would import TensorFlow.
     """
-    if manifest.world_size_free:
-        rows = manifest.training_rows
-        if cfg.batch_size * num_workers > rows:
-            raise ConfigError("batch_size", f"{num_workers} workers x {cfg.batch_size} rows exceeds the shards' "
-                                            f"{rows} training rows: not one whole micro-batch per worker",
-                              f"use at most {rows // num_workers} rows per worker, or fewer workers")
-    else:
-        _check_per_worker_partitions(cfg, manifest, num_workers)
+    rows = manifest.training_rows
+    if cfg.batch_size * num_workers > rows:
+        raise ConfigError("batch_size", f"{num_workers} workers x {cfg.batch_size} rows exceeds the shards' "
+                                        f"{rows} training rows: not one whole micro-batch per worker",
+                          f"use at most {rows // num_workers} rows per worker, or fewer workers")
     if check_factory and cfg.model.kind == "custom":
         if engine_spec(engine or cfg.engine).starts_workers_itself:  # its ranks run in the TF venv
             find_factory_module(cfg.model.factory, why=_TF_FACTORY_NOT_IMPORTED)
         else:
             find_factory(cfg.model.factory)
-
-
-def _check_per_worker_partitions(cfg: JobConfig, manifest: ShardManifest, num_workers: int) -> None:
-    """An older manifest's rules: one partition per worker, whole minibatches of the batch size in each."""
-    partitions = manifest.num_partitions
-    if num_workers != partitions:
-        raise ConfigError("manifest_uri", f"({manifest.format}) has {partitions} partitions but the job asks for "
-                          f"{num_workers} workers", f"run with {partitions} workers, or shard again: a current "
-                          f"manifest trains on any number of workers")
-    rows = manifest.partitions[0].rows
-    if cfg.batch_size > rows:
-        raise ConfigError("batch_size", f"{cfg.batch_size} exceeds the {rows} rows of each partition",
-                          f"use at most {rows} (the shards were made with batch size {manifest.batch_size})")
-    if rows % cfg.batch_size:
-        raise ConfigError("batch_size", f"{cfg.batch_size} does not divide the {rows} rows of each partition "
-                                        f"(whole minibatches of {manifest.batch_size}), so rows would be skipped",
-                          f"use {manifest.batch_size}, the shards' batch size, or re-shard with batch size "
-                          f"{cfg.batch_size}")
 
 
 def preflight(config_uri: str, num_workers: int, verify_all_shard_bytes: bool = False,

@@ -2,13 +2,12 @@
 
 A shard changed after sharding (overwritten, truncated, a partial copy) would otherwise be found only by the
 ranks, as tracebacks in the job log. By default the check costs next to nothing whatever the shards' size:
-each file's size (a stat: a truncated or partly copied file), and for a v3 manifest the sha256 of each file's
-Parquet footer (one small range read: the footer holds every row group's offsets and statistics, so a file
-rewritten with other rows is caught even at the same size). The ranks still verify every row group against
-the manifest as they stream it. `full=True` (`ringflow train --verify-shards`) also reads every byte range
-before launch (a v3 manifest's row groups; an older manifest's whole file), a range at a time: memory stays
-one row group (or CHUNK_BYTES), but it reads the whole dataset once more, so it is not the default: a 40 GB
-table behind a slow link would wait that long before training started.
+each file's size (a stat: a truncated or partly copied file), and the sha256 of each file's Parquet footer
+(one small range read: the footer holds every row group's offsets and statistics, so a file rewritten with
+other rows is caught even at the same size). The ranks still verify every row group against the manifest as
+they stream it. `full=True` (`ringflow train --verify-shards`) also reads every row group before launch, one
+at a time: memory stays one row group, but it reads the whole dataset once more, so it is not the default: a
+40 GB table behind a slow link would wait that long before training started.
 """
 from __future__ import annotations
 
@@ -16,9 +15,6 @@ import hashlib
 
 from ..formats.manifest import ManifestError, PartitionEntry, ShardManifest
 from ..store.base import ObjectNotFound, ObjectStore
-
-# How much of a file without a byte-range index is read at a time.
-CHUNK_BYTES = 8 * 2**20
 
 
 class ShardChanged(ManifestError):
@@ -33,28 +29,16 @@ def verify_shards(manifest: ShardManifest, store: ObjectStore, full: bool = Fals
     """Raise ShardChanged unless every partition (and the eval split) is on `store` as the manifest says:
     sizes and footers, and with `full` every byte."""
     entries = [*manifest.partitions, *([manifest.eval] if manifest.eval is not None else [])]
-    sizes: dict[str, int] = {}
     for entry in entries:  # sizes first: cheap, and what a truncated copy gets wrong
         try:
-            size = sizes[entry.key] = store.stat(entry.key).size
+            size = store.stat(entry.key).size
         except ObjectNotFound:
             raise _changed(entry, "does not exist") from None
-        if entry.size and size != entry.size:
+        if size != entry.size:
             raise _changed(entry, f"has {size} bytes, the manifest says {entry.size}")
     for entry in entries:
-        if entry.indexed:
-            for byte_range in ((*entry.row_groups, entry.footer) if full else (entry.footer,)):
-                data = store.get_range(entry.key, byte_range.offset, byte_range.length)
-                if hashlib.sha256(data).hexdigest() != byte_range.sha256:
-                    raise _changed(entry, f"fails its checksum at bytes {byte_range.offset}.."
-                                          f"{byte_range.offset + byte_range.length}")
-            continue
-        if not full:
-            continue  # an older manifest has no footer hash: its whole-file hash needs every byte
-        digest, offset, size = hashlib.sha256(), 0, sizes[entry.key]
-        while offset < size:
-            chunk = store.get_range(entry.key, offset, min(CHUNK_BYTES, size - offset))
-            digest.update(chunk)
-            offset += len(chunk)
-        if digest.hexdigest() != entry.sha256:
-            raise _changed(entry, "fails its checksum")
+        for byte_range in ((*entry.row_groups, entry.footer) if full else (entry.footer,)):
+            data = store.get_range(entry.key, byte_range.offset, byte_range.length)
+            if hashlib.sha256(data).hexdigest() != byte_range.sha256:
+                raise _changed(entry, f"fails its checksum at bytes {byte_range.offset}.."
+                                      f"{byte_range.offset + byte_range.length}")

@@ -494,6 +494,9 @@ def _existing_manifest(store: ObjectStore) -> ShardManifest | None:
         return ShardManifest.from_json(store.get_bytes(MANIFEST_NAME))
     except ObjectNotFound:
         return None
+    except ManifestError as exc:  # shards of an earlier ringflow, or damaged: not to be mixed with new ones
+        raise ManifestError(f"{store.uri} holds shards this ringflow cannot read ({exc}); delete them, or shard "
+                            f"into a new location") from None
 
 
 def read_partition(store: ObjectStore, entry: PartitionEntry) -> pa.Table:

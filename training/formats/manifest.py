@@ -30,18 +30,9 @@ cursor (rank/stream_deal.py), so a run checkpointed on N workers resumes on M. E
 the same number of whole minibatches and the rows that do not fill them (`remainder_rows`) are moved to the
 eval split rather than dropped: with as many workers as files, every rank then takes whole minibatches.
 
-v1-v3 manifests are read as they were written: one partition per worker, a rank streams its own, and the
-world size must be the partition count (`partition_for_rank`).
-
-v3 adds each partition's index (`size`, `row_groups`, `footer`: byte ranges of the Parquet file with their
-sha256, partition_index.py), so a rank streams its partition from the store a row group at a time, each
-checked as it arrives, instead of downloading the whole file and hashing it first (partition_stream.py).
-v2 and v1 manifests are still read: their partitions are downloaded whole and checked by the file's sha256.
-
-v2 adds `schema.columns` (each stored column's shape and dtype: a tensor-valued feature such as a 1x8x8 image
-has shape [1, 8, 8]; the mean and std of such a feature are over all its elements) and
-`params.row_group_rows` (ranks stream their partition one row group at a time). v1 manifests are still read:
-their columns are all scalars, features float32, the target int64 (classification) or float32.
+Only v4 is read. The formats before it (v1-v3: one partition per worker, the world size fixed at the
+partition count; v1-v2 without the row-group index a rank streams by) came before ringflow's first release,
+so no one holds them: a manifest of another format is refused (`ManifestError`), saying to re-shard.
 """
 from __future__ import annotations
 
@@ -52,7 +43,6 @@ import math
 from typing import Any
 
 FORMAT = "ringflow.shards/v4"
-READABLE_FORMATS = ("ringflow.shards/v1", "ringflow.shards/v2", "ringflow.shards/v3", FORMAT)
 MANIFEST_NAME = "manifest.json"
 TASKS = ("classification", "regression")
 
@@ -85,27 +75,25 @@ class ByteRange:
 
 @dataclasses.dataclass(frozen=True)
 class PartitionEntry:
+    """A partition file (or the eval split): its rows, its sha256, and its index (partition_index.py): the
+    file's size and the byte ranges of its row groups and footer, by which a rank streams it."""
+
     key: str
     rows: int
     sha256: str
+    size: int
+    row_groups: tuple[ByteRange, ...]
+    footer: ByteRange
     index: int = -1
     minibatches: int = 0
-    # v3: the file's size and the byte ranges of its row groups and footer (partition_index.py); empty in an
-    # older manifest, whose partitions are read whole.
-    size: int = 0
-    row_groups: tuple[ByteRange, ...] = ()
-    footer: ByteRange | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "row_groups",
                            tuple(g if isinstance(g, ByteRange) else ByteRange(**g) for g in self.row_groups))
         if isinstance(self.footer, dict):
             object.__setattr__(self, "footer", ByteRange(**self.footer))
-
-    @property
-    def indexed(self) -> bool:
-        """Whether it can be streamed a row group at a time (a v3 entry)."""
-        return bool(self.row_groups) and self.footer is not None
+        if not isinstance(self.footer, ByteRange):
+            raise ManifestError(f"partition {self.key!r} has no footer range; re-run the shard step")
 
     def check(self, data: bytes) -> None:
         """Raise if `data` is not this partition's bytes (truncated, tampered, or a different file)."""
@@ -145,15 +133,12 @@ class ShardSchema:
     # Mean and std of each feature over the training partitions, so every rank normalizes the same way.
     feature_mean: tuple[float, ...] = ()
     feature_std: tuple[float, ...] = ()
-    # Features in order, then the target. Empty (a v1 manifest): scalars, features float32.
+    # Features in order, then the target.
     columns: tuple[ColumnSpec, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "features", tuple(self.features))
         columns = tuple(c if isinstance(c, ColumnSpec) else ColumnSpec(**c) for c in self.columns)
-        if not columns:
-            columns = tuple(ColumnSpec(f) for f in self.features) + (
-                ColumnSpec(self.target, (), "int64" if self.task == "classification" else "float32"),)
         if [c.name for c in columns] != [*self.features, self.target]:
             raise ManifestError(f"schema.columns name {[c.name for c in columns]}; they must be the features, "
                                 f"then the target")
@@ -199,12 +184,6 @@ class ShardManifest:
     partitions: tuple[PartitionEntry, ...]
     eval: PartitionEntry | None
     remainder_rows: int = 0
-    format: str = FORMAT  # as read: v1-v3 fix the world size, v4 does not
-
-    @property
-    def world_size_free(self) -> bool:
-        """Whether any number of workers can train on it (v4: one global stream), not one per partition."""
-        return self.format == FORMAT
 
     @property
     def training_rows(self) -> int:
@@ -222,22 +201,9 @@ class ShardManifest:
     def minibatches_per_partition(self) -> int:
         return min(p.minibatches for p in self.partitions)
 
-    def partition_for_rank(self, rank: int, world_size: int) -> PartitionEntry:
-        """A v1-v3 manifest's partition of `rank`: those fix the world size at their partition count."""
-        if self.world_size_free:
-            raise ManifestError(f"a {FORMAT} manifest's partitions are not per worker: read its global stream "
-                                f"(rank/partition_batches.py) instead")
-        if world_size != self.num_partitions:
-            raise ManifestError(
-                f"the manifest ({self.format}) has {self.num_partitions} partitions but the job runs "
-                f"{world_size} workers: a {self.format} manifest fixes the world size; run "
-                f"{self.num_partitions} workers, or shard again ({FORMAT} trains on any worker count)"
-            )
-        return self.partitions[rank]
-
     def to_json(self) -> str:
         doc = {
-            "format": self.format,
+            "format": FORMAT,
             "fingerprint": self.fingerprint,
             "source": self.source,
             "params": self.params,
@@ -254,9 +220,10 @@ class ShardManifest:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ManifestError(f"manifest is not valid JSON ({exc}); re-run the shard step") from exc
-        if not isinstance(doc, dict) or doc.get("format") not in READABLE_FORMATS:
-            raise ManifestError(f"manifest format is {doc.get('format') if isinstance(doc, dict) else None!r}, "
-                                f"expected one of {READABLE_FORMATS}; re-run the shard step")
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ManifestError(f"manifest format is {doc.get('format') if isinstance(doc, dict) else None!r}, not "
+                                f"{FORMAT!r}: re-shard the dataset with this ringflow (`ringflow shard` / the shard "
+                                f"task)")
         try:
             schema = doc["schema"]
             parts = tuple(PartitionEntry(**p) for p in doc["partitions"])
@@ -268,7 +235,6 @@ class ShardManifest:
                 partitions=parts,
                 eval=PartitionEntry(**doc["eval"]) if doc.get("eval") else None,
                 remainder_rows=int(doc.get("remainder_rows", 0)),
-                format=doc["format"],
             )
         except (KeyError, TypeError) as exc:
             raise ManifestError(f"manifest is missing or has a malformed field: {exc}") from exc

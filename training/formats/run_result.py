@@ -23,7 +23,7 @@ previous upload still running; checkpoint_writer.py); the uploads themselves run
 It is the job's outcome as the job itself decided it: the launcher turns it into the process's exit status
 (`exit_code`), the Airflow trigger hands it to the operator in its event, and evaluate and promote read the
 final checkpoint and verdict from it. A retried task reuses the run folder, so a reader that knows which
-attempt it watches (worker_env.ATTEMPT_ENV) takes only that attempt's result (`read_result(…, attempt)`).
+attempt it watches (worker_env.ATTEMPT_ENV) takes only that attempt's result (`RunFolder.read_result(attempt)`).
 Torch-free and Airflow-free: both sides import it. NaN/Inf are written as strings, as in health.jsonl.
 """
 from __future__ import annotations
@@ -38,7 +38,6 @@ from .checkpoint import SkippedCheckpoint
 from .config import RowRef
 from ..health.verdict import Verdict
 from .run_layout import RESULT
-from ..store.base import ObjectStore
 
 FORMAT = "ringflow.result/v1"
 SUCCEEDED, FAILED = "succeeded", "failed"
@@ -66,7 +65,7 @@ def _float(value: Any) -> float | None:
 @dataclasses.dataclass(frozen=True)
 class RunResult:
     status: str
-    attempt: str | None  # None only in a result written before attempts were recorded
+    attempt: str  # the launch's attempt id (worker_env.ATTEMPT_ENV)
     step: int
     epoch: int
     world_size: int
@@ -97,7 +96,7 @@ class RunResult:
             raise ResultError("a succeeded result names its final checkpoint; got none")
         if self.status == FAILED and self.checkpoint is not None:
             raise ResultError(f"a failed result has no final checkpoint; got {self.checkpoint!r}")
-        if self.attempt is not None and (not isinstance(self.attempt, str) or not self.attempt):
+        if not isinstance(self.attempt, str) or not self.attempt:
             raise ResultError(f"result attempt {self.attempt!r}: use the launch's attempt id (a non-empty string)")
         for name in ("step", "epoch", "world_size"):
             value = getattr(self, name)
@@ -144,13 +143,15 @@ class RunResult:
         if not isinstance(doc, Mapping):
             raise ResultError(f"{where} holds a {type(doc).__name__}, not a ringflow result")
         fmt = doc.get("format")
-        # No format: written by ringflow before results were versioned; the same fields.
-        if fmt not in (FORMAT, None):
+        if fmt is None:  # written before results were versioned, by a ringflow from before the first release
+            raise ResultError(f"{where} has no format: an earlier ringflow wrote it; start a new run (a new run_uri) "
+                              f"and retrain")
+        if fmt != FORMAT:
             raise ResultError(f"{where} is format {fmt!r}, not {FORMAT!r}: read it with the ringflow that wrote it")
         try:
             v = doc.get("verdict")
             verdict = Verdict(v["status"], v.get("reason", ""), v.get("evidence") or {}) if v else None
-            return cls(status=doc["status"], attempt=doc.get("attempt"), step=int(doc["step"]),
+            return cls(status=doc["status"], attempt=doc["attempt"], step=int(doc["step"]),
                        epoch=int(doc["epoch"]), world_size=int(doc["world_size"]), checkpoint=doc.get("checkpoint"),
                        verdict=verdict, loss=_float(doc.get("loss", math.nan)),
                        resumed_from=doc.get("resumed_from"),
@@ -176,16 +177,3 @@ class RunResult:
             raise ResultError(f"{where} is not JSON ({exc}); rerun the train task") from None
         return cls.from_dict(doc, where)
 
-
-def write_result(store: ObjectStore, result: RunResult) -> None:
-    """result.json at the top of `store` (RunFolder.write_result)."""
-    from .run_folder import RunFolder
-
-    RunFolder(store).write_result(result)
-
-
-def read_result(store: ObjectStore, attempt: str | None = None) -> RunResult | None:
-    """The run folder's published result (RunFolder.read_result), for callers that hold a store."""
-    from .run_folder import RunFolder
-
-    return RunFolder(store).read_result(attempt)

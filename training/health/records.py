@@ -76,14 +76,6 @@ def _segment_keys(store: ObjectStore) -> list[str]:
     return sorted(info.key for info in store.list(HEALTH_SEGMENTS) if info.key.endswith(".jsonl"))
 
 
-def read_health(store: ObjectStore) -> list[dict[str, Any]]:
-    """All of a run's visible records in order: each attempt's the run folder's pointer names, as far as
-    they are visible (run_folder.py), or, in a folder of today's layout, its own."""
-    from ..formats.run_folder import RunFolder
-
-    return RunFolder(store).read_health()
-
-
 def read_health_in(store: ObjectStore) -> list[dict[str, Any]]:
     """All of the records one health log holds, in order: the sealed segments, then health.jsonl."""
     # health.jsonl before the segment listing: a segment is sealed before health.jsonl starts over, so
@@ -109,7 +101,7 @@ class HealthReader:
         self.last_seq = -1
 
     def poll(self, store: ObjectStore) -> list[dict[str, Any]]:
-        # health.jsonl first, then the segments: the order read_health explains.
+        # health.jsonl first, then the segments: the order read_health_in explains.
         try:
             current = store.get_bytes(HEALTH_KEY)
         except ObjectNotFound:
@@ -291,7 +283,7 @@ class HealthLog:
             try:
                 self._before_write()
                 if seal is not None:
-                    # Sealed first, then health.jsonl starts over: see read_health for why in this order.
+                    # Sealed first, then health.jsonl starts over: see read_health_in for why in this order.
                     self._store.put_bytes(_segment_key(seal[0]), ("\n".join(seal[1]) + "\n").encode())
                     sealed = True
                 self._store.put_bytes(HEALTH_KEY, current)

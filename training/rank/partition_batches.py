@@ -3,20 +3,16 @@
 Torch-free: the TensorFlow rank reads with it as it is, and data.py's PartitionData is the same reader serving
 torch tensors (through the hooks below), so every engine trains on the same rows in the same order.
 
-A v4 manifest (world-size free): an epoch is ONE stream over the row groups ("blocks") of every partition
-file, its order a function of (seed, epoch) alone: the blocks permuted, taken `SHUFFLE_WINDOW` at a time, and
+An epoch is ONE stream over the row groups ("blocks") of every partition file, its order a function of (seed, epoch) alone: the blocks permuted, taken `SHUFFLE_WINDOW` at a time, and
 the rows of each window permuted among themselves (a shuffle buffer of that many blocks). The cursor names
 what of the epoch is still unseen (stream_deal.py); it is dealt to the workers as contiguous runs of stream
 positions, and a rank reads only the windows its run touches (a boundary window is read whole and the rows
 outside the run dropped: a window's rows are mixed, so no smaller read serves them). No rank in the order is
 what lets a run checkpointed on N workers resume on M, sample-exact.
 
-An older manifest (v1-v3): each rank streams its own partition, in an order from (seed, epoch, rank), as one
-run dealt to one reader; the world size must be the partition count.
-
 The shard step already put the rows in a random order, so every block is a uniform sample of the data and
 the window only has to vary the order from epoch to epoch. Because every window's size is known from the
-manifest (or the Parquet footer), minibatch `b` is found without reading what comes before it: resume reads
+manifest, minibatch `b` is found without reading what comes before it: resume reads
 one window and starts inside it.
 """
 from __future__ import annotations
@@ -30,10 +26,10 @@ import pyarrow as pa
 
 from ..formats.config import ConfigError, RowRef
 from ..formats.tensor_columns import tensor_matrix
-from ..health.progress import VERIFY, Progress
+from ..health.progress import Progress
 from ..health.store_ops import StoreOp
 from ..formats.manifest import ShardManifest, ShardSchema
-from .partition_stream import PartitionSource, open_partition
+from .partition_stream import StreamedPartition
 from . import stream_deal
 from .stream_deal import Ranges
 from ..store.base import ObjectStore
@@ -52,7 +48,7 @@ class Cursor:
 
     A checkpoint stores it `settled` (batch 0, `remaining` what is still unseen), which any world size can
     deal; a resumed run continues at exactly the rows it names, so no sample is seen twice or skipped within
-    an epoch. An older manifest's cursor never has `remaining`: `batch` counts the rank's own partition.
+    an epoch.
     """
 
     epoch: int = 0
@@ -88,14 +84,12 @@ class Window:
         return len(self.order)
 
 
-def epoch_windows(group_rows: Sequence[int], seed: int, epoch: int, rank: int | None,
-                  window: int = SHUFFLE_WINDOW) -> list[Window]:
+def epoch_windows(group_rows: Sequence[int], seed: int, epoch: int, window: int = SHUFFLE_WINDOW) -> list[Window]:
     """The order of one epoch: row groups permuted, `window` at a time, rows permuted within each window.
-    Pure: depends on the row-group sizes and (seed, epoch, rank) alone; rank None: the global stream of a
-    world-size-free manifest, the same for every rank and world size."""
+    Pure: depends on the row-group sizes and (seed, epoch) alone, the same for every rank and world size."""
     if window < 1:
         raise ValueError(f"shuffle window is {window}; use >= 1 row group")
-    key = [seed, epoch] if rank is None else [seed, epoch, rank]
+    key = [seed, epoch]
     rng = np.random.default_rng(key)
     groups = rng.permutation(len(group_rows))
     out, start = [], 0
@@ -107,14 +101,13 @@ def epoch_windows(group_rows: Sequence[int], seed: int, epoch: int, rank: int | 
     return out
 
 
-def epoch_order(group_rows: Sequence[int] | int, seed: int, epoch: int, rank: int | None,
-                window: int = SHUFFLE_WINDOW) -> np.ndarray:
+def epoch_order(group_rows: Sequence[int] | int, seed: int, epoch: int, window: int = SHUFFLE_WINDOW) -> np.ndarray:
     """Every row of the stream (numbered in block order) in the order epoch `epoch` serves them: for tests
     and tools; training never materializes it. An int is one row group of that many rows."""
     sizes = [group_rows] if isinstance(group_rows, int) else list(group_rows)
     first_row = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     parts = []
-    for w in epoch_windows(sizes, seed, epoch, rank, window):
+    for w in epoch_windows(sizes, seed, epoch, window):
         rows = np.concatenate([np.arange(first_row[g], first_row[g] + sizes[g]) for g in w.groups])
         parts.append(rows[w.order])
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -159,9 +152,8 @@ class PartitionBatches:
     x and y are numpy arrays here; a subclass serves its library's tensors through the hooks `_decode`,
     `_index`, `_pin`, `_cat` and `_out` (data.py's PartitionData).
 
-    The files come from `store` (partition_stream.open_partition: ranged reads of an indexed manifest's row
-    groups, each checked as it arrives; an older manifest's file whole, checked first), opened when first
-    read. Opening and each window's read are store operations (health/store_ops.py); when the training thread
+    The files come from `store` (partition_stream.StreamedPartition: ranged reads of their row groups, each
+    checked as it arrives), opened when first read. Opening and each window's read are store operations (health/store_ops.py); when the training thread
     has to wait for one, it waits through `progress` (the store is judged, not the thread).
 
     placement: where a subclass puts the batches (data.py: devices.py's Placement); unused here.
@@ -172,19 +164,11 @@ class PartitionBatches:
                  progress: Progress | None = None, skip_rows: Sequence[RowRef] = ()):
         self.progress = progress or Progress()
         self._store = store
-        self._sources: dict[int, PartitionSource] = {}
-        if manifest.world_size_free:
-            # One stream over every file, dealt to the world: the rank is not in the order.
-            self.entries = manifest.partitions
-            self._order_rank: int | None = None
-            self.deal_size, self.deal_rank = world_size, rank
-            sizes = [[g.rows for g in e.row_groups] for e in self.entries]
-        else:
-            # The rank's own partition (the world size checked against the manifest), dealt to one reader.
-            self.entries = (manifest.partition_for_rank(rank, world_size),)
-            self._order_rank = rank
-            self.deal_size, self.deal_rank = 1, 0
-            sizes = [list(self._source(0).group_rows)]
+        self._sources: dict[int, StreamedPartition] = {}
+        # One stream over every file, dealt to the world: the rank is not in the order.
+        self.entries = manifest.partitions
+        self.deal_size, self.deal_rank = world_size, rank
+        sizes = [[g.rows for g in e.row_groups] for e in self.entries]
         self.blocks = tuple(Block(f, g, rows, first) for f, rows_of in enumerate(sizes)
                             for g, (rows, first) in enumerate(zip(rows_of, np.concatenate(
                                 [[0], np.cumsum(rows_of)[:-1]]).astype(int).tolist())))
@@ -194,9 +178,6 @@ class PartitionBatches:
         self.rank = rank
         self.batch_size = batch_size
         self.window = window
-        # A run may end in a partial micro-batch on a world-size-free stream; an older partition holds whole
-        # minibatches of its shard's batch size, and a batch size that does not divide it skips the rest.
-        self._partial = manifest.world_size_free
         self.rows = stream_deal.length(self._run(Cursor()))  # this rank's rows of a whole epoch
         self.batches_per_epoch = self.micro_batches(Cursor())
         self.row_ids: np.ndarray = np.zeros((0, 2), dtype=np.int64)
@@ -220,12 +201,7 @@ class PartitionBatches:
     def __len__(self) -> int:
         return self.rows
 
-    @property
-    def source(self) -> PartitionSource:
-        """The first file's source (an older manifest: the rank's partition)."""
-        return self._source(0)
-
-    def _source(self, file: int, moved: Callable[[int], None] | None = None) -> PartitionSource:
+    def _source(self, file: int, moved: Callable[[int], None] | None = None) -> StreamedPartition:
         """File `file`, opened on first use (its footer read and checked: a store operation).
 
         moved: given by a window's load on the loader thread, whose operation the open is part of (the
@@ -236,14 +212,11 @@ class PartitionBatches:
         if file not in self._sources:
             entry = self.entries[file]
             if moved is not None:
-                self._sources[file] = open_partition(self._store, entry, moved,
-                                                     on_verify=lambda: self.progress.phase(VERIFY))
+                self._sources[file] = StreamedPartition(self._store, entry, moved)
                 return self._sources[file]
-            opening = StoreOp(f"read of {entry.key}'s index" if entry.indexed else f"download of {entry.key}",
-                              self._store.uri, None if entry.indexed else entry.size or None)
+            opening = StoreOp(f"read of {entry.key}'s index", self._store.uri, None)
             with self.progress.waiting(opening):
-                self._sources[file] = open_partition(self._store, entry, opening.moved,
-                                                     on_verify=lambda: self.progress.phase(VERIFY))
+                self._sources[file] = StreamedPartition(self._store, entry, opening.moved)
             opening.finish()
         return self._sources[file]
 
@@ -258,32 +231,27 @@ class PartitionBatches:
 
     def micro_batches(self, cursor: Cursor) -> int:
         """Micro-batches every rank takes in the cursor's deal (the same on every rank)."""
-        if not self._partial:
-            return self.rows // self.batch_size
         return stream_deal.micro_batches(self._remaining(cursor), self.deal_size, self.batch_size)
 
     def uneven(self, cursor: Cursor = Cursor()) -> bool:
         """Whether the cursor's deal gives some rank a partial or an empty micro-batch."""
-        return self._partial and stream_deal.length(self._remaining(cursor)) % (self.deal_size * self.batch_size) != 0
+        return stream_deal.length(self._remaining(cursor)) % (self.deal_size * self.batch_size) != 0
 
     def settled(self, cursor: Cursor) -> Cursor:
-        """The same position as a cursor any world size can deal: batch 0, what is still unseen remaining.
-        An older manifest's cursor stays as it is (its world size is fixed)."""
-        if not self._partial or cursor.batch == 0:
+        """The same position as a cursor any world size can deal: batch 0, what is still unseen remaining."""
+        if cursor.batch == 0:
             return cursor
         left = stream_deal.advance(self._remaining(cursor), self.deal_size, self.batch_size, cursor.batch)
         return Cursor(cursor.epoch + 1) if not left else Cursor(cursor.epoch, 0, left)
 
     @property
     def epoch_rows(self) -> int:
-        """Rows an epoch trains on: the whole stream (a current manifest), else this rank's whole micro-batches."""
-        return self.stream_rows if self._partial else self.batches_per_epoch * self.batch_size
+        """Rows an epoch trains on: the whole stream."""
+        return self.stream_rows
 
     def rows_seen(self, cursor: Cursor) -> int:
         """Rows of cursor.epoch trained on before the cursor (of epoch_rows): the same count on any world size
         and batch, so progress measured in them never jumps on a resume (callbacks/trainer_status.py)."""
-        if not self._partial:
-            return cursor.batch * self.batch_size
         settled = self.settled(cursor)
         if settled.epoch > cursor.epoch:
             return self.stream_rows
@@ -299,10 +267,8 @@ class PartitionBatches:
         op = StoreOp(f"read of {where} row groups {sorted(blocks)}", self._store.uri, self._bytes(blocks))
         return _Pending(op, self._loader.submit(self._load, w, op), w.start)
 
-    def _bytes(self, blocks: Sequence[int]) -> int | None:
+    def _bytes(self, blocks: Sequence[int]) -> int:
         entries = [self.entries[self.blocks[b].file] for b in blocks]
-        if not all(e.indexed for e in entries):
-            return None
         return sum(e.row_groups[self.blocks[b].group].length for e, b in zip(entries, blocks))
 
     def _read(self, blocks: Sequence[int], moved) -> "pa.Table":
@@ -356,7 +322,7 @@ class PartitionBatches:
     def _pieces(self, seed: int, cursor: Cursor) -> list[tuple[Window, int, int]]:
         """(window, first, end) of every window this rank reads from the cursor on, in stream order: rows
         [first, end) of the permuted window are this rank's."""
-        windows = epoch_windows(self.group_rows, seed, cursor.epoch, self._order_rank, self.window)
+        windows = epoch_windows(self.group_rows, seed, cursor.epoch, self.window)
         run = self._run(cursor)
         skip = cursor.batch * self.batch_size
         mine = stream_deal.cut(run, skip, stream_deal.length(run) - skip)
@@ -436,8 +402,6 @@ class PartitionBatches:
             rest = whole * size
             if rest < len(x):
                 carry = (x[rest:], y[rest:], ids[rest:])
-        if not self._partial:
-            return
         if carry is not None and b < count:
             yield b, *self._serve(*carry)
             b += 1
@@ -465,7 +429,7 @@ class PartitionBatches:
     def _empty(self, seed: int, epoch: int, loaded) -> tuple[Any, Any]:
         """A micro-batch of no rows, shaped as the others (from the last window loaded, or the epoch's first)."""
         if loaded is None:
-            first = epoch_windows(self.group_rows, seed, epoch, self._order_rank, self.window)[0]
+            first = epoch_windows(self.group_rows, seed, epoch, self.window)[0]
             loaded = (first, self._wait(self._submit(first)))
         x, y, _ = loaded[1]
         return x[:0], y[:0]

@@ -15,7 +15,7 @@ from ..formats import exit_codes
 from ..formats.config import ConfigError, JobConfig
 from ..formats.manifest import ShardManifest, split_manifest_uri
 from ..formats.run_folder import RunFolder
-from ..formats.run_result import FAILED, SUCCEEDED, ResultError, RunResult
+from ..formats.run_result import FAILED, SUCCEEDED, RunResult
 from ..health.memory_limits import MemoryLimits
 from ..health.progress import FETCH
 from ..health.records import HealthLog, record
@@ -125,16 +125,11 @@ class RankRun:
     def carried_verdict(self) -> Verdict | None:
         """The verdict of the attempt that wrote the final checkpoint this attempt resumed from."""
         meta = self.published().read_manifest(self.resumed_from).meta
-        if "verdict" in meta:
-            doc = meta["verdict"]
-            return Verdict(doc["status"], doc.get("reason", ""), doc.get("evidence") or {}) if doc else None
-        try:  # a checkpoint from before verdicts were kept with it: the result that named it, if any
-            result = RunFolder(self.run_folder).read_result()
-        except ResultError:
-            return None
-        if result is not None and result.succeeded and result.checkpoint == self.resumed_from:
-            return result.verdict
-        return None
+        if "verdict" not in meta:  # every final checkpoint keeps its verdict since before the first release
+            raise ValueError(f"final checkpoint {self.resumed_from} keeps no verdict: an earlier ringflow wrote it; "
+                             f"start a new run (a new run_uri) and retrain")
+        doc = meta["verdict"]
+        return Verdict(doc["status"], doc.get("reason", ""), doc.get("evidence") or {}) if doc else None
 
     def finish_finished(self) -> int:
         """A rerun of a job that had already finished: it resumed at its final checkpoint with nothing

@@ -43,8 +43,8 @@ class TrainingState:
     # Under local SGD (ddp.local_sgd) every rank's optimizer state, in rank order: each rank keeps its own
     # momentum or moments, and a resume gives each its own back; None where rank 0's is every rank's.
     replica_optimizers: list[dict[str, Any]] | None = None
-    # A world-size-free manifest's global cursor (partition_batches.Cursor.remaining): the stream positions of
-    # the epoch still unseen, as [start, stop) pairs; None: the whole epoch (or an older manifest's cursor).
+    # The global cursor (partition_batches.Cursor.remaining): the stream positions of the epoch still unseen,
+    # as [start, stop) pairs; None: the whole epoch.
     remaining: tuple[tuple[int, int], ...] | None = None
 
     def _doc(self) -> dict[str, Any]:

@@ -56,7 +56,7 @@ from .replay_exchange import (GRACE_SECONDS, gather_reports, gathered, publish_r
 from .step_minibatches import step_minibatches
 from .rank_start import RankStart, store_call
 from . import stream_deal
-from .world_size_change import WorldSizeChange, per_worker_cursor_in, plan_change
+from .world_size_change import WorldSizeChange, plan_change
 
 
 def make_optimizer(cfg: JobConfig, model: torch.nn.Module, world_size: int) -> torch.optim.Optimizer:
@@ -197,11 +197,6 @@ class Trainer(RankRun):
                              self.base_world_size, self.base_accumulation_steps, self.size, batch,
                              from_batch_size=int(meta.get("batch_size", batch)), base_batch_size=self.base_batch_size)
         if change.changed:
-            state = found[1]
-            if state.remaining is None and state.cursor[1] > 0 and change.from_world_size != change.to_world_size:
-                raise ValueError(f"checkpoint {found[0].manifest.name} holds a per-worker cursor (epoch "
-                                 f"{state.cursor[0]}, batch {state.cursor[1]} of {change.from_world_size} workers' "
-                                 f"partitions): resume it on {change.from_world_size} workers")
             self.world_size_changes.append(change.as_record())
             if self.rank == 0:
                 say(f"resuming with another global batch: {change.describe()}")
@@ -229,9 +224,6 @@ class Trainer(RankRun):
         if scaler is not None and state.grad_scaler:  # fp16 goes on with its loss scale (not from fp32/bf16)
             scaler.load_state_dict(state.grad_scaler)
         self.cursor, self.step = Cursor(*state.cursor, state.remaining), state.step
-        if state.remaining is None and self.cursor.batch and self.world_size_change.from_batch_size != self.cfg.batch_size:
-            self.cursor = per_worker_cursor_in(self.cursor, self.world_size_change.from_batch_size, self.cfg.batch_size,
-                                               loaded.manifest.name)
         self.replica_optimizers = state.replica_optimizers
         torch.set_rng_state(state.torch_rng)
         self.resumed_from = loaded.manifest.name

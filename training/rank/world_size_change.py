@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from .partition_batches import Cursor
-
 
 @dataclasses.dataclass(frozen=True)
 class WorldSizeChange:
@@ -97,16 +95,3 @@ def plan_change(from_world_size: int, from_accumulation_steps: int, base_world_s
         steps = accumulation_for(base_world_size, base_accumulation_steps, to_world_size, base_batch_size, batch_size)
     return WorldSizeChange(from_world_size, to_world_size, from_accumulation_steps, steps, base_world_size,
                            base_accumulation_steps, batch_size, from_batch_size, base_batch_size)
-
-
-def per_worker_cursor_in(cursor: Cursor, from_batch_size: int, batch_size: int, checkpoint: str) -> Cursor:
-    """An older manifest's cursor (a micro-batch of the rank's own partition, whose order is fixed) in units of
-    another per-worker batch: the same row of the order, so the resume is sample-exact; ValueError where that
-    row is not the start of a micro-batch of the new size."""
-    position = cursor.batch * from_batch_size
-    if position % batch_size:
-        raise ValueError(f"checkpoint {checkpoint} stopped at row {position} of epoch {cursor.epoch}'s order "
-                         f"(micro-batch {cursor.batch} of {from_batch_size}), which no micro-batch of {batch_size} "
-                         f"starts: resume with a batch_size that divides {position}, or reshard the dataset "
-                         "(a current manifest resumes on any batch_size)")
-    return Cursor(cursor.epoch, position // batch_size)

@@ -1,25 +1,33 @@
 """The one preflight check of a job against its shards: a table of jobs, manifests and worker counts."""
+import hashlib
 import json
 
 import pytest
 
 from ringflow.training.formats.config import ConfigError, JobConfig
-from ringflow.training.formats.manifest import PartitionEntry, ShardManifest, ShardSchema
+from ringflow.training.formats.manifest import ByteRange, ColumnSpec, PartitionEntry, ShardManifest, ShardSchema
 from ringflow.training.core.preflight import check_job, preflight
 
 
-V3, V4 = "ringflow.shards/v3", "ringflow.shards/v4"
+def indexed_entry(index: int, rows: int, minibatches: int, data: bytes = b"partition") -> PartitionEntry:
+    """Partition `index`, its file `data`: all but the last 4 bytes one row group, those 4 its footer."""
+    def byte_range(offset: int, length: int, group_rows: int = 0) -> ByteRange:
+        return ByteRange(offset, length, hashlib.sha256(data[offset:offset + length]).hexdigest(), group_rows)
+
+    return PartitionEntry(key=f"part-{index}.parquet", rows=rows, sha256=hashlib.sha256(data).hexdigest(),
+                          size=len(data), row_groups=(byte_range(0, len(data) - 4, rows),),
+                          footer=byte_range(len(data) - 4, 4), index=index, minibatches=minibatches)
 
 
-def manifest(partitions: int = 2, minibatches: int = 10, batch_size: int = 32, format: str = V3) -> ShardManifest:
+def manifest(partitions: int = 2, minibatches: int = 10, batch_size: int = 32, files: tuple[bytes, ...] = ()):
     rows = minibatches * batch_size
     return ShardManifest(
         fingerprint="f", source={"uri": "builtin:digits"},
         params={"num_partitions": partitions, "batch_size": batch_size, "seed": 0},
-        schema=ShardSchema(features=("a", "b"), target="target", task="classification", num_classes=3),
-        partitions=tuple(PartitionEntry(key=f"part-{i}.parquet", rows=rows, sha256="0" * 64, index=i,
-                                        minibatches=minibatches) for i in range(partitions)),
-        eval=None, format=format)
+        schema=ShardSchema(features=("a", "b"), target="target", task="classification", num_classes=3,
+                           columns=(ColumnSpec("a"), ColumnSpec("b"), ColumnSpec("target", (), "int64"))),
+        partitions=tuple(indexed_entry(i, rows, minibatches, *files[i:i + 1]) for i in range(partitions)),
+        eval=None)
 
 
 def job(**fields) -> JobConfig:
@@ -35,17 +43,12 @@ CUSTOM = {"kind": "custom", "factory": "ringflow.training.rank.models:conv_net"}
     ({"batch_size": 320}, {}, 2, None, None),                 # one step per epoch
     ({}, {"partitions": 1}, 1, None, None),
     ({"model": CUSTOM}, {}, 2, None, None),
-    ({}, {}, 3, "manifest_uri", r"\(ringflow.shards/v3\) has 2 partitions but the job asks for 3 workers; run with 2 "
-                                "workers, or shard again"),
-    ({}, {"partitions": 4}, 2, "manifest_uri", "run with 4 workers, or shard again"),
-    # A current manifest: any number of workers, as long as each gets a whole micro-batch of the 640 rows.
-    ({}, {"format": V4}, 3, None, None),
-    ({}, {"format": V4, "partitions": 4}, 1, None, None),
-    ({"batch_size": 48}, {"format": V4}, 2, None, None),      # the runs' last micro-batches are partial
-    ({"batch_size": 321}, {"format": V4}, 2, "batch_size",
+    # Any number of workers, as long as each gets a whole micro-batch of the 640 rows.
+    ({}, {}, 3, None, None),
+    ({}, {"partitions": 4}, 1, None, None),
+    ({"batch_size": 48}, {}, 2, None, None),      # the runs' last micro-batches are partial
+    ({"batch_size": 321}, {}, 2, "batch_size",
      "2 workers x 321 rows exceeds the shards' 640 training rows.*use at most 320 rows per worker, or fewer workers"),
-    ({"batch_size": 321}, {}, 2, "batch_size", "321 exceeds the 320 rows of each partition; use at most 320"),
-    ({"batch_size": 48}, {}, 2, "batch_size", "48 does not divide the 320 rows.*use 32, the shards' batch size"),
     ({"model": {"kind": "custom", "factory": "no_such_module_xyz:build"}}, {}, 2, "model.factory",
      "cannot be imported.*install the package on every worker"),
     ({"model": {"kind": "custom", "factory": "json:no_such_function"}}, {}, 2, "model.factory",
@@ -70,26 +73,24 @@ def test_factory_check_can_be_left_to_the_job():
 
 
 def test_preflight_reads_the_config_and_the_manifest(tmp_path):
-    import dataclasses
-    import hashlib
-
-    written = manifest(format="ringflow.shards/v2")
-    for p in written.partitions:  # shards whose bytes the manifest describes (a v2 entry: the file's sha256)
-        (tmp_path / p.key).write_bytes(f"partition {p.index}".encode())
-    written = dataclasses.replace(written, partitions=tuple(
-        dataclasses.replace(p, sha256=hashlib.sha256((tmp_path / p.key).read_bytes()).hexdigest(),
-                            size=(tmp_path / p.key).stat().st_size)
-        for p in written.partitions))
+    files = (b"partition 0", b"partition 1")
+    written = manifest(files=files)
+    for p, data in zip(written.partitions, files):  # shards whose bytes the manifest describes
+        (tmp_path / p.key).write_bytes(data)
     (tmp_path / "manifest.json").write_text(written.to_json())
     path = tmp_path / "job.json"
     path.write_text(json.dumps({"manifest_uri": str(tmp_path / "manifest.json"), "run_uri": "/r"}))
     assert preflight(str(path), 2).batch_size == 32
-    with pytest.raises(ConfigError, match="run with 2 workers, or shard again"):
-        preflight(str(path), 3)
-    (tmp_path / "part-1.parquet").write_bytes(b"partition X")  # changed after sharding, same size
-    assert preflight(str(path), 2).batch_size == 32  # a v2 entry has no footer hash: the ranks find it
-    with pytest.raises(ConfigError, match="shard 'part-1.parquet' fails its checksum.*re-run the shard step"):
+    with pytest.raises(ConfigError, match="21 workers x 32 rows exceeds the shards' 640 training rows"):
+        preflight(str(path), 21)
+    (tmp_path / "part-1.parquet").write_bytes(b"Partition 1")  # a row group changed after sharding, same size
+    assert preflight(str(path), 2).batch_size == 32  # the footer is the same: the ranks find it as they stream
+    with pytest.raises(ConfigError, match="shard 'part-1.parquet' fails its checksum at bytes 0..7.*re-run the shard "
+                                          "step"):
         preflight(str(path), 2, verify_all_shard_bytes=True)
+    (tmp_path / "part-1.parquet").write_bytes(b"partition X")  # the footer changed: found by default
+    with pytest.raises(ConfigError, match="shard 'part-1.parquet' fails its checksum at bytes 7..11"):
+        preflight(str(path), 2)
     (tmp_path / "part-1.parquet").write_bytes(b"partition")  # truncated: its size alone shows it
     with pytest.raises(ConfigError, match="shard 'part-1.parquet' has 9 bytes, the manifest says 11"):
         preflight(str(path), 2)

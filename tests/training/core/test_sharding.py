@@ -135,23 +135,21 @@ def test_partitions_hold_the_planned_rows_in_row_groups_and_stats_of_the_trainin
     assert np.allclose(manifest.schema.feature_std, training.drop(columns="target").std(ddof=0).to_numpy(), rtol=1e-4)
 
 
-def test_a_v1_manifest_is_still_read(tmp_path):
+def test_a_manifest_from_before_v4_is_refused_saying_to_reshard(tmp_path):
+    """v1-v3 came before the first release: such a manifest is refused with what to do, and shards of one in
+    the place the shard step writes to are not mixed with new ones."""
     import json
-
-    from ringflow.training.rank.data import Cursor, PartitionData
 
     store = LocalFolderStore(str(tmp_path))
     manifest = write_shards(load_builtin("wine"), store, target="target", num_partitions=2, batch_size=8)
     doc = json.loads(manifest.to_json())
-    doc["format"] = "ringflow.shards/v1"
-    del doc["schema"]["columns"], doc["params"]["row_group_rows"]
-    old = ShardManifest.from_json(json.dumps(doc))
-    assert old.schema.columns == manifest.schema.columns and old.schema.input_shape == (13,)
-    _, x, y = next(PartitionData(store, old, 0, 2, 8).batches(0, Cursor()))
-    assert x.shape == (8, 13) and y.dtype.is_floating_point is False
-    doc["format"] = "ringflow.shards/v0"
-    with pytest.raises(ManifestError, match="expected one of"):
+    doc["format"] = "ringflow.shards/v3"
+    with pytest.raises(ManifestError, match=r"format is 'ringflow.shards/v3', not 'ringflow.shards/v4': re-shard "
+                                            r"the dataset with this ringflow \(`ringflow shard` / the shard task\)"):
         ShardManifest.from_json(json.dumps(doc))
+    store.put_bytes("manifest.json", json.dumps(doc).encode())
+    with pytest.raises(ManifestError, match="holds shards this ringflow cannot read.*shard into a new location"):
+        write_shards(load_builtin("wine"), store, target="target", num_partitions=2, batch_size=8)
 
 
 def test_column_groups_and_fewer_writers_do_not_change_a_single_byte(tmp_path, monkeypatch):

@@ -6,9 +6,10 @@ import concurrent.futures
 import pytest
 
 from ringflow.training.formats.checkpoint import CheckpointStore
-from ringflow.training.health.records import HealthLog, read_health, record
+from ringflow.training.health.records import HealthLog, record
+from run_folder_files import read_health, read_result, write_result
 from ringflow.training.formats.run_folder import POINTER, Fenced, RunFolder
-from ringflow.training.formats.run_result import RunResult, read_result, write_result
+from ringflow.training.formats.run_result import RunResult
 
 
 def result(attempt, step, checkpoint="ckpt-000000010"):

@@ -6,7 +6,8 @@ import pytest
 
 from ringflow.training.formats import exit_codes
 from ringflow.training.health.verdict import Verdict
-from ringflow.training.formats.run_result import (FORMAT, ResultError, RunResult, read_result, write_result)
+from ringflow.training.formats.run_result import FORMAT, ResultError, RunResult
+from run_folder_files import read_result, write_result
 from ringflow.training.store import LocalFolderStore
 
 
@@ -83,10 +84,10 @@ def test_unreadable_results_say_so(tmp_path, raw, says):
         read_result(store)
 
 
-def test_a_result_from_before_the_format_is_read():
-    """Run folders written before results were versioned: the same fields, no `format`, maybe no attempt."""
+def test_a_result_from_before_the_format_is_refused_saying_to_start_a_new_run():
+    """Results had no `format` (nor always an attempt) before the first release: such a run folder is retrained."""
     doc = succeeded().to_dict()
     del doc["format"], doc["attempt"]
-    old = RunResult.from_json(json.dumps(doc))
-    assert old.attempt is None and old.checkpoint == "ckpt-000000044" and old.verdict.status == "HEALTHY"
-    assert not old.is_of("a2") and old.is_of(None)
+    with pytest.raises(ResultError, match=r"has no format: an earlier ringflow wrote it; start a new run \(a new "
+                                          r"run_uri\) and retrain"):
+        RunResult.from_json(json.dumps(doc))

@@ -1,5 +1,6 @@
 """health.jsonl and its sealed segments: bounded rewrites, nothing lost or doubled, resume continues."""
-from ringflow.training.health.records import HealthLog, HealthReader, read_health, record
+from ringflow.training.health.records import HealthLog, HealthReader, record
+from run_folder_files import read_health
 from ringflow.training.formats.run_layout import HEALTH
 from ringflow.training.store import LocalFolderStore
 

@@ -1,14 +1,11 @@
-"""A rank's streamed partition of an older (per-worker, v1-v3) manifest: the epoch order is a pure function of (row
-groups, seed, epoch, rank), a cursor resumes at any minibatch (also inside a shuffle window, and across two), and
-tensor columns keep their shape. (A current manifest's global stream, dealt to any world size:
+"""A rank's stream of the shards: the epoch order is a pure function of (row groups, seed, epoch), a cursor
+resumes at any minibatch (also inside a shuffle window, and across two), each row group is read by its byte
+range and checked, and tensor columns keep their shape. (The stream dealt to any world size:
 test_global_stream.py.)"""
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
 
-from ringflow.training.rank import data as data_module
 from ringflow.training.core import sharding
 from ringflow.training.rank.data import Cursor, PartitionData, epoch_order, epoch_windows
 from ringflow.training.formats.datasets import builtin_table, load_builtin
@@ -16,16 +13,11 @@ from ringflow.training.core.sharding import write_shards
 from ringflow.training.store import LocalFolderStore
 
 
-def per_rank(manifest, version="v3"):
-    """The same shards read as an older manifest: one partition per worker, each streamed by its rank."""
-    return dataclasses.replace(manifest, format=f"ringflow.shards/{version}")
-
-
-def test_epoch_order_depends_on_seed_epoch_rank_only():
-    a = epoch_order(100, seed=3, epoch=2, rank=1)
-    assert (a == epoch_order(100, seed=3, epoch=2, rank=1)).all()
-    assert not (a == epoch_order(100, seed=3, epoch=3, rank=1)).all()
-    assert not (a == epoch_order(100, seed=3, epoch=2, rank=0)).all()
+def test_epoch_order_depends_on_seed_and_epoch_only():
+    a = epoch_order(100, seed=3, epoch=2)
+    assert (a == epoch_order(100, seed=3, epoch=2)).all()
+    assert not (a == epoch_order(100, seed=3, epoch=3)).all()
+    assert not (a == epoch_order(100, seed=4, epoch=2)).all()
     assert sorted(a) == list(range(100))
 
 
@@ -35,11 +27,11 @@ WINDOWS = [([10] * 8, 4, 2), ([10] * 9, 4, 3), ([5, 7, 3], 1, 3), ([64], 4, 1)]
 
 @pytest.mark.parametrize("groups, window, count", WINDOWS)
 def test_windows_cover_every_row_once_and_the_order_stays_inside_a_window(groups, window, count):
-    windows = epoch_windows(groups, seed=1, epoch=0, rank=0, window=window)
+    windows = epoch_windows(groups, seed=1, epoch=0, window=window)
     assert len(windows) == count
     assert sorted(g for w in windows for g in w.groups) == list(range(len(groups)))
     assert [w.start for w in windows] == list(np.cumsum([0] + [w.rows for w in windows])[:-1])
-    order = epoch_order(groups, seed=1, epoch=0, rank=0, window=window)
+    order = epoch_order(groups, seed=1, epoch=0, window=window)
     assert sorted(order) == list(range(sum(groups)))
     first = np.concatenate([[0], np.cumsum(groups)[:-1]])
     for w in windows:  # a window serves exactly the rows of its row groups: the shuffle buffer is bounded
@@ -58,8 +50,8 @@ def test_resuming_from_a_cursor_neither_repeats_nor_skips(tmp_path, small_row_gr
     store = LocalFolderStore(str(tmp_path))
     manifest = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
     assert manifest.params["row_group_rows"] == 32
-    data = PartitionData(store, per_rank(manifest), rank=1, world_size=2, batch_size=16, window=window)
-    assert len(data.group_rows) == 22 and len(data) == data.rows == 704
+    data = PartitionData(store, manifest, rank=1, world_size=2, batch_size=16, window=window)
+    assert len(data.group_rows) == 44 and len(data) == data.rows == 704
     full = [(b, x, y) for b, x, y in data.batches(seed=5, cursor=Cursor(1, 0))]
     assert [b for b, _, _ in full] == list(range(data.batches_per_epoch))
     for cut in (1, 2, 7, 43):  # inside a row group, at its edge, inside a window, the last batch
@@ -77,26 +69,28 @@ def test_resuming_from_a_cursor_neither_repeats_nor_skips(tmp_path, small_row_gr
 def test_a_batch_size_that_does_not_divide_the_row_groups_spans_windows(tmp_path, small_row_groups):
     store = LocalFolderStore(str(tmp_path))
     manifest = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
-    data = PartitionData(store, per_rank(manifest), rank=0, world_size=2, batch_size=24, window=1)
+    data = PartitionData(store, manifest, rank=0, world_size=1, batch_size=24, window=1)
     served = [(b, x) for b, x, _ in data.batches(seed=0, cursor=Cursor(0, 0))]
-    assert [b for b, _ in served] == list(range(704 // 24)) and all(len(x) == 24 for _, x in served)
+    assert [len(x) for _, x in served] == [24] * (1408 // 24) + [1408 % 24]  # the last one partial
     resumed = [(b, x) for b, x, _ in data.batches(seed=0, cursor=Cursor(0, 5))]  # batch 5 spans two groups
     assert all(torch.equal(x, fx) for (_, x), (_, fx) in zip(resumed, served[5:]))
 
 
-@pytest.mark.parametrize("batch_size, window", [(16, 4), (24, 1), (80, 1), (80, 22)])
+@pytest.mark.parametrize("batch_size, window", [(16, 4), (24, 1), (80, 1), (80, 44)])
 def test_each_batch_is_the_epoch_order_s_rows(tmp_path, small_row_groups, batch_size, window):
     """Rows 32 to a row group: batches inside a window, across two, across three (a batch larger than a
-    window), and a partition kept decoded (22 groups in one window): the rows epoch_order names, in order."""
+    window), and a stream kept decoded (44 groups in one window): the rows epoch_order names, in order."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from ringflow.training.rank.data import to_tensors
 
     store = LocalFolderStore(str(tmp_path))
     manifest = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
-    data = PartitionData(store, per_rank(manifest), rank=1, world_size=2, batch_size=batch_size, window=window)
-    x_all, y_all = to_tensors(pq.read_table(store.root / manifest.partitions[1].key), data.schema)  # file order
-    order = torch.from_numpy(epoch_order(data.group_rows, seed=3, epoch=1, rank=1, window=window))
+    data = PartitionData(store, manifest, rank=0, world_size=1, batch_size=batch_size, window=window)
+    x_all, y_all = to_tensors(pa.concat_tables([pq.read_table(store.root / p.key) for p in manifest.partitions]),
+                              data.schema)  # block order: file by file
+    order = torch.from_numpy(epoch_order(data.group_rows, seed=3, epoch=1, window=window))
     for start in (0, 3):  # from the epoch's start, and resumed inside it
         served = list(data.batches(seed=3, cursor=Cursor(1, start)))
         assert [b for b, _, _ in served] == list(range(start, data.batches_per_epoch))
@@ -113,7 +107,7 @@ def test_image_columns_reach_the_model_in_their_shape(tmp_path):
     image, target = manifest.schema.columns
     assert (image.name, image.shape, image.dtype) == ("image", (1, 8, 8), "float32")
     assert (target.name, target.shape, target.dtype) == ("target", (), "int64")
-    data = PartitionData(store, per_rank(manifest), rank=0, world_size=2, batch_size=16)
+    data = PartitionData(store, manifest, rank=0, world_size=2, batch_size=16)
     _, x, y = next(data.batches(seed=0, cursor=Cursor()))
     assert x.shape == (16, 1, 8, 8) and x.dtype == torch.float32 and y.dtype == torch.int64
     # One mean and std over all of the image's elements (the training rows'), so x is about standardized.
@@ -124,7 +118,7 @@ def test_image_columns_reach_the_model_in_their_shape(tmp_path):
 def test_prefetch_loads_the_next_window_while_this_one_is_served(tmp_path, small_row_groups, monkeypatch):
     store = LocalFolderStore(str(tmp_path))
     manifest = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
-    data = PartitionData(store, per_rank(manifest), rank=0, world_size=2, batch_size=16, window=2)
+    data = PartitionData(store, manifest, rank=0, world_size=2, batch_size=16, window=2)
     loaded = []
     real = data._load
     monkeypatch.setattr(data, "_load", lambda w, op: (loaded.append(w.groups), real(w, op))[1])
@@ -145,18 +139,19 @@ class RangesOnly:
         return self.inner.get_range(key, start, length, progress=progress)
 
 
-def test_a_v3_partition_is_streamed_by_ranges_each_checked_and_nothing_is_downloaded(tmp_path, small_row_groups):
+def test_the_stream_is_read_by_ranges_each_checked_and_nothing_is_downloaded(tmp_path, small_row_groups):
     inner = LocalFolderStore(str(tmp_path / "s"))
     manifest = write_shards(load_builtin("digits"), inner, target="target", num_partitions=2, batch_size=16)
-    entry = manifest.partitions[0]
-    assert entry.indexed and len(entry.row_groups) == 22
+    assert [len(p.row_groups) for p in manifest.partitions] == [22, 22]
     store = RangesOnly(inner)
-    data = PartitionData(store, per_rank(manifest), rank=0, world_size=2, batch_size=16, window=4)
-    assert store.ranges == [(entry.key, entry.footer.offset, entry.footer.length)]  # opening reads the footer only
+    data = PartitionData(store, manifest, rank=0, world_size=1, batch_size=16, window=4)
     served = list(data.batches(seed=0, cursor=Cursor()))
     assert len(served) == data.batches_per_epoch
-    read = sorted((start, length) for _, start, length in store.ranges[1:23])  # the epoch's 22 row groups, once each
-    assert read == [(g.offset, g.length) for g in entry.row_groups]
+    footers = sorted((p.key, p.footer.offset, p.footer.length) for p in manifest.partitions)
+    assert sorted(r for r in store.ranges if r in footers) == footers  # each file's footer, once
+    groups = [r for r in store.ranges if r not in footers]
+    assert set(groups) == {(p.key, g.offset, g.length) for p in manifest.partitions for g in p.row_groups}
+    assert len(groups) <= 44 + 4  # each row group once, and the next epoch's first window loaded ahead
 
 
 def test_a_row_group_changed_after_sharding_is_refused_when_it_arrives(tmp_path, small_row_groups):
@@ -169,26 +164,7 @@ def test_a_row_group_changed_after_sharding_is_refused_when_it_arrives(tmp_path,
     raw = bytearray(path.read_bytes())
     raw[group.offset + 10] ^= 0xFF
     path.write_bytes(bytes(raw))
-    data = PartitionData(store, per_rank(manifest), rank=0, world_size=2, batch_size=16, window=4)
+    data = PartitionData(store, manifest, rank=0, world_size=1, batch_size=16, window=4)
     with pytest.raises(ManifestError, match="row group 5 of partition 'part-00000.parquet' fails its checksum"):
         list(data.batches(seed=0, cursor=Cursor()))
 
-
-def test_an_older_manifest_without_an_index_is_downloaded_and_checked(tmp_path):
-    import dataclasses
-
-    class Remote:  # any ObjectStore: the rank downloads an unindexed partition to local disk, never into memory
-        def __init__(self, inner):
-            self.inner, self.uri, self.moved = inner, "s3://test/shards", 0
-
-        def get_file(self, key, path, progress=None):
-            self.inner.get_file(key, path, progress=progress)
-
-    inner = LocalFolderStore(str(tmp_path / "s"))
-    manifest = write_shards(load_builtin("wine"), inner, target="target", num_partitions=2, batch_size=8)
-    v2 = dataclasses.replace(manifest, partitions=tuple(dataclasses.replace(p, row_groups=(), footer=None, size=0)
-                                                         for p in manifest.partitions))
-    data = PartitionData(Remote(inner), per_rank(v2, 'v2'), rank=0, world_size=2, batch_size=8)
-    assert data.source.path != str(inner.root / manifest.partitions[0].key)
-    assert data.rows == manifest.partitions[0].rows
-    assert data_module.SHUFFLE_WINDOW >= 1

@@ -1,8 +1,6 @@
 """A partition of at most one shuffle window is decoded once and kept (data.PartitionData): every epoch
 serves exactly what streaming it would, and a larger partition still streams. The next epoch's first
 window loads while an epoch's last one is served."""
-import dataclasses
-
 import pytest
 import torch
 
@@ -16,12 +14,10 @@ from ringflow.training.store import LocalFolderStore
 
 @pytest.fixture()
 def digits_in_small_row_groups(tmp_path, monkeypatch):
-    """A digits partition of 22 row groups of 32 rows (as in test_data.py), read per worker (a v3 manifest: a
-    current one's global stream is decoded once the same way when it is one window, test_global_stream.py)."""
+    """Digits in two files of 22 row groups of 32 rows each (as in test_data.py): a stream of 44 row groups."""
     monkeypatch.setattr(sharding, "ROW_GROUP_BYTES", (64 * 4 + 8) * 32)
     store = LocalFolderStore(str(tmp_path))
-    written = write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
-    return store, dataclasses.replace(written, format="ringflow.shards/v3")
+    return store, write_shards(load_builtin("digits"), store, target="target", num_partitions=2, batch_size=16)
 
 
 def served(data, epoch, batch=0):
@@ -41,11 +37,11 @@ def test_a_partition_of_one_window_is_decoded_once_and_serves_what_streaming_doe
     decodes = []
     real = data_module.to_tensors
     monkeypatch.setattr(data_module, "to_tensors", lambda table, schema: (decodes.append(len(table)), real(table, schema))[1])
-    kept = PartitionData(store, manifest, rank=1, world_size=2, batch_size=16, window=22)
-    streamed = PartitionData(store, manifest, rank=1, world_size=2, batch_size=16, window=22)
+    kept = PartitionData(store, manifest, rank=1, world_size=2, batch_size=16, window=44)
+    streamed = PartitionData(store, manifest, rank=1, world_size=2, batch_size=16, window=44)
     streamed._keep_decoded = False  # the same windows, decoded from Parquet each time
     runs = [(epoch, batch, served(kept, epoch, batch)) for epoch, batch in ((0, 0), (1, 0), (2, 5))]  # a resume too
-    assert len(decodes) == 1  # the whole partition, once
+    assert len(decodes) == 1  # the whole stream, once
     for epoch, batch, a in runs:
         b = served(streamed, epoch, batch)
         assert [i for i, _, _ in a] == list(range(batch, kept.batches_per_epoch)) == [i for i, _, _ in b]

@@ -199,7 +199,7 @@ def one_partition(tmp_path_factory) -> str:
 
 def train_in_process(monkeypatch, manifest: str, run: str, precision: str):
     from ringflow.training.rank.engines import start_engine
-    from ringflow.training.health.records import read_health
+    from run_folder_files import read_health
     from ringflow.training.formats.run_folder import RunFolder
     from ringflow.training.core.launcher import free_port
     from ringflow.training.store import LocalFolderStore

@@ -118,7 +118,7 @@ def test_resume_refuses_a_planted_checkpoint_whose_manifest_was_fixed_up(jobs, t
     assert code == 0, out
     assert "refused to load" in out and "weights_only" not in out
     assert not marker.exists()
-    from ringflow.training.formats.run_result import read_result
+    from run_folder_files import read_result
 
     result = read_result(LocalFolderStore(cfg["run_uri"]))
     assert result.succeeded and result.skipped_checkpoints[0].name == name and result.resumed_from != name

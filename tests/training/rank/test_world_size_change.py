@@ -57,11 +57,3 @@ def test_a_smaller_per_worker_batch_keeps_the_global_batch(from_batch, from_k, b
     assert change.lr_factor == pytest.approx(lr_factor)
     assert change.as_record()["base_global_batch"] == 64
 
-
-def test_an_older_manifests_cursor_moves_to_the_same_row_in_the_new_batch():
-    from ringflow.training.rank.partition_batches import Cursor
-    from ringflow.training.rank.world_size_change import per_worker_cursor_in
-
-    assert per_worker_cursor_in(Cursor(1, 5), 32, 16, "ckpt") == Cursor(1, 10)
-    with pytest.raises(ValueError, match="row 160 of epoch 1"):
-        per_worker_cursor_in(Cursor(1, 5), 32, 12, "ckpt")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .kubernetes.client import ClusterConfig
+    from .kubernetes.settings import ClusterConfig
     from ...store import S3Settings
 
 

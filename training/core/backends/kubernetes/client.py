@@ -18,7 +18,6 @@ must grant exactly these (tests/deploy checks it).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -28,6 +27,7 @@ from typing import Any, Callable
 
 from ..connections import Connections, require
 from . import mpijob, trainjob  # the CRDs, each defined once
+from .settings import ClusterConfig
 
 log = logging.getLogger(__name__)
 _SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -96,15 +96,6 @@ def _retry_after(headers: Any) -> float | None:
         return float((headers or {}).get("Retry-After"))
     except (TypeError, ValueError):
         return None
-
-
-@dataclasses.dataclass(frozen=True)
-class ClusterConfig:
-    in_cluster: bool = False
-    kubeconfig_path: str | None = None
-    kubeconfig: dict[str, Any] | None = None
-    context: str | None = None
-    namespace: str | None = None
 
 
 class KubernetesClient:

@@ -1,4 +1,5 @@
-"""Where and how an MPIJob or a TrainJob runs on the cluster: everything the manifest needs besides the JobSpec.
+"""Where and how an MPIJob or a TrainJob runs on the cluster: everything the manifest needs besides the JobSpec,
+and how the cluster is reached (ClusterConfig).
 
 Plain JSON in, plain JSON out (`from_dict` / `to_dict`), because the backend travels to the triggerer as
 JSON. Every check says what to change.
@@ -26,6 +27,18 @@ _DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a
 
 class SettingsError(ValueError):
     """The MPIJob or TrainJob settings cannot produce a valid job; the message says which setting to fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """How to reach the cluster (client.py's KubernetesClient): a connection resolves to one
+    (backends/connections.py, operators/connections.py)."""
+
+    in_cluster: bool = False
+    kubeconfig_path: str | None = None
+    kubeconfig: dict[str, Any] | None = None
+    context: str | None = None
+    namespace: str | None = None
 
 
 def quantity(value: Any, what: str) -> float:
