@@ -1,10 +1,10 @@
 """The deferrable training operator (Horovod, DDP or TensorFlow): build the job spec, check the engine against the
 backend, launch it through a Backend, defer to the trigger, and turn the trigger's one event into success or
-a failure a person can act on, through the failure policy (training/core/failure_policy.py)."""
+a failure a person can act on, through the failure policy (training/core/failure_policy.py) and what comes
+after the try (training/core/attempts.py: the retry, as it was or changed by a remedy, or none)."""
 from __future__ import annotations
 
 import ast
-import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -22,9 +22,11 @@ from ringflow.operators.links import HealthPlotLink, RunFolderLink, RunLinks, Ru
 from ringflow.training.core.backends.base import Backend, backend_from_dict
 from ringflow.training.core.backends.job_spec import JobSpec
 from ringflow.training.formats.engines import DEFAULT_CONTROLLER
-from ringflow.training.core.failure_policy import FAIL, RETRY, SUCCEED, Observation, decide, remediated
-from ringflow.training.core.remediation import (PlannedRemedy, apply_remedies, avoided_nodes, rank_nodes, remedy,
-                                                taken_before, wait_before)
+from ringflow.training.core.attempts import Next, NextTry, next_try
+from ringflow.training.core.backends.base import JobState
+from ringflow.training.core.failure_policy import Decision, Observation, decide
+from ringflow.training.core.remediation import rank_nodes
+from ringflow.training.core.try_plan import TryPlan, faults_on_try, plan_try, planned_remedies, record_remedy
 from ringflow.training.formats.engines import LOCAL, check_backend
 from ringflow.training.formats.run_result import RunResult
 from ringflow.training.core.runs import store_layout
@@ -168,7 +170,7 @@ def build_job_config(*, manifest_uri: str, run_uri: str, overrides: Any = None, 
     if rendered_text(engine) is not None:
         base["engine"] = rendered_text(engine)  # JobConfig checks it against the engine table
     cfg = JobConfig.from_dict(merge(base, overrides))  # checked here: a bad value fails before any launch
-    return dataclasses.replace(cfg, faults=tuple(f for f in cfg.faults if f.on_try == try_number)).to_dict()
+    return faults_on_try(cfg, try_number).to_dict()
 
 
 class TrainOperator(BaseOperator):
@@ -274,31 +276,29 @@ class TrainOperator(BaseOperator):
         self.run_uri = self.run_folder(context)
         self._set_run_links(None, plot_saved=False)
         try:
-            planned = self._planned_remedies(ti.try_number)
-            config = self.try_config(ti.try_number, planned)
+            plan = self.plan(ti.try_number)
+            config = plan.config.to_dict()
             num_workers = worker_count(self.num_workers)
             backend = self._get_backend()
             # The engine is checked once, here, before anything is launched (formats/engines.py).
             check_backend(config["engine"], backend.kind)
-            num_workers = self._workers_now(num_workers, backend, avoided_nodes(planned, ti.try_number))
+            num_workers = self._workers_now(num_workers, backend, plan.avoid_nodes)
             self._preflight(config, num_workers, backend)
         except NotEnoughCapacity as exc:  # the cluster may have the nodes again by the next try
             raise AirflowException(str(exc)) from exc
         except ValueError as exc:  # ConfigError, ManifestError, SettingsError, EngineError, a bad worker count
             # Nothing was launched: the policy fails it without retry (a retry would meet the same config).
-            raise AirflowFailException(decide(Observation("pending", refused=str(exc))).reason) from exc
-        wait = wait_before(planned, ti.try_number)
+            raise AirflowFailException(decide(Observation(JobState.PENDING, refused=str(exc))).reason) from exc
         if not waited:
-            for p in planned:
-                if p.try_number == ti.try_number:
-                    self.log.info("remediation: try %d runs changed after %s: %s", p.try_number, p.remedy.verdict,
-                                  p.remedy.words)
-            if wait > 0:
+            if plan.own is not None:
+                self.log.info("remediation: try %d runs changed after %s: %s", plan.try_number,
+                              plan.own.remedy.verdict, plan.own.remedy.words)
+            if plan.wait_seconds > 0:
                 # Deferred: the wait holds no worker slot (a store outage can last minutes).
-                self.log.info("remediation: waiting %gs before launching try %d", wait, ti.try_number)
-                self.defer(trigger=TimeDeltaTrigger(dt.timedelta(seconds=wait)), method_name="launch_after_wait")
-        changed = any(p.try_number == ti.try_number for p in planned or ())
-        self._launch(ti, config, num_workers, backend, avoided_nodes(planned, ti.try_number), changed=changed)
+                self.log.info("remediation: waiting %gs before launching try %d", plan.wait_seconds, ti.try_number)
+                self.defer(trigger=TimeDeltaTrigger(dt.timedelta(seconds=plan.wait_seconds)),
+                           method_name="launch_after_wait")
+        self._launch(ti, config, num_workers, backend, plan.avoid_nodes, changed=plan.own is not None)
 
     def _launch(self, ti: Any, config: dict[str, Any], num_workers: int, backend: Backend,
                 avoid_nodes: tuple[str, ...], *, changed: bool = False) -> None:
@@ -354,25 +354,17 @@ class TrainOperator(BaseOperator):
                              backend.kind, capacity, num_workers, workers, self.min_workers)
         return workers
 
-    def _planned_remedies(self, try_number: int, run: Any = None) -> list[PlannedRemedy]:
-        """The remedies earlier tries of this task planned (the run folder's remedies.jsonl, read from `run`
-        when given): none on the first try, when the run folder may not exist yet, nor without
-        `remediation: "auto"` (the run folder is then not read for them)."""
+    def plan(self, try_number: int, run: Any = None) -> TryPlan:
+        """Try `try_number`: the task's own config (build_config) with every change the remedies planned up to
+        it made (training/core/try_plan.py; the run folder's remedies.jsonl, read from `run` when given, and
+        only for a retry under `remediation: "auto"`: the run folder may not exist before the first try)."""
         from ringflow.operators.connections import open_run_folder
-        from ringflow.training.formats.config import REMEDIATION_AUTO
-
-        if try_number <= 1 or self.build_config(self.run_uri, try_number)["remediation"] != REMEDIATION_AUTO:
-            return []
-        run = run if run is not None else open_run_folder(self.run_uri, self.conn_id)
-        return [PlannedRemedy.from_dict(d) for d in run.read_remedies()]
-
-    def try_config(self, try_number: int, planned: Sequence[PlannedRemedy]) -> dict[str, Any]:
-        """The config try `try_number` runs with: the task's own (build_config) with every change the remedies
-        planned up to this try made (remediation.apply_remedies; none planned: the task's own)."""
         from ringflow.training.formats.config import JobConfig
 
-        config = self.build_config(self.run_uri, try_number)
-        return apply_remedies(JobConfig.from_dict(config), planned, try_number).to_dict() if planned else config
+        def read_planned():
+            return planned_remedies(run if run is not None else open_run_folder(self.run_uri, self.conn_id))
+
+        return plan_try(JobConfig.from_dict(self.build_config(self.run_uri, try_number)), try_number, read_planned)
 
     def _preflight(self, config: dict[str, Any], num_workers: int, backend: Backend) -> None:
         """training/core/preflight.py's check, here for every backend: the manifest is read with this task's
@@ -389,8 +381,9 @@ class TrainOperator(BaseOperator):
         check_job(JobConfig.from_dict(config), manifest, num_workers, check_factory=backend.kind == LOCAL)
 
     def execute_complete(self, context, event: dict[str, Any]) -> dict[str, Any]:
-        """Decide on what the trigger saw (the failure policy), stop the job when the decision says so, then
-        hand on the run folder, its plot and its MLflow run, and succeed or fail as decided."""
+        """Decide on what the trigger saw (the failure policy), stop the job when the decision says so, ask
+        what comes next (training/core/attempts.py) and record its remedy, then hand on the run folder, its
+        plot and its MLflow run, and succeed, retry or fail as decided."""
         self.run_uri = self.run_folder(context)
         try_number = context["ti"].try_number
         seen = Observation.from_dict(event)
@@ -399,22 +392,19 @@ class TrainOperator(BaseOperator):
         if decision.stop_job:
             message += self._stop_job(event["job_id"], decision.stopped_itself)
         run, records = self._read_run_folder()
-        planned = self._read_planned(run, try_number)
-        config = self.try_config(try_number, planned) if planned is not None else None
-        remedied = self._remediate(decision, seen, run, records, config, planned, try_number)
-        if remedied is not decision:
-            # remediated() appends the remedy's words to the policy's reason: the task's message gets them too.
-            message += remedied.reason.removeprefix(decision.reason)
-            decision = remedied
-        applied = (config or {}).get("remedies") or []
+        plan = self._known_plan(run, try_number)
+        after = self._next_try(seen, decision, run, records, plan, try_number)
+        message += after.said
+        applied = plan.config.remedies if plan is not None else ()
         plot = self._save_health_plot(run, records, applied)
         self._set_run_links(run, plot_saved=plot is not None)
-        mlflow_run_id = self._log_to_mlflow(context, event, run, records, config)
+        mlflow_run_id = self._log_to_mlflow(context, event, run, records,
+                                            plan.config.to_dict() if plan is not None else None)
         self._log_health_summary(seen.own_result, decision.verdict, records, applied)
-        if decision.action != SUCCEED:
+        if after.action != Next.SUCCEED:
             evidence = decision.verdict.evidence if decision.verdict else None
             message += f"; evidence: {json.dumps(evidence, default=str)}" if evidence else ""
-            if decision.action == FAIL:
+            if after.action == Next.FAIL:
                 raise AirflowFailException(message)  # a person must change the config: no retry
             raise AirflowException(message)
         result = seen.own_result
@@ -426,48 +416,39 @@ class TrainOperator(BaseOperator):
                 "verdict": doc["verdict"], "resumed_from": result.resumed_from, "health_plot": plot,
                 "mlflow_run_id": mlflow_run_id, "remedies": doc["remedies"]}
 
-    def _read_planned(self, run: Any, try_number: int) -> list[PlannedRemedy] | None:
-        """The remedies planned so far (remedies.jsonl); None when the run folder cannot say (the try's config
-        is then not known for sure, and nothing is remediated)."""
+    def _known_plan(self, run: Any, try_number: int) -> TryPlan | None:
+        """What the ended try ran with; None when the run folder cannot say (its config is then not known for
+        sure, and nothing is remediated)."""
         if run is None:
-            return None if try_number > 1 else []
+            return None
         try:
-            return self._planned_remedies(try_number, run)
+            return self.plan(try_number, run)
         except Exception as exc:  # noqa: BLE001 - the job's own outcome must still decide the task
             self.log.warning("could not read the remedies of earlier tries in %s: %s", self.run_uri, exc)
             return None
 
-    def _remediate(self, decision: Any, seen: Observation, run: Any, records: list[dict[str, Any]] | None,
-                   config: dict[str, Any] | None, planned: list[PlannedRemedy] | None, try_number: int) -> Any:
-        """Under `remediation: "auto"`, the failure policy's decision with the remediation policy's answer to
-        its verdict (failure_policy.remediated); a change is kept in remedies.jsonl for the next try, before
-        the task fails into its retry. The decision as it was otherwise."""
-        from ringflow.training.formats.config import REMEDIATION_AUTO, JobConfig
+    def _next_try(self, seen: Observation, decision: Decision, run: Any, records: list[dict[str, Any]] | None,
+                  plan: TryPlan | None, try_number: int) -> NextTry:
+        """What comes after this try (training/core/attempts.py; as many tries as the task's retries allow),
+        its remedy kept in remedies.jsonl for the next try before the task fails into its retry."""
+        def after(known: TryPlan | None) -> NextTry:
+            return next_try(seen, decision, known.config if known is not None else None,
+                            known.planned if known is not None else (), try_number, None,
+                            backend_kind=self._get_backend().kind, num_workers=worker_count(self.num_workers),
+                            rank_nodes=rank_nodes(records))
 
-        if decision.action not in (RETRY, FAIL) or decision.verdict is None or config is None or run is None:
-            return decision
-        if not decision.verdict.is_fatal(bool((config.get("health") or {}).get("stop_on_degraded"))):
-            # A verdict that did not end the try (a DEGRADED seen before a crash or a timeout) is not what
-            # failed: remedying it would change a job for what did not stop it.
-            return decision
-        if config["remediation"] != REMEDIATION_AUTO:
-            return decision
-        history = [p.remedy for p in taken_before(planned, try_number)]
-        world_size = seen.own_result.world_size if seen.own_result is not None else worker_count(self.num_workers)
-        found = remedy(decision.verdict, JobConfig.from_dict(config), history, world_size=world_size,
-                       backend_kind=self._get_backend().kind, rank_nodes=rank_nodes(records))
-        outcome = remediated(decision, found)
-        if found.changes and outcome.action == RETRY:
+        found = after(plan)
+        if found.planned is not None:
             try:
-                run.append_remedy(PlannedRemedy(try_number + 1, found).to_dict())
+                record_remedy(run, found.planned)
             except Exception as exc:  # noqa: BLE001 - without its record the retry would run unchanged
                 self.log.error("could not record the remedy for try %d in %s: %s", try_number + 1, self.run_uri, exc)
-                return decision
-            self.log.info("remediation: try %d will run changed after %s: %s", try_number + 1, found.verdict,
-                          found.words)
-        elif outcome is not decision:
-            self.log.info("remediation: no remedy left after %s: %s", found.verdict, found.words)
-        return outcome
+                return after(None)
+            self.log.info("remediation: try %d will run changed after %s: %s", try_number + 1,
+                          found.planned.remedy.verdict, found.planned.remedy.words)
+        elif found.gave_up:
+            self.log.info("remediation: no remedy left after %s: %s", found.remedy.verdict, found.remedy.words)
+        return found
 
     def _log_health_summary(self, result: RunResult | None, verdict: Any,
                             records: list[dict[str, Any]] | None, remedies: Sequence[Mapping[str, Any]]) -> None:

@@ -2,11 +2,12 @@
 
 It only watches and reports: one event, plain JSON, and it never raises and never stops the job (Airflow
 provider convention). It polls until the failure policy (training/core/failure_policy.py) has something to
-decide, then reports what it saw, the policy's Observation:
+decide, then reports what it saw, the policy's Observation (what a poll counts as: training/core/observe.py):
     Observation.to_dict() | {"status": "success" | "error" | "timeout", "job_id", "message"}
 (`state`, `exit_code`, `reason` as the backend said them; `result`: this attempt's RunResult as JSON or None;
 `verdict`: the watched health verdict with `fatal`; `waited`, `timed_out`, `watch_error`). The operator's
-execute_complete decides on it through the same policy, and stops the job when the decision says so.
+execute_complete decides on it through the same policy (and the next try, training/core/attempts.py), and
+stops the job when the decision says so.
 
 Once the job has finished, its own result (run_result.py, this attempt's only) decides. While it runs, a
 fatal health verdict is reported without waiting for the job to notice itself, after one poll in which the
@@ -23,10 +24,9 @@ from typing import Any, AsyncIterator
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from ringflow.operators.connections import AirflowConnections, open_store_for
-from ringflow.training.core.backends.base import backend_from_dict
-from ringflow.training.core.failure_policy import SUCCEED, UNKNOWN, Observation, decide, replay_limit_seconds
-from ringflow.training.health.oom import with_step
-from ringflow.training.health.verdict import Verdict
+from ringflow.training.core.backends.base import JobState, backend_from_dict
+from ringflow.training.core.failure_policy import UNKNOWN, Action, Observation, decide
+from ringflow.training.core.observe import Poll, Watching, observe, wants_result
 
 
 class TrainJobTrigger(BaseTrigger):
@@ -67,46 +67,32 @@ class TrainJobTrigger(BaseTrigger):
         # Rebuilt from the serialized fields alone (a restarted triggerer): its first poll reads the run once.
         run = await asyncio.to_thread(open_store_for, self.run_uri, self.conn_id)  # a connection lookup blocks
         watch = HealthWatch(run, self.health, self.attempt)
-        running_since, waited, replaying_since = None, False, None
+        running_since, carried = None, Watching()
         while True:
             status = await backend.astatus(self.job_id)
-            if status.state == "running" and running_since is None:
+            if status.state == JobState.RUNNING and running_since is None:
                 running_since = time.time()
             watch.learn_from_log(await self._stream_logs(backend))
             if status.finished:
                 watch.learn_from_log(await self._stream_logs(backend))
             now = time.time() if running_since is not None and not status.finished else None
-            verdict = await asyncio.to_thread(watch.poll, now, running_since)
-            fatal = bool(verdict and verdict.get("fatal"))
-            # The result is read only when it can matter: the job ended, or it may have stopped on its verdict.
-            result = await asyncio.to_thread(self._result, run, watch.attempt) if status.finished or fatal else None
-            # What the backend saw end the job (a pod OOMKilled) explains it better than the watched health;
-            # its step is rank 0's last (the ranks move in step).
-            seen_verdict = _verdict(verdict)
-            if status.verdict is not None:
-                step = watch.last_step + 1 if watch.last_step is not None else None
-                seen_verdict, fatal = with_step(status.verdict, step), True
-                verdict = seen_verdict.to_dict()
-            if result is not None and result.replaying and result.attempt == watch.attempt:
-                replaying_since = replaying_since or time.time()
-            seen = Observation(status.state, status.exit_code, status.reason, result, watch.attempt,
-                               seen_verdict, fatal, waited,
-                               timed_out=self.timeout_at is not None and time.time() > self.timeout_at,
-                               replay_overdue=replaying_since is not None
-                               and time.time() - replaying_since > replay_limit_seconds(self.health))
+            watched = await asyncio.to_thread(watch.poll, now, running_since)
+            result = await asyncio.to_thread(self._result, run, watch.attempt) if wants_result(status, watched) \
+                else None
+            seen, carried = observe(Poll(status, watched, watch.last_step, result, watch.attempt, time.time()),
+                                    carried, timeout_at=self.timeout_at, health=self.health)
             if decide(seen).decided:
-                if verdict and fatal:
-                    self.log.error("health verdict %s: %s (job %s)", verdict["status"], verdict["reason"], self.job_id)
+                if seen.verdict is not None and seen.fatal:
+                    self.log.error("health verdict %s: %s (job %s)", seen.verdict.status, seen.verdict.reason,
+                                   self.job_id)
                 return self.event(self.job_id, seen)
-            # A fatal verdict with no result yet: the job gets this one poll to stop itself.
-            waited = waited or (fatal and result is None)
             await asyncio.sleep(self.poll_interval)
 
     @staticmethod
     def event(job_id: str, seen: Observation) -> dict[str, Any]:
         """The one event: what was seen (the policy's Observation), and its words for the log."""
         decision = decide(seen)
-        if decision.action == SUCCEED:
+        if decision.action == Action.SUCCEED:
             kind, message = "success", f"job {job_id} succeeded"
         else:
             kind = "timeout" if seen.timed_out and decision.stop_job and not decision.stopped_itself else "error"
@@ -135,9 +121,3 @@ class TrainJobTrigger(BaseTrigger):
         decision on the job's outcome (those are the operator's): the task is gone, and nobody else would."""
         await self._backend().adelete(self.job_id)
 
-
-def _verdict(watched: dict | None) -> Verdict | None:
-    """The health watch's verdict (a dict with `fatal` and `attempt`) as a Verdict."""
-    if not watched:
-        return None
-    return Verdict(watched["status"], watched.get("reason", ""), watched.get("evidence") or {})

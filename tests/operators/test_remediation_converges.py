@@ -24,7 +24,7 @@ from ringflow.operators.evaluate import EvaluateModelOperator
 from ringflow.operators.promote import PromoteModelOperator
 from ringflow.operators.train import TrainOperator
 from ringflow.training.core.backends.local import LocalProcessBackend
-from ringflow.training.core.remediation import WAIT_FOR_STORE, WIDER_BUCKETS
+from ringflow.training.core.remediation import RemedyName
 
 CONN_ID = "ringflow_s3"
 DAG_ID = "ringflow_remediation"
@@ -146,8 +146,8 @@ def test_a_sync_bound_try_is_retried_with_wider_buckets_and_promoted(tmp_path, d
     retried = launched_config(tmp_path, op.run_uri, 2)
     assert retried["ddp"]["bucket_cap_mb"] == 50 and retried["faults"] == []
     assert launched_config(tmp_path, op.run_uri, 1)["ddp"]["bucket_cap_mb"] == 25
-    assert_healthy_and_promoted(out, evaluate_and_promote(store, op.run_uri, run_id, "digits-sync"), WIDER_BUCKETS,
-                                "DEGRADED/sync_share")
+    assert_healthy_and_promoted(out, evaluate_and_promote(store, op.run_uri, run_id, "digits-sync"),
+                                RemedyName.WIDER_BUCKETS, "DEGRADED/sync_share")
 
 
 @pytest.mark.slow
@@ -202,5 +202,5 @@ def test_a_store_outage_waits_deferred_then_launches_and_promotes(tmp_path, digi
     assert launched_config(tmp_path, op.run_uri, 2)["faults"] == []
     assert out["resumed_from"] is not None  # from the last checkpoint try 1 published
     assert_healthy_and_promoted(out, evaluate_and_promote(store, op.run_uri, run_id, "digits-store"),
-                                WAIT_FOR_STORE, "STORE_UNAVAILABLE")
+                                RemedyName.WAIT_FOR_STORE, "STORE_UNAVAILABLE")
 

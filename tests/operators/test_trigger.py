@@ -10,7 +10,7 @@ from ringflow.operators.trigger import TrainJobTrigger
 from ringflow.training.formats import exit_codes
 from ringflow.training.core.backends.job_spec import JobSpec
 from ringflow.training.core.backends.local import LocalProcessBackend
-from ringflow.training.core.failure_policy import FAIL, RETRY, Observation, decide
+from ringflow.training.core.failure_policy import Action, Observation, decide
 from ringflow.training.formats.run_result import RunResult
 from ringflow.training.rank.worker_env import ATTEMPT_ENV
 
@@ -54,7 +54,7 @@ def test_serialization_round_trip(tmp_path):
 def test_unknown_job_yields_one_error_event_instead_of_raising(tmp_path):
     (got,) = events(make_trigger(tmp_path, job_id="rf-missing"))
     assert got["status"] == "error" and "rf-missing" in got["message"] and "rf-missing" in got["watch_error"]
-    assert decided(got).action == RETRY and not decided(got).stop_job  # a retry reattaches, if the job lives
+    assert decided(got).action == Action.RETRY and not decided(got).stop_job  # a retry reattaches, if the job lives
 
 
 @pytest.mark.slow
@@ -71,7 +71,7 @@ def test_success_and_fatal_verdict(tmp_path, digits_manifest):
     assert ok["status"] == "success" and ok["state"] == "succeeded" and decided(ok).exit_code == 0
 
     decision = decided(bad)
-    assert bad["status"] == "error" and decision.verdict.status == "NONFINITE" and decision.action == FAIL
+    assert bad["status"] == "error" and decision.verdict.status == "NONFINITE" and decision.action == Action.FAIL
     assert decision.verdict.evidence["ranks"] == [1]
     # The job judged itself and stopped with its result: its own verdict and exit code.
     assert decision.exit_code == exit_codes.BY_VERDICT["NONFINITE"], bad
@@ -99,7 +99,7 @@ def test_a_stall_the_trigger_sees_first_is_reported_and_the_operator_stops_the_j
     decision = decided(got)
     assert got["status"] == "error" and decision.stop_job and not decision.stopped_itself, got
     assert got["verdict"]["status"] == "STALLED" and got["verdict"]["evidence"]["last_step"] == 2, got
-    assert got["result"] is None and decision.action == RETRY
+    assert got["result"] is None and decision.action == Action.RETRY
     assert backend.status("rf-hang").state == "running"  # the trigger stops nothing
     op = TrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"), backend=backend)
     ti = {"ti": type("TI", (), {"dag_id": "d", "run_id": "r", "task_id": "train", "try_number": 1})()}
@@ -131,7 +131,7 @@ def test_timeout_is_reported_for_the_operator_to_stop_the_job(tmp_path, digits_m
     backend.launch(JobSpec(name="rf-slow", config=config, num_workers=2))
     (got,) = events(make_trigger(tmp_path, job_id="rf-slow", timeout_at=time.time() + 8))
     assert got["status"] == "timeout" and got["timed_out"] and decided(got).stop_job
-    assert decided(got).action == RETRY and backend.status("rf-slow").state == "running"
+    assert decided(got).action == Action.RETRY and backend.status("rf-slow").state == "running"
     backend.delete("rf-slow")
 
 

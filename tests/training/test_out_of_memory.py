@@ -46,7 +46,7 @@ def test_the_kernel_oom_killer_on_a_local_rank_through_the_trigger(tmp_path, dig
     from ringflow.operators.trigger import TrainJobTrigger
     from ringflow.training.core.backends.job_spec import JobSpec
     from ringflow.training.core.backends.local import LocalProcessBackend
-    from ringflow.training.core.failure_policy import FAIL, Observation, decide
+    from ringflow.training.core.failure_policy import Action, Observation, decide
 
     try:
         cap = memory_cgroup(256 * MiB, "oom-rank")
@@ -77,7 +77,7 @@ def test_the_kernel_oom_killer_on_a_local_rank_through_the_trigger(tmp_path, dig
     assert "rank 1 ran out of memory" in event["message"] and "batch_size 32 -> 16" in event["message"]
     decision = decide(Observation.from_dict(json.loads(json.dumps(event))))
     # Seen in the log while the job tears down (then the operator stops it), or once it ended: no retry.
-    assert decision.action == FAIL and decision.exit_code in (None, exit_codes.BY_VERDICT["OOM"]), decision
+    assert decision.action == Action.FAIL and decision.exit_code in (None, exit_codes.BY_VERDICT["OOM"]), decision
     # The survivor ended with the job on its own: nothing of it is left, and the job exited with the OOM's code.
     status = wait_until_finished(backend, job_id)
     assert status.exit_code == exit_codes.BY_VERDICT["OOM"] == 9, status

@@ -2,7 +2,7 @@
 
   ringflow validate DATASET --suite SUITE [--target T]   # a Great Expectations suite, streamed
   ringflow shard DATASET OUT --workers N --batch-size B [--target target] [--seed S]
-  ringflow train CONFIG --np N [--engine horovod|ddp] [--controller gloo|mpi]
+  ringflow train CONFIG --np N [--engine horovod|ddp] [--controller gloo|mpi] [--retries N [--remediation auto]]
   ringflow health RUN_URI                   # the verdict on a run's last attempt, by its own thresholds
   ringflow evaluate RUN_URI [--checkpoint NAME]          # eval.json of the final checkpoint
   ringflow promote RUN_URI --registry URI --model NAME [--metric M --mode max|min --threshold X ...]
@@ -24,7 +24,7 @@ import sys
 import tempfile
 
 from ..formats import exit_codes
-from ..formats.config import ConfigError
+from ..formats.config import REMEDIATIONS, ConfigError
 from ..formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, ENGINES
 from .gate import DEFAULT_ALLOWED_VERDICTS
 
@@ -97,12 +97,22 @@ def cmd_shard(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .launcher import run_local
+    from .local_retries import train_with_retries
 
-    code = run_local(args.config, args.np, args.controller, engine=args.engine,
-                     verify_all_shard_bytes=args.verify_shards)
-    print(f"[ringflow] job exited with {code} ({exit_codes.MEANING.get(code, 'failed')})", flush=True)
-    return code
+    return train_with_retries(args.config, args.np, retries=args.retries, remediation=args.remediation,
+                              controller=args.controller, engine=args.engine,
+                              verify_all_shard_bytes=args.verify_shards)
+
+
+def whole_number(text: str) -> int:
+    """An argument that is a whole number >= 0 (argparse refuses anything else in one line)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= 0")
+    return value
 
 
 def cmd_health(args) -> int:
@@ -206,6 +216,12 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--verify-shards", action="store_true",
                    help="before launching, read every shard and check each row group's sha256 (default: sizes and "
                         "footers only; the ranks check every row group as they read it)")
+    t.add_argument("--retries", type=whole_number, default=0,
+                   help="tries after a failed one, each as the failure policy and core/attempts.py say (a retry "
+                        "resumes from the last checkpoint; default 0)")
+    t.add_argument("--remediation", choices=REMEDIATIONS, default=None,
+                   help="overrides the config's `remediation`: auto changes a retry after a health verdict "
+                        "(README: Job config)")
     t.set_defaults(func=cmd_train)
     h = sub.add_parser("health", help="print the health verdict of a run")
     h.add_argument("run", help="the run's folder or URI (the job config's run_uri)")

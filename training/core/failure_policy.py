@@ -6,10 +6,10 @@ outside, whether it ran past its timeout, and whether the task refused it before
 it instead of reading a RunResult its own way:
 
 - the launcher (`ringflow train`): the exit status (`Decision.exit_code`);
-- the backends (`backends.base.with_result`): a finished job's state, reason and exit status;
 - the trigger: whether there is anything to decide yet (WATCH: keep watching), and then it reports the
-  Observation in its one event and stops nothing;
-- the operator (`execute_complete`): the task's outcome, and it stops the job when `stop_job` says so.
+  Observation (core/observe.py) in its one event and stops nothing;
+- the next try (core/attempts.py, for the operator's `execute_complete` and `ringflow train --retries`):
+  whether there is one and what it changes; the operator stops the job when `stop_job` says so.
 
 The rows (tests/training/core/test_failure_policy.py, README "Failure policy") are what these layers did
 one by one before: the job's own result wins over the exit status the process layers made of it (mpirun and
@@ -25,25 +25,23 @@ import json
 from typing import Any, Mapping
 
 from ..formats import exit_codes
-from .backends.base import FAILED, STATES, SUCCEEDED, TERMINAL
+from .backends.base import TERMINAL, JobState
+from .choices import Choice
 from ..health.verdict import DIVERGED, HEALTHY, NONFINITE, OOM, Verdict
 from ..formats.run_result import RunResult
 from . import remediation
 
-# A replay may take health.replay_seconds on the ranks, then rank 0 waits for the other ranks' reports and
-# publishes (rank/replay_exchange.py's grace, a checkpoint upload settling first): past this much more, the job
-# is taken as stuck in its replay and stopped, its NONFINITE verdict standing.
-REPLAY_OVERDUE_GRACE_SECONDS = 60.0
 
 
-def replay_limit_seconds(health: Mapping[str, Any]) -> float:
-    """How long a job that published a `replaying` result is watched before it counts as stuck."""
-    from ..formats.config import HealthConfig
+class Action(Choice):
+    """What becomes of an attempt: WATCH, nothing decided yet (the job runs on)."""
 
-    return float(health.get("replay_seconds", HealthConfig.replay_seconds)) + REPLAY_OVERDUE_GRACE_SECONDS
+    SUCCEED = "succeed"
+    RETRY = "retry"
+    FAIL = "fail"
+    WATCH = "watch"
 
-SUCCEED, RETRY, FAIL, WATCH = "succeed", "retry", "fail", "watch"
-ACTIONS = (SUCCEED, RETRY, FAIL, WATCH)
+
 # A retry resumes from a checkpoint of the same run and meets the same NaN or divergence: a person must
 # change the config. An OOM too: the same model, per-worker batch and memory run out at the same step
 # again (a data-parallel rank's memory does not depend on its luck), so retrying it as-is only spends the
@@ -69,7 +67,7 @@ class Observation:
     failed.
     """
 
-    state: str
+    state: JobState | str
     exit_code: int | None = None
     reason: str = ""
     result: RunResult | None = None
@@ -80,13 +78,12 @@ class Observation:
     timed_out: bool = False
     refused: str | None = None
     watch_error: str | None = None
-    # The job has been replaying its failed step for longer than replay_limit_seconds allows (a rank 0 frozen
+    # The job has been replaying its failed step for longer than observe.replay_limit_seconds allows (a rank 0 frozen
     # mid-replay would otherwise be watched until the task's timeout, or for ever without one).
     replay_overdue: bool = False
 
     def __post_init__(self) -> None:
-        if self.state not in (*STATES, UNKNOWN):
-            raise ValueError(f"job state {self.state!r}: use one of {(*STATES, UNKNOWN)}")
+        object.__setattr__(self, "state", _state(self.state))
         if self.result is not None and not isinstance(self.result, RunResult):
             raise ValueError(f"result is a {type(self.result).__name__}; use a RunResult (RunResult.from_json)")
         if self.verdict is not None and not isinstance(self.verdict, Verdict):
@@ -124,26 +121,35 @@ class Decision:
     (the result's own, else the one watched), None if none did. stopped_itself: the job ended on its own
     verdict and is only tearing down."""
 
-    action: str
+    action: Action
     reason: str
     exit_code: int | None = None
     stop_job: bool = False
-    state: str = UNKNOWN
+    state: JobState | str = UNKNOWN
     verdict: Verdict | None = None
     stopped_itself: bool = False
 
     def __post_init__(self) -> None:
-        if self.action not in ACTIONS:
-            raise ValueError(f"decision {self.action!r}: use one of {ACTIONS}")
+        object.__setattr__(self, "action", Action.of(self.action, "decision"))
+        object.__setattr__(self, "state", _state(self.state))
 
     @property
     def decided(self) -> bool:
         """Whether there is an outcome (WATCH: the job runs on, nothing to decide yet)."""
-        return self.action != WATCH
+        return self.action != Action.WATCH
 
 
-def _failure(verdict: Verdict | None) -> str:
-    return FAIL if verdict is not None and verdict.status in NOT_RETRYABLE else RETRY
+def _state(value: Any) -> JobState | str:
+    """A job state as its JobState, or UNKNOWN."""
+    if value == UNKNOWN:
+        return UNKNOWN
+    if value not in tuple(JobState):
+        raise ValueError(f"job state {value!r}: use one of {(*(s.value for s in JobState), UNKNOWN)}")
+    return JobState(value)
+
+
+def _failure(verdict: Verdict | None) -> Action:
+    return Action.FAIL if verdict is not None and verdict.status in NOT_RETRYABLE else Action.RETRY
 
 
 def _words(verdict: Verdict) -> str:
@@ -154,10 +160,10 @@ def decide(seen: Observation) -> Decision:
     """The one failure policy. Pure: the same Observation always gives the same Decision."""
     if seen.refused is not None:
         # Nothing was launched, and a retry would meet the same config: fail now and say what to fix.
-        return Decision(FAIL, seen.refused, exit_codes.CONFIG, state=FAILED)
+        return Decision(Action.FAIL, seen.refused, exit_codes.CONFIG, state=JobState.FAILED)
     if seen.watch_error is not None:
         # The job may still be running: a retry reattaches to it (Backend.find) and watches again.
-        return Decision(RETRY, seen.watch_error, seen.exit_code, state=seen.state)
+        return Decision(Action.RETRY, seen.watch_error, seen.exit_code, state=seen.state)
     result = seen.own_result
     if seen.state not in TERMINAL:
         return _running(seen, result)
@@ -170,46 +176,46 @@ def _running(seen: Observation, result: RunResult | None) -> Decision:
         # Its verdict is written, and it replays the failed step to tell the data from a transient fault (at
         # most health.replay_seconds): its final result, with what the replay found, follows.
         own = result.verdict or verdict
-        return Decision(WATCH, f"{_words(own)}; replaying that step", state=seen.state, verdict=own)
+        return Decision(Action.WATCH, f"{_words(own)}; replaying that step", state=seen.state, verdict=own)
     if verdict is not None and result is not None and not result.succeeded:
         # The job reached the verdict of its own records and wrote its failed result: only its teardown is left.
         own = result.verdict or verdict
         return Decision(_failure(own), f"stopped itself: {_words(own)}", result.exit_code, stop_job=True,
-                        state=FAILED, verdict=own, stopped_itself=True)
+                        state=JobState.FAILED, verdict=own, stopped_itself=True)
     if verdict is not None and result is None:
         if not seen.waited:
-            return Decision(WATCH, f"{_words(verdict)}; one poll for the job to stop itself", state=seen.state,
+            return Decision(Action.WATCH, f"{_words(verdict)}; one poll for the job to stop itself", state=seen.state,
                             verdict=verdict)
         return Decision(_failure(verdict), _words(verdict), None, stop_job=True, state=seen.state, verdict=verdict)
     # No fatal verdict, or one after the job recorded its success (its work is done: it exits on its own).
     if seen.timed_out:
-        return Decision(RETRY, "ran past its timeout", None, stop_job=True, state=seen.state, verdict=seen.verdict)
-    return Decision(WATCH, seen.reason or "running", state=seen.state, verdict=seen.verdict)
+        return Decision(Action.RETRY, "ran past its timeout", None, stop_job=True, state=seen.state, verdict=seen.verdict)
+    return Decision(Action.WATCH, seen.reason or "running", state=seen.state, verdict=seen.verdict)
 
 
 def _finished(seen: Observation, result: RunResult | None) -> Decision:
     if result is None:
         verdict = seen.verdict
-        if seen.state == SUCCEEDED:
+        if seen.state == JobState.SUCCEEDED:
             who = f"attempt {seen.attempt}" if seen.attempt else "this attempt"
-            return Decision(RETRY, f"it ended as succeeded but wrote no result.json for {who}: check the job's log",
-                            seen.exit_code, state=SUCCEEDED, verdict=verdict)
+            return Decision(Action.RETRY, f"it ended as succeeded but wrote no result.json for {who}: check the job's log",
+                            seen.exit_code, state=JobState.SUCCEEDED, verdict=verdict)
         said = seen.reason or exit_codes.meaning(seen.exit_code)
         if verdict is not None and verdict.status != HEALTHY:
             said += f" — {_words(verdict)}"
         code = exit_codes.for_verdict(verdict.status) if verdict is not None and verdict.status in EXPLAINS_END \
             else seen.exit_code
-        return Decision(_failure(verdict), said, code, state=FAILED, verdict=verdict)
+        return Decision(_failure(verdict), said, code, state=JobState.FAILED, verdict=verdict)
     verdict = result.verdict or seen.verdict
-    if result.succeeded and seen.state == SUCCEEDED:
-        return Decision(SUCCEED, seen.reason, exit_codes.OK, state=SUCCEEDED, verdict=verdict)
+    if result.succeeded and seen.state == JobState.SUCCEEDED:
+        return Decision(Action.SUCCEED, seen.reason, exit_codes.OK, state=JobState.SUCCEEDED, verdict=verdict)
     if result.succeeded:
         # The job finished its work, then something around it failed: still a failure, which a retry may pass.
         said = seen.reason or exit_codes.meaning(seen.exit_code)
-        return Decision(RETRY, said, seen.exit_code, state=FAILED, verdict=verdict)
+        return Decision(Action.RETRY, said, seen.exit_code, state=JobState.FAILED, verdict=verdict)
     # The job's own failure: its result says which, whatever the process layers made of it.
     said = _words(result.verdict) if result.verdict else seen.reason or exit_codes.meaning(result.exit_code)
-    return Decision(_failure(verdict), said, result.exit_code, state=FAILED, verdict=verdict)
+    return Decision(_failure(verdict), said, result.exit_code, state=JobState.FAILED, verdict=verdict)
 
 
 def remediated(decision: Decision, remedy: remediation.Remedy) -> Decision:
@@ -218,10 +224,12 @@ def remediated(decision: Decision, remedy: remediation.Remedy) -> Decision:
     OOM: the next try is no longer the same job); one it has no remedy left for fails without retry, since the
     next try would meet it again; AS_IS leaves the decision as it was. Success and watching are not its to
     change. Pure, as `decide`."""
-    if decision.action not in (RETRY, FAIL) or decision.verdict is None:
+    if decision.action not in (Action.RETRY, Action.FAIL) or decision.verdict is None:
         return decision
-    if remedy.action == remediation.CHANGE:
-        return dataclasses.replace(decision, action=RETRY, reason=f"{decision.reason}; the next try: {remedy.words}")
-    if remedy.action == remediation.GIVE_UP:
-        return dataclasses.replace(decision, action=FAIL, reason=f"{decision.reason}; no remedy left: {remedy.words}")
+    if remedy.action == remediation.RemedyAction.CHANGE:
+        return dataclasses.replace(decision, action=Action.RETRY,
+                                   reason=f"{decision.reason}; the next try: {remedy.words}")
+    if remedy.action == remediation.RemedyAction.GIVE_UP:
+        return dataclasses.replace(decision, action=Action.FAIL,
+                                   reason=f"{decision.reason}; no remedy left: {remedy.words}")
     return decision

@@ -15,7 +15,7 @@ import threading
 import uuid
 from typing import Callable
 
-from .backends.base import FAILED, SUCCEEDED
+from .backends.base import JobState
 from .backends.processes.stop import (
     KILL_WAIT_SECONDS, ProcessesRemain, grace_from_env, stop_leftovers, stop_processes,
 )
@@ -26,7 +26,7 @@ from .backends.processes.tracking import mode_from_env, start_tracking
 from ..formats.config import JobConfig
 from ..health.oom import oom_line
 from ..health.oom_advice import JobShape
-from .failure_policy import Observation, decide
+from .failure_policy import Decision, Observation, decide
 from ..rank.engines import ENGINE_ENV, engine_name
 from ..formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, TABLE, EngineError, engine_spec
 from ..formats.tf_config import tf_worker_env
@@ -162,9 +162,20 @@ def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONT
               on_line: Callable[[str], None] = lambda line: print(line, flush=True),
               extra_env: dict[str, str] | None = None, engine: str | None = None,
               verify_all_shard_bytes: bool = False) -> int:
+    """run_attempt, and the job's exit code (attempt_exit_code)."""
+    return attempt_exit_code(run_attempt(config_path, num_workers, controller, on_line, extra_env, engine,
+                                         verify_all_shard_bytes))
+
+
+def run_attempt(config_path: str, num_workers: int, controller: str = DEFAULT_CONTROLLER,
+                on_line: Callable[[str], None] = lambda line: print(line, flush=True),
+                extra_env: dict[str, str] | None = None, engine: str | None = None,
+                verify_all_shard_bytes: bool = False) -> Observation:
     """Preflight, start the engine's launcher with every process it makes tracked as one set, stream its
-    output, return the job's exit code. engine: overrides the config's `engine` (`ringflow train --engine`);
-    None keeps it. verify_all_shard_bytes: the preflight reads every shard byte (`--verify-shards`). SIGINT/SIGTERM stop every process of the set; after the launcher ends, any of them still
+    output, and return what is known of the ended attempt (the failure policy's Observation: the launcher's
+    code, this attempt's result, an OOM seen from outside). engine: overrides the config's `engine` (`ringflow
+    train --engine`); None keeps it. verify_all_shard_bytes: the preflight reads every shard byte
+    (`--verify-shards`). SIGINT/SIGTERM stop every process of the set; after the launcher ends, any of them still
     running is stopped and named."""
     cfg = preflight(config_path, num_workers, verify_all_shard_bytes, engine=engine)
     engine = engine_name(cfg, engine)
@@ -200,11 +211,11 @@ def run_local(config_path: str, num_workers: int, controller: str = DEFAULT_CONT
                     for line in proc.stdout:
                         on_job_line(line.rstrip("\n"))
                     launcher_code = proc.wait()
-            code = job_exit_code(launcher_code, _result_of(cfg, attempt), attempt, oom.verdict)
+            seen = local_observation(launcher_code, _result_of(cfg, attempt), attempt, oom.verdict)
         finally:
             stop_leftovers(tracker, grace, _say)
             tracker.release(RELEASE_WAIT_SECONDS)
-    return code
+    return seen
 
 
 def _run_tf_workers(tracker: ProcessTracker, commands: list[tuple[list[str], dict[str, str]]], env: dict[str, str],
@@ -303,15 +314,20 @@ def _heartbeat_step(cfg: JobConfig) -> int | None:
     return max(known) if known else None
 
 
-def job_exit_code(launcher_code: int, result, attempt: str | None = None, oom=None) -> int:
-    """The job's exit status, as the failure policy (core/failure_policy.py) says it: horovodrun and torchrun
-    report any rank's failure as 1, and this attempt's RunResult says which failure it was. No result of this
-    attempt (killed before rank 0 wrote one): the launcher's own code, or the code of `oom`, an OOM verdict
-    seen in the ranks' log or by the launcher (OomWatch), which it then prints for whoever reads its log."""
-    state = SUCCEEDED if launcher_code == 0 else FAILED
-    decision = decide(Observation(state, launcher_code, result=result, attempt=attempt, verdict=oom,
-                                  fatal=oom is not None))
-    if oom is not None and decision.verdict is oom:
-        _say(f"health verdict {oom.status}: {oom.reason}")
-        print(oom_line(oom), file=sys.stderr, flush=True)
+def local_observation(launcher_code: int, result, attempt: str | None = None, oom=None) -> Observation:
+    """A local attempt as the failure policy sees it: the launcher's code, this attempt's RunResult (None when
+    rank 0 wrote none), and `oom`, an OOM verdict seen in the ranks' log or by the launcher (OomWatch)."""
+    state = JobState.SUCCEEDED if launcher_code == 0 else JobState.FAILED
+    return Observation(state, launcher_code, result=result, attempt=attempt, verdict=oom, fatal=oom is not None)
+
+
+def attempt_exit_code(seen: Observation, decision: Decision | None = None) -> int:
+    """The job's exit status, as the failure policy (core/failure_policy.py) says it (`decision`, decided here
+    when not given): horovodrun and torchrun report any rank's failure as 1, and this attempt's RunResult says
+    which failure it was. No result of this attempt (killed before rank 0 wrote one): the launcher's own code,
+    or the code of the OOM verdict seen outside the ranks, which it then prints for whoever reads its log."""
+    decision = decision or decide(seen)
+    if seen.verdict is not None and decision.verdict is seen.verdict:
+        _say(f"health verdict {seen.verdict.status}: {seen.verdict.reason}")
+        print(oom_line(seen.verdict), file=sys.stderr, flush=True)
     return decision.exit_code

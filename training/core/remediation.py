@@ -22,13 +22,13 @@ avoids `avoid_nodes`, or starts after `wait_seconds`), AS_IS (this policy has no
 failure policy's decision stands) or GIVE_UP (the verdict has remedies but none is left or none applies:
 the next try would meet the same failure, so the task fails).
 
-How it is wired (operators/train.py): when a try fails, the operator's execute_complete calls `remedy` with
-the verdict the failure policy decided on, the config that try ran with and the remedies of earlier tries
-(`remedies.jsonl` in the run folder, `PlannedRemedy` a line), and the failure policy's `remediated` turns the
-decision into a retry (CHANGE) or a failure without retry (GIVE_UP). A CHANGE is appended to remedies.jsonl
-for the next try, whose execute builds its config with `apply_remedies` (every earlier change, this try's
-resume step, and what the ranks copy into their result), keeps off `avoided_nodes`, and waits `wait_seconds`
-deferred, holding no worker slot.
+How it is wired (core/attempts.py, for the train operator and `ringflow train --retries`): when a try fails,
+`next_try` calls `remedy` with the verdict the failure policy decided on, the config that try ran with and the
+remedies of earlier tries (`remedies.jsonl` in the run folder, `PlannedRemedy` a line), and the failure
+policy's `remediated` turns the decision into a retry (CHANGE) or a failure without retry (GIVE_UP). A CHANGE
+is appended to remedies.jsonl for the next try, whose config `plan_try` builds with `apply_remedies` (every
+earlier change, this try's resume step, and what the ranks copy into their result); the try keeps off
+`avoided_nodes`, and waits `wait_seconds` first (the operator deferred, holding no worker slot).
 """
 from __future__ import annotations
 
@@ -40,20 +40,30 @@ from ..formats.engines import MPIJOB, TRAINJOB, engine_spec
 from ..health.oom_advice import ACCUMULATE, JobShape, advise
 from ..health.verdict import (DEGRADED, NONFINITE, OOM, STORE_UNAVAILABLE, STRAGGLER, SYNC_BOUND,
                               Verdict)
+from .choices import Choice
 
-CHANGE, AS_IS, GIVE_UP = "change", "as_is", "give_up"
-ACTIONS = (CHANGE, AS_IS, GIVE_UP)
-# The remedies, one a rung of a verdict's ladder.
-LOWER_LEARNING_RATE = "lower_learning_rate"
-WIDER_BUCKETS = "wider_buckets"
-COMPRESS_GRADIENTS = "compress_gradients"
-AVOID_NODE = "avoid_node"
-WAIT_FOR_STORE = "wait_for_store"
-SMALLER_BATCH = "smaller_batch"
-SKIP_ROWS = "skip_rows"
-PLAIN_RETRY = "plain_retry"
-REMEDIES = (LOWER_LEARNING_RATE, WIDER_BUCKETS, COMPRESS_GRADIENTS, AVOID_NODE, WAIT_FOR_STORE, SMALLER_BATCH,
-            SKIP_ROWS, PLAIN_RETRY)
+
+
+class RemedyAction(Choice):
+    """What a Remedy says of the next try (the module's docstring)."""
+
+    CHANGE = "change"
+    AS_IS = "as_is"
+    GIVE_UP = "give_up"
+
+
+class RemedyName(Choice):
+    """The remedies, one a rung of a verdict's ladder."""
+
+    LOWER_LEARNING_RATE = "lower_learning_rate"
+    WIDER_BUCKETS = "wider_buckets"
+    COMPRESS_GRADIENTS = "compress_gradients"
+    AVOID_NODE = "avoid_node"
+    WAIT_FOR_STORE = "wait_for_store"
+    SMALLER_BATCH = "smaller_batch"
+    SKIP_ROWS = "skip_rows"
+    PLAIN_RETRY = "plain_retry"
+
 
 # NaN/Inf again after the learning rate was halved twice (a quarter of the owner's) is the data or the
 # model, not the step size: lowering it further would only train slower into the same NaN.
@@ -94,31 +104,33 @@ class Remedy:
     from the newest checkpoint before this step), `avoid_nodes` (every node the next try must keep off, this
     remedy's and the earlier ones') and `wait_seconds` (before the next try starts)."""
 
-    action: str
+    action: RemedyAction
     verdict: str
     words: str
-    remedy: str | None = None
+    remedy: RemedyName | None = None
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     resume_before_step: int | None = None
     avoid_nodes: tuple[str, ...] = ()
     wait_seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.action not in ACTIONS:
-            raise ValueError(f"remedy action {self.action!r}: use one of {ACTIONS}")
-        if (self.action == CHANGE) != (self.remedy in REMEDIES):
-            raise ValueError(f"remedy {self.remedy!r} with action {self.action!r}: a change names one of "
-                             f"{REMEDIES}, {AS_IS!r} and {GIVE_UP!r} none")
-        if self.action != CHANGE and (self.settings or self.avoid_nodes or self.wait_seconds
+        object.__setattr__(self, "action", RemedyAction.of(self.action, "remedy action"))
+        if (self.action == RemedyAction.CHANGE) != (self.remedy is not None):
+            raise ValueError(f"remedy {self.remedy!r} with action {self.action.value!r}: a change names one of "
+                             f"{tuple(r.value for r in RemedyName)}, {RemedyAction.AS_IS.value!r} and "
+                             f"{RemedyAction.GIVE_UP.value!r} none")
+        if self.remedy is not None:
+            object.__setattr__(self, "remedy", RemedyName.of(self.remedy, "remedy"))
+        if self.action != RemedyAction.CHANGE and (self.settings or self.avoid_nodes or self.wait_seconds
                                       or self.resume_before_step is not None):
-            raise ValueError(f"remedy action {self.action!r} changes nothing; give settings, nodes, a wait or a "
-                             f"resume step only with {CHANGE!r}")
+            raise ValueError(f"remedy action {self.action.value!r} changes nothing; give settings, nodes, a wait "
+                             f"or a resume step only with {RemedyAction.CHANGE.value!r}")
         object.__setattr__(self, "settings", dict(self.settings))
         object.__setattr__(self, "avoid_nodes", tuple(self.avoid_nodes))
 
     @property
     def changes(self) -> bool:
-        return self.action == CHANGE
+        return self.action == RemedyAction.CHANGE
 
     def applied_to(self, cfg: JobConfig) -> JobConfig:
         """`cfg` with `settings` set, checked again as a whole (JobConfig.from_dict)."""
@@ -132,12 +144,27 @@ class Remedy:
         return JobConfig.from_dict(doc)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"settings": dict(self.settings), "avoid_nodes": list(self.avoid_nodes)}
+        return dataclasses.asdict(self) | {"action": self.action.value, "settings": dict(self.settings),
+                                           "remedy": self.remedy.value if self.remedy is not None else None,
+                                           "avoid_nodes": list(self.avoid_nodes)}
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "Remedy":
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in doc.items() if k in known})
+
+
+def _change(verdict: str, words: str, remedy: RemedyName, settings: Mapping[str, Any] | None = None,
+            **more: Any) -> Remedy:
+    return Remedy(RemedyAction.CHANGE, verdict, words, remedy, settings or {}, **more)
+
+
+def _give_up(verdict: str, words: str) -> Remedy:
+    return Remedy(RemedyAction.GIVE_UP, verdict, words)
+
+
+def _as_is(verdict: str, words: str) -> Remedy:
+    return Remedy(RemedyAction.AS_IS, verdict, words)
 
 
 def verdict_name(verdict: Verdict | None) -> str:
@@ -155,17 +182,17 @@ def remedy(verdict: Verdict | None, cfg: JobConfig, history: Sequence[Remedy], *
     world_size/backend_kind: where it ran. rank_nodes: rank -> the node it ran on, where the backend knows."""
     name = verdict_name(verdict)
     if cfg.remediation != REMEDIATION_AUTO:
-        return Remedy(AS_IS, name, f'remediation is "{cfg.remediation}": the next try runs unchanged (set '
-                                   '"remediation": "auto" for ringflow to change it after a health verdict)')
+        return _as_is(name, f'remediation is "{cfg.remediation}": the next try runs unchanged (set '
+                            '"remediation": "auto" for ringflow to change it after a health verdict)')
     rule = _RULES.get(name)
     if rule is None:
-        return Remedy(AS_IS, name, f"no remedy for {name}: the failure policy retries or fails it as it would "
-                                   "without remediation")
+        return _as_is(name, f"no remedy for {name}: the failure policy retries or fails it as it would "
+                            "without remediation")
     taken = [h for h in history if h.changes]
     return rule(verdict, cfg, taken, world_size=world_size, backend_kind=backend_kind, rank_nodes=rank_nodes or {})
 
 
-def _count(history: Sequence[Remedy], kind: str) -> int:
+def _count(history: Sequence[Remedy], kind: RemedyName) -> int:
     return sum(h.remedy == kind for h in history)
 
 
@@ -173,39 +200,39 @@ def _nonfinite(verdict: Verdict, cfg: JobConfig, history, **_) -> Remedy:
     replay = verdict.evidence.get("replay")
     if isinstance(replay, Mapping) and "reproducible" in replay:
         return _replayed(verdict, replay, history, cfg)
-    name, cuts = verdict_name(verdict), _count(history, LOWER_LEARNING_RATE)
+    name, cuts = verdict_name(verdict), _count(history, RemedyName.LOWER_LEARNING_RATE)
     if cuts >= MAX_LEARNING_RATE_CUTS:
-        return Remedy(GIVE_UP, name, f"NaN/Inf again after the learning rate was cut {cuts} times (now "
-                                     f"{cfg.learning_rate:g}): check the input data for NaN/Inf or clip gradients")
+        return _give_up(name, f"NaN/Inf again after the learning rate was cut {cuts} times (now "
+                              f"{cfg.learning_rate:g}): check the input data for NaN/Inf or clip gradients")
     step = verdict.evidence.get("step")
     lr = cfg.learning_rate * LEARNING_RATE_FACTOR
     where = f"the newest checkpoint before step {step}" if step is not None else "the newest checkpoint"
-    return Remedy(CHANGE, name, f"NaN/Inf at step {step}: resume from {where} with learning_rate "
-                                f"{cfg.learning_rate:g} -> {lr:g} (cut {cuts + 1} of {MAX_LEARNING_RATE_CUTS})",
-                  LOWER_LEARNING_RATE, {"learning_rate": lr}, resume_before_step=step)
+    return _change(name, f"NaN/Inf at step {step}: resume from {where} with learning_rate "
+                         f"{cfg.learning_rate:g} -> {lr:g} (cut {cuts + 1} of {MAX_LEARNING_RATE_CUTS})",
+                   RemedyName.LOWER_LEARNING_RATE, {"learning_rate": lr}, resume_before_step=step)
 
 
 def _replayed(verdict: Verdict, replay: Mapping[str, Any], history, cfg: JobConfig) -> Remedy:
     """NONFINITE whose step the rank replayed on the last checkpoint's state: the data, or a transient fault."""
     name, step = verdict_name(verdict), verdict.evidence.get("step")
     if not replay["reproducible"]:
-        retries = _count(history, PLAIN_RETRY)
+        retries = _count(history, RemedyName.PLAIN_RETRY)
         if retries >= MAX_PLAIN_RETRIES:
-            return Remedy(GIVE_UP, name, f"NaN/Inf at step {step} that its replay did not reproduce, for the "
-                                         f"{retries + 1}th time: a transient fault that keeps coming back is the "
-                                         "machine's; check its hardware (memory errors, GPU health)")
-        return Remedy(CHANGE, name, f"NaN/Inf at step {step} that its replay did not reproduce: a transient fault "
-                                    f"(hardware, a race), so the next try resumes before step {step} unchanged "
-                                    f"(retry {retries + 1} of {MAX_PLAIN_RETRIES})", PLAIN_RETRY,
-                      resume_before_step=step)
+            return _give_up(name, f"NaN/Inf at step {step} that its replay did not reproduce, for the "
+                                  f"{retries + 1}th time: a transient fault that keeps coming back is the "
+                                  "machine's; check its hardware (memory errors, GPU health)")
+        return _change(name, f"NaN/Inf at step {step} that its replay did not reproduce: a transient fault "
+                             f"(hardware, a race), so the next try resumes before step {step} unchanged "
+                             f"(retry {retries + 1} of {MAX_PLAIN_RETRIES})", RemedyName.PLAIN_RETRY,
+                       resume_before_step=step)
     rows = [dict(r) for r in replay.get("rows") or ()]
-    skips = [h for h in history if h.remedy == SKIP_ROWS]
+    skips = [h for h in history if h.remedy == RemedyName.SKIP_ROWS]
     if not rows:
-        return Remedy(GIVE_UP, name, f"NaN/Inf at step {step}, reproducible on replay, but the replay named no "
-                                     "rows: check the input data for NaN/Inf")
+        return _give_up(name, f"NaN/Inf at step {step}, reproducible on replay, but the replay named no "
+                              "rows: check the input data for NaN/Inf")
     if len(skips) >= MAX_ROW_SKIPS:
-        return Remedy(GIVE_UP, name, f"NaN/Inf at step {step} from data again, after rows were skipped "
-                                     f"{len(skips)} times: clean the data set (the verdict names the rows)")
+        return _give_up(name, f"NaN/Inf at step {step} from data again, after rows were skipped "
+                              f"{len(skips)} times: clean the data set (the verdict names the rows)")
     # Every row skipped so far stays skipped: the owner's own skip_rows (in the config the failed try ran
     # with), then the latest skip's, which holds every earlier skip's.
     earlier = [{"file": r.file, "row": r.row} for r in cfg.skip_rows]
@@ -214,13 +241,13 @@ def _replayed(verdict: Verdict, replay: Mapping[str, Any], history, cfg: JobConf
             earlier.append(dict(r))
     skipped = earlier + [r for r in rows if r not in earlier]
     said = ", ".join(f"{r.get('file')} row {r.get('row')}" for r in rows)
-    return Remedy(CHANGE, name, f"NaN/Inf at step {step} reproduced on replay: the data. The next try resumes "
-                                f"before step {step} and skips {said} (skip {len(skips) + 1} of {MAX_ROW_SKIPS})",
-                  SKIP_ROWS, {SKIP_ROWS_SETTING: skipped}, resume_before_step=step)
+    return _change(name, f"NaN/Inf at step {step} reproduced on replay: the data. The next try resumes "
+                         f"before step {step} and skips {said} (skip {len(skips) + 1} of {MAX_ROW_SKIPS})",
+                   RemedyName.SKIP_ROWS, {SKIP_ROWS_SETTING: skipped}, resume_before_step=step)
 
 
 def _sync_bound(verdict: Verdict, cfg: JobConfig, history, **_) -> Remedy:
-    name, raises = verdict_name(verdict), _count(history, WIDER_BUCKETS)
+    name, raises = verdict_name(verdict), _count(history, RemedyName.WIDER_BUCKETS)
     share = verdict.evidence.get("share")
     said = f"all-reduce took {share:.0%} of each step" if isinstance(share, (int, float)) else "sync-bound"
     section = engine_spec(cfg.engine).config_section
@@ -230,60 +257,60 @@ def _sync_bound(verdict: Verdict, cfg: JobConfig, history, **_) -> Remedy:
         now = getattr(settings, knob)
         # Horovod's 0 turns fusion off: doubling it would keep it off, so the next try gets the default back.
         new = now * BUCKET_FACTOR if now > 0 else getattr(type(settings), knob)
-        return Remedy(CHANGE, name, f"{said}: {section}.{knob} {now:g} -> {new:g} MB, fewer and larger "
-                                    f"all-reduces (raise {raises + 1} of {MAX_BUCKET_RAISES})",
-                      WIDER_BUCKETS, {f"{section}.{knob}": new})
+        return _change(name, f"{said}: {section}.{knob} {now:g} -> {new:g} MB, fewer and larger "
+                             f"all-reduces (raise {raises + 1} of {MAX_BUCKET_RAISES})",
+                       RemedyName.WIDER_BUCKETS, {f"{section}.{knob}": new})
     if cfg.engine == "horovod" and not cfg.horovod.fp16_compression:
-        return Remedy(CHANGE, name, f"{said} with larger fusion buffers too: horovod.fp16_compression on, "
-                                    "half the bytes on the wire", COMPRESS_GRADIENTS,
-                      {"horovod.fp16_compression": True})
-    return Remedy(GIVE_UP, name, f"{said} and ringflow has no remedy left for engine {cfg.engine!r}: raise "
-                                 "batch_size or backward_passes_per_step, or use fewer workers")
+        return _change(name, f"{said} with larger fusion buffers too: horovod.fp16_compression on, "
+                             "half the bytes on the wire", RemedyName.COMPRESS_GRADIENTS,
+                       {"horovod.fp16_compression": True})
+    return _give_up(name, f"{said} and ringflow has no remedy left for engine {cfg.engine!r}: raise "
+                          "batch_size or backward_passes_per_step, or use fewer workers")
 
 
 def _straggler(verdict: Verdict, cfg: JobConfig, history, *, backend_kind: str, rank_nodes, **_) -> Remedy:
     name, rank = verdict_name(verdict), verdict.evidence.get("rank")
     if backend_kind not in NODE_BACKENDS:
-        return Remedy(GIVE_UP, name, f"rank {rank} straggles on a {backend_kind} backend, where every try runs "
-                                     "on the same host: check its load, or the rank's data partition")
-    avoided = tuple(n for h in history if h.remedy == AVOID_NODE for n in h.avoid_nodes)
+        return _give_up(name, f"rank {rank} straggles on a {backend_kind} backend, where every try runs "
+                              "on the same host: check its load, or the rank's data partition")
+    avoided = tuple(n for h in history if h.remedy == RemedyName.AVOID_NODE for n in h.avoid_nodes)
     avoided = tuple(dict.fromkeys(avoided))
     node = rank_nodes.get(rank)
     if node is None:
-        return Remedy(GIVE_UP, name, f"rank {rank} straggles, and the node it ran on is not known: check the "
-                                     "job's pods for the node, and that node's load")
+        return _give_up(name, f"rank {rank} straggles, and the node it ran on is not known: check the "
+                              "job's pods for the node, and that node's load")
     if len(avoided) >= MAX_AVOIDED_NODES or node in avoided:
-        return Remedy(GIVE_UP, name, f"rank {rank} straggles on node {node} after the job kept off "
-                                     f"{list(avoided)}: it follows the job, so look at the rank's data partition "
-                                     "or work, not the nodes")
+        return _give_up(name, f"rank {rank} straggles on node {node} after the job kept off "
+                              f"{list(avoided)}: it follows the job, so look at the rank's data partition "
+                              "or work, not the nodes")
     also = f" (and off {list(avoided)}, as before)" if avoided else ""
-    return Remedy(CHANGE, name, f"rank {rank} straggles on node {node}: the next try keeps off it{also}",
-                  AVOID_NODE, avoid_nodes=avoided + (node,))
+    return _change(name, f"rank {rank} straggles on node {node}: the next try keeps off it{also}",
+                   RemedyName.AVOID_NODE, avoid_nodes=avoided + (node,))
 
 
 def _store(verdict: Verdict, cfg: JobConfig, history, **_) -> Remedy:
-    waits = _count(history, WAIT_FOR_STORE)
+    waits = _count(history, RemedyName.WAIT_FOR_STORE)
     wait = min(STORE_WAIT_SECONDS * 2 ** waits, MAX_STORE_WAIT_SECONDS)
     store = verdict.evidence.get("store") or "the store"
-    return Remedy(CHANGE, verdict_name(verdict), f"{store} was unavailable: wait {wait:g}s for it, then retry "
-                                                 "from the last checkpoint", WAIT_FOR_STORE, wait_seconds=wait)
+    return _change(verdict_name(verdict), f"{store} was unavailable: wait {wait:g}s for it, then retry "
+                                          "from the last checkpoint", RemedyName.WAIT_FOR_STORE, wait_seconds=wait)
 
 
 def _oom(verdict: Verdict, cfg: JobConfig, history, *, world_size: int, **_) -> Remedy:
-    name, splits = verdict_name(verdict), _count(history, SMALLER_BATCH)
+    name, splits = verdict_name(verdict), _count(history, RemedyName.SMALLER_BATCH)
     if splits >= MAX_BATCH_SPLITS:
-        return Remedy(GIVE_UP, name, f"out of memory again after the per-worker batch was made smaller {splits} "
-                                     f"times (now {cfg.batch_size}): use a smaller model or give each rank more "
-                                     "memory")
+        return _give_up(name, f"out of memory again after the per-worker batch was made smaller {splits} "
+                              f"times (now {cfg.batch_size}): use a smaller model or give each rank more "
+                              "memory")
     # From the config, not the verdict's evidence: an OOM seen outside the job (a pod OOMKilled) carries
     # advice without numbers, since the config was not known where it was seen.
     advice = next((a for a in advise(JobShape.of(cfg, world_size)) if a.option == ACCUMULATE), None)
     if advice is None:
-        return Remedy(GIVE_UP, name, f"out of memory with batch_size {cfg.batch_size} on engine {cfg.engine!r}, "
-                                     "which cannot be split keeping the global batch: use a smaller model or give "
-                                     "each rank more memory")
-    return Remedy(CHANGE, name, f"out of memory: {advice.words} (split {splits + 1} of {MAX_BATCH_SPLITS})",
-                  SMALLER_BATCH, advice.settings)
+        return _give_up(name, f"out of memory with batch_size {cfg.batch_size} on engine {cfg.engine!r}, "
+                              "which cannot be split keeping the global batch: use a smaller model or give "
+                              "each rank more memory")
+    return _change(name, f"out of memory: {advice.words} (split {splits + 1} of {MAX_BATCH_SPLITS})",
+                   RemedyName.SMALLER_BATCH, advice.settings)
 
 
 _RULES = {NONFINITE: _nonfinite, f"{DEGRADED}/{SYNC_BOUND}": _sync_bound, f"{DEGRADED}/{STRAGGLER}": _straggler,
@@ -314,8 +341,8 @@ class PlannedRemedy:
 
     def applied(self) -> dict[str, Any]:
         """What the ranks get in their config's `remedies`, and write in their result."""
-        return dict(zip(APPLIED_REMEDY_FIELDS, (self.try_number, self.remedy.verdict, self.remedy.remedy,
-                                                self.remedy.words)))
+        name = self.remedy.remedy.value if self.remedy.remedy is not None else None
+        return dict(zip(APPLIED_REMEDY_FIELDS, (self.try_number, self.remedy.verdict, name, self.remedy.words)))
 
 
 def taken_before(planned: Sequence[PlannedRemedy], try_number: int) -> list[PlannedRemedy]:

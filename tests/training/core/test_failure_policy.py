@@ -4,11 +4,14 @@ import json
 
 import pytest
 
-from ringflow.training.core.failure_policy import (FAIL, RETRY, SUCCEED, UNKNOWN, WATCH, Decision, Observation,
-                                                   decide, remediated)
-from ringflow.training.core.remediation import AS_IS, CHANGE, GIVE_UP, LOWER_LEARNING_RATE, Remedy
+from ringflow.training.core.failure_policy import UNKNOWN, Action, Decision, Observation, decide, remediated
+from ringflow.training.core.remediation import Remedy, RemedyAction, RemedyName
 from ringflow.training.health.verdict import Verdict
 from ringflow.training.formats.run_result import RunResult
+
+SUCCEED, RETRY, FAIL, WATCH = Action
+CHANGE, AS_IS, GIVE_UP = RemedyAction
+LOWER_LEARNING_RATE = RemedyName.LOWER_LEARNING_RATE
 
 ATTEMPT = "rf-job-t1"
 

@@ -4,14 +4,17 @@ import json
 import pytest
 
 from ringflow.training.core.remediation import (
-    AS_IS, AVOID_NODE, CHANGE, COMPRESS_GRADIENTS, GIVE_UP, LOWER_LEARNING_RATE, MAX_AVOIDED_NODES,
-    MAX_BATCH_SPLITS, MAX_BUCKET_RAISES, MAX_LEARNING_RATE_CUTS, MAX_PLAIN_RETRIES, MAX_ROW_SKIPS,
-    MAX_STORE_WAIT_SECONDS, PLAIN_RETRY, SKIP_ROWS, SMALLER_BATCH, STORE_WAIT_SECONDS, WAIT_FOR_STORE, WIDER_BUCKETS,
-    PlannedRemedy, Remedy, apply_remedies, avoided_nodes, rank_nodes, remedy, remedy_words, wait_before,
+    MAX_AVOIDED_NODES, MAX_BATCH_SPLITS, MAX_BUCKET_RAISES, MAX_LEARNING_RATE_CUTS, MAX_PLAIN_RETRIES, MAX_ROW_SKIPS,
+    MAX_STORE_WAIT_SECONDS, STORE_WAIT_SECONDS, PlannedRemedy, Remedy, RemedyAction, RemedyName, apply_remedies,
+    avoided_nodes, rank_nodes, remedy, remedy_words, wait_before,
 )
 from ringflow.training.formats.config import ConfigError, JobConfig
 from ringflow.training.formats.engines import LOCAL, MPIJOB, TRAINJOB
 from ringflow.training.health.verdict import Verdict
+
+CHANGE, AS_IS, GIVE_UP = RemedyAction
+(LOWER_LEARNING_RATE, WIDER_BUCKETS, COMPRESS_GRADIENTS, AVOID_NODE, WAIT_FOR_STORE, SMALLER_BATCH, SKIP_ROWS,
+ PLAIN_RETRY) = RemedyName
 
 
 def config(**fields):

@@ -14,12 +14,21 @@ from ...formats import exit_codes
 from .connections import Connections
 from .job_spec import JobSpec
 from ...formats.engines import LOCAL, MPIJOB, TRAINJOB
-from ...formats.run_result import RunResult
 from ...health.verdict import Verdict
+from ..choices import Choice
 
-PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED = "pending", "running", "restarting", "succeeded", "failed"
-STATES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED)
-TERMINAL = (SUCCEEDED, FAILED)
+
+class JobState(Choice):
+    """What a backend sees of a job (JobStatus.state)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED})
 
 
 class JobNotFound(LookupError):
@@ -28,26 +37,23 @@ class JobNotFound(LookupError):
 
 @dataclasses.dataclass(frozen=True)
 class JobStatus:
-    """What the backend sees of a job, and (`result`) how the job itself says it ended, once it wrote one.
+    """What the backend sees of a job.
 
     A backend sees processes or pods: their state and an exit status, which the process layers in between
-    may have collapsed (mpirun and horovodrun turn any rank's failure into 1). The job's own outcome is
-    its RunResult; `with_result` puts it here, so whoever decides (the trigger, the operator) decides on it.
+    may have collapsed (mpirun and horovodrun turn any rank's failure into 1). The job's own outcome is its
+    RunResult, which whoever decides (the launcher, the trigger, the operator) reads from the run folder and
+    gives the failure policy (core/failure_policy.py) beside this status.
     """
 
-    state: str
+    state: JobState
     reason: str = ""
     exit_code: int | None = None
     detail: dict[str, Any] = dataclasses.field(default_factory=dict)
-    result: RunResult | None = None
     # What the backend itself saw end the job, as a health verdict: a pod Kubernetes OOMKilled (OOM).
     verdict: Verdict | None = None
 
     def __post_init__(self) -> None:
-        if self.state not in STATES:
-            raise ValueError(f"job state {self.state!r} is not one of {STATES}")
-        if self.result is not None and not isinstance(self.result, RunResult):
-            raise ValueError(f"job result is a {type(self.result).__name__}; use a RunResult (RunResult.from_json)")
+        object.__setattr__(self, "state", JobState.of(self.state, "job state"))
         if self.verdict is not None and not isinstance(self.verdict, Verdict):
             raise ValueError(f"job verdict is a {type(self.verdict).__name__}; use a health Verdict")
 
@@ -59,21 +65,6 @@ class JobStatus:
 def exit_reason(code: int | None) -> str:
     """A backend's words for a job's exit status (the one table: ringflow.training.formats.exit_codes)."""
     return exit_codes.meaning(code)
-
-
-def with_result(status: JobStatus, result: RunResult | None) -> JobStatus:
-    """`status` with the job's own result: once the job has finished, the failure policy
-    (core/failure_policy.py) says its state, reason and exit code from the result, whatever the layers in
-    between made of them. A result of another attempt must not be passed (run_result.read_result(store,
-    attempt) returns None for it). Pure."""
-    # Imported here: the policy reads this module's job states.
-    from ..failure_policy import Observation, decide
-
-    if result is None or not status.finished:
-        return status
-    decision = decide(Observation(status.state, status.exit_code, status.reason, result))
-    return dataclasses.replace(status, state=decision.state, reason=decision.reason, exit_code=decision.exit_code,
-                               result=result)
 
 
 @dataclasses.dataclass(frozen=True)

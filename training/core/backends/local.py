@@ -8,7 +8,7 @@ Each job gets a folder under `work_dir`:
     deleted         a stop was asked for
     exit_code       written when the job ends (absent while it runs, or if it was killed); its meaning comes
                     from the one table (training/formats/exit_codes.py), and the job's own result.json is the outcome
-                    (the trigger attaches it: backends.base.with_result)
+                    (the failure policy reads it beside this status: core/failure_policy.py)
 The job runs under a supervisor (processes/supervise.py) in its own session, detached from the Airflow worker
 that launched it, so the worker slot is free while the task is deferred. Every process the job makes is
 tracked as one set (a cgroup, or the supervisor's tree as a subreaper: processes/tracking.py), so a stop ends
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from .base import (
-    FAILED, RUNNING, SUCCEEDED, Backend, JobNotFound, JobStatus, LogChunk, exit_reason,
+    Backend, JobNotFound, JobState, JobStatus, LogChunk, exit_reason,
 )
 from .connections import Connections, require
 from .job_spec import JobSpec
@@ -195,19 +195,19 @@ def local_job_status(exit_code: int | None, deleted: bool, alive: Sequence[Proce
     writes to the run folder (a frozen one thawed later would)."""
     if alive:
         if exit_code is None and not deleted:
-            return JobStatus(RUNNING)
+            return JobStatus(JobState.RUNNING)
         which = "; ".join(p.describe() for p in alive)
         ended = "stopping on request" if exit_code is None else f"the job ended ({exit_reason(exit_code)})"
-        return JobStatus(RUNNING, reason=f"{ended}, but {len(alive)} of its processes are still alive: {which}",
+        return JobStatus(JobState.RUNNING, reason=f"{ended}, but {len(alive)} of its processes are still alive: {which}",
                          detail={"alive": [p.to_dict() for p in alive]})
     if exit_code == 0:
-        return JobStatus(SUCCEEDED, exit_code=0)
+        return JobStatus(JobState.SUCCEEDED, exit_code=0)
     if deleted:
-        return JobStatus(FAILED, reason="stopped on request", exit_code=exit_code)
+        return JobStatus(JobState.FAILED, reason="stopped on request", exit_code=exit_code)
     if exit_code is not None:
-        return JobStatus(FAILED, reason=exit_reason(exit_code), exit_code=exit_code,
+        return JobStatus(JobState.FAILED, reason=exit_reason(exit_code), exit_code=exit_code,
                          detail={"log_tail": log_tail()})
-    return JobStatus(FAILED, reason="the job's processes are gone without an exit status (machine restart?)",
+    return JobStatus(JobState.FAILED, reason="the job's processes are gone without an exit status (machine restart?)",
                      detail={"log_tail": log_tail()})
 
 

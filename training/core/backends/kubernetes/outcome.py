@@ -16,8 +16,7 @@ import dataclasses
 import re
 from typing import Any
 
-from ..base import (FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, JobStatus,
-                                              exit_reason)
+from ..base import JobState, JobStatus, exit_reason
 from .labels import COMPLETION_INDEX_LABEL, JOB_ROLE_LABEL
 from ....health.oom import KUBERNETES_OOMKILLED, MemoryEvidence, oom_verdict
 from ....health.verdict import Verdict
@@ -340,13 +339,13 @@ def ended(conds: dict[str, dict[str, Any]], rank_pods: list[dict[str, Any]], rol
     can still run. rank_pods: the pods whose readiness explains a failure (for a TrainJob, its current attempt's).
     """
     if words.succeeded in conds:
-        return JobStatus(SUCCEEDED, reason=conds[words.succeeded].get("message", ""), exit_code=0, detail=detail)
+        return JobStatus(JobState.SUCCEEDED, reason=conds[words.succeeded].get("message", ""), exit_code=0, detail=detail)
     if "Failed" in conds:
         cond = conds["Failed"]
         said = f"{words.kind} failed: {cond.get('reason') or 'unknown'}: {cond.get('message') or ''}".strip(": ")
         if exit_code is not None:
             # mpirun and torchrun report any rank's failure as 1; the job's own RunResult, which the trigger
-            # attaches (backends.base.with_result), says which failure it was.
+            # reads from the run folder, says which failure it was.
             said += f" ({'launcher' if roles.launcher else 'rank'} exit code {exit_code}: {exit_reason(exit_code)})"
         if problem is None:
             not_ready = workers_not_ready(rank_pods, roles)
@@ -354,12 +353,12 @@ def ended(conds: dict[str, dict[str, Any]], rank_pods: list[dict[str, Any]], rol
                 problem = {"reason": f"{words.failed_first} failed while {words.rank_pod}s {', '.join(not_ready)} "
                                      f"were not Ready; check the {words.rank_pod} pods' events"}
         reason = f"{problem['reason']} ({said})" if problem else said
-        return JobStatus(FAILED, reason=reason, exit_code=exit_code, detail=detail,
+        return JobStatus(JobState.FAILED, reason=reason, exit_code=exit_code, detail=detail,
                          verdict=problem.get("verdict") if problem else None)
     if problem and problem["final"]:
         # The operator has not given up yet, but this cannot recover: a failed pod is not recreated, the
         # memory stays too small, a missing image stays missing.
-        return JobStatus(FAILED, reason=problem["reason"], exit_code=exit_code, detail=detail,
+        return JobStatus(JobState.FAILED, reason=problem["reason"], exit_code=exit_code, detail=detail,
                          verdict=problem.get("verdict"))
     return None
 
@@ -370,16 +369,16 @@ def waiting_or_running(conds: dict[str, dict[str, Any]], running: bool, rank_pod
     """A job that has not ended and is not restarting: suspended, running (as the kind tells), or pending with
     what it waits for."""
     if "Suspended" in conds:
-        return JobStatus(PENDING, reason=f"the {words.kind} is suspended", detail=detail)
+        return JobStatus(JobState.PENDING, reason=f"the {words.kind} is suspended", detail=detail)
     if running:
-        return JobStatus(RUNNING, detail=detail)
+        return JobStatus(JobState.RUNNING, detail=detail)
     if problem:
-        return JobStatus(PENDING, reason=problem["reason"], detail=detail)
+        return JobStatus(JobState.PENDING, reason=problem["reason"], detail=detail)
     not_ready = workers_not_ready(rank_pods, roles)
     if not_ready:
-        return JobStatus(PENDING, reason=f"waiting for {words.rank_pod}s to be Ready: {', '.join(not_ready)}",
+        return JobStatus(JobState.PENDING, reason=f"waiting for {words.rank_pod}s to be Ready: {', '.join(not_ready)}",
                          detail=detail)
-    return JobStatus(PENDING, reason=words.not_started, detail=detail)
+    return JobStatus(JobState.PENDING, reason=words.not_started, detail=detail)
 
 
 def outcome_from_status(mpijob: dict[str, Any], pods: list[dict[str, Any]]) -> JobStatus:
@@ -394,5 +393,5 @@ def outcome_from_status(mpijob: dict[str, Any], pods: list[dict[str, Any]]) -> J
         detail["launcher_retries"] = retries
     if restarting_in_place(pods, MPIJOB_ROLES):
         why = problem["reason"] if problem else "the launcher failed and is being retried"
-        return JobStatus(RESTARTING, reason=why, detail=detail)
+        return JobStatus(JobState.RESTARTING, reason=why, detail=detail)
     return waiting_or_running(conds, "Running" in conds, pods, MPIJOB_ROLES, MPIJOB_WORDS, problem, detail)

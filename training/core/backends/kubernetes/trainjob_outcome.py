@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import RESTARTING, JobStatus
+from ..base import JobState, JobStatus
 from . import labels as L
 from .outcome import (MPIJOB_ROLES, JobWords, PodRoles, ended, pod_name,
                                                            read_pods, restarting_in_place, tf_roles, torch_roles,
@@ -79,5 +79,5 @@ def outcome_from_trainjob(trainjob: dict[str, Any], pods: list[dict[str, Any]]) 
         why = problem["reason"] if problem else (
             f"pod {', '.join(sorted(failed_now))} failed; the JobSet restarts every pod" if failed_now
             else f"every pod is being restarted (restart {restarts})")
-        return JobStatus(RESTARTING, reason=why, detail=detail)
+        return JobStatus(JobState.RESTARTING, reason=why, detail=detail)
     return waiting_or_running(conds, running, current, roles, TRAINJOB_WORDS, problem, detail)

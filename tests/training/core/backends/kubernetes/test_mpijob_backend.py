@@ -13,8 +13,10 @@ import backend_checks as checks
 import strict_schema
 from backend_checks import LABELS, NS
 from kmock_cluster import CONFIGMAPS, MPIJOBS
-from ringflow.training.core.backends.base import FAILED, PENDING, RUNNING, SUCCEEDED, backend_from_dict
+from ringflow.training.core.backends.base import JobState, backend_from_dict
 from ringflow.training.core.backends.job_spec import JobSpec, JobSpecError
+
+PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED = JobState
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +89,7 @@ def test_the_trigger_reports_an_oom_killed_worker_as_the_oom_verdict(cluster, ba
     """The trigger's one event over the same emulator: the OOM verdict from the pod, with the step rank 0's
     heartbeat shows; the operator's policy fails the task without a retry, with exit code 9."""
     from ringflow.operators.trigger import TrainJobTrigger
-    from ringflow.training.core.failure_policy import FAIL, Observation, decide
+    from ringflow.training.core.failure_policy import Action, Observation, decide
     from ringflow.training.health.heartbeat import Heartbeat
     from ringflow.training.store import LocalFolderStore
 
@@ -109,7 +111,7 @@ def test_the_trigger_reports_an_oom_killed_worker_as_the_oom_verdict(cluster, ba
     assert event["verdict"]["evidence"]["rank"] == 1 and event["verdict"]["evidence"]["step"] == 42
     assert "rank 1 ran out of memory at step 42" in event["message"]
     decision = decide(Observation.from_dict(json.loads(json.dumps(event))))
-    assert decision.action == FAIL and decision.exit_code == 9
+    assert decision.action == Action.FAIL and decision.exit_code == 9
 
 
 def test_delete_on_kill_is_foreground_and_tolerates_404(cluster, backend):

@@ -15,9 +15,11 @@ import backend_checks as checks
 import strict_schema
 from backend_checks import LABELS, NS
 from kmock_cluster import CONFIGMAPS, TRAINJOBS
-from ringflow.training.core.backends.base import FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, backend_from_dict
+from ringflow.training.core.backends.base import JobState, backend_from_dict
 from ringflow.training.core.backends.job_spec import JobSpec
 from ringflow.training.core.backends.kubernetes.client import KubernetesApiError
+
+PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED = JobState
 
 pytestmark = pytest.mark.slow
 

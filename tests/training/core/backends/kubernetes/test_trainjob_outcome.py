@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ringflow.training.core.backends.base import FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED
+from ringflow.training.core.backends.base import JobState
 from ringflow.training.core.backends.kubernetes.trainjob_outcome import outcome_from_trainjob
+
+PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED = JobState
 
 IMAGE = "registry.example/ringflow-training:0.1.0"
 

@@ -1,0 +1,95 @@
+"""`ringflow train --retries N [--remediation auto]`: the train task's tries from a shell. Each try runs on this
+machine (launcher.run_attempt) with an attempt id of its own; after it, the failure policy decides and
+core/attempts.py says what comes next, as for the train operator: a retry as it was (from the last
+checkpoint), one changed by a remedy (recorded in the run folder's remedies.jsonl, its config written to a
+file of its own), a wait in the foreground first, or none. Exits with the last try's code."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+
+from ..formats import exit_codes
+from ..formats.config import JobConfig, load_job_config
+from ..formats.engines import DEFAULT_CONTROLLER, LOCAL
+from ..rank.worker_env import ATTEMPT_ENV
+from .attempts import Next, next_try
+from .failure_policy import decide
+from .remediation import PlannedRemedy
+from .try_plan import TryPlan, plan_try, record_remedy
+
+
+def say(message: str) -> None:
+    print(f"[ringflow] {message}", flush=True)
+
+
+def train_with_retries(config_path: str, num_workers: int, *, retries: int = 0, remediation: str | None = None,
+                       controller: str = DEFAULT_CONTROLLER, engine: str | None = None,
+                       verify_all_shard_bytes: bool = False) -> int:
+    """Run the job at `config_path` for up to 1 + `retries` tries; `remediation` overrides its config's
+    `remediation` (None keeps it). The last try's exit code."""
+    from ..formats.run_folder import RunFolder
+    from .launcher import attempt_exit_code, run_attempt
+
+    given = load_job_config(config_path)
+    base = given if remediation is None else dataclasses.replace(given, remediation=remediation)
+    tries, planned = retries + 1, []  # this command's remedies (a remedies.jsonl of an earlier one is not)
+    with tempfile.TemporaryDirectory(prefix="ringflow-tries-") as folder:
+        try_number = 1
+        while True:
+            plan = plan_try(base, try_number, lambda: planned)
+            if tries > 1:
+                say(f"try {try_number} of {tries}: {_plan_words(plan)}")
+            seen = run_attempt(_config_file(plan, given, config_path, folder), num_workers, controller,
+                               extra_env={ATTEMPT_ENV: uuid.uuid4().hex}, engine=engine,
+                               verify_all_shard_bytes=verify_all_shard_bytes)
+            decision = decide(seen)
+            code = attempt_exit_code(seen, decision)
+            say(f"job exited with {code} ({exit_codes.MEANING.get(code, 'failed')})")
+            after = next_try(seen, decision, plan.config, plan.planned, try_number, tries, backend_kind=LOCAL,
+                             num_workers=num_workers)
+            if after.planned is not None and not _recorded(after.planned, RunFolder.open(base.run_uri)):
+                after = next_try(seen, decision, None, (), try_number, tries, backend_kind=LOCAL,
+                                 num_workers=num_workers)  # unrecorded, the change would be nobody's to see
+            if after.action == Next.FAIL and tries > 1:
+                say(f"no next try: {after.reason}")
+            if not after.retries:
+                return code
+            if after.planned is not None:
+                planned.append(after.planned)
+            if after.wait_seconds > 0:
+                say(f"waiting {after.wait_seconds:g}s before try {try_number + 1}: {after.planned.remedy.words}")
+                time.sleep(after.wait_seconds)
+            try_number += 1
+
+
+def _recorded(planned: PlannedRemedy, run) -> bool:
+    """Whether `planned` is now in the run folder's remedies.jsonl (the run's record of what its tries
+    changed); when it cannot be written the next try runs unchanged, as the operator's does."""
+    try:
+        record_remedy(run, planned)
+    except Exception as exc:  # noqa: BLE001 - which errors a store raises is its own business
+        print(f"[ringflow] could not record the remedy in {run.uri}: {exc}; the next try runs unchanged",
+              file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+def _plan_words(plan: TryPlan) -> str:
+    if plan.own is not None:
+        return f"changed after {plan.own.remedy.verdict}: {plan.own.remedy.words}"
+    return "as given" if plan.try_number == 1 else "as the try before, from the last checkpoint"
+
+
+def _config_file(plan: TryPlan, given: JobConfig, given_path: str, folder: str) -> str:
+    """The given config file when the try runs it as it is; else the try's own config, written in `folder`."""
+    if plan.config == given:
+        return given_path
+    path = os.path.join(folder, f"try-{plan.try_number}.json")
+    with open(path, "w") as fh:
+        json.dump(plan.config.to_dict(), fh, indent=1)
+    return path
