@@ -78,8 +78,8 @@ class Observation:
     timed_out: bool = False
     refused: str | None = None
     watch_error: str | None = None
-    # The job has been replaying its failed step for longer than observe.replay_limit_seconds allows (a rank 0 frozen
-    # mid-replay would otherwise be watched until the task's timeout, or for ever without one).
+    # The job has been replaying its failed step for longer than observe.replay_limit_seconds allows (a rank 0
+    # frozen mid-replay would otherwise be watched until the task's timeout, or for ever without one).
     replay_overdue: bool = False
 
     def __post_init__(self) -> None:
@@ -189,7 +189,8 @@ def _running(seen: Observation, result: RunResult | None) -> Decision:
         return Decision(_failure(verdict), _words(verdict), None, stop_job=True, state=seen.state, verdict=verdict)
     # No fatal verdict, or one after the job recorded its success (its work is done: it exits on its own).
     if seen.timed_out:
-        return Decision(Action.RETRY, "ran past its timeout", None, stop_job=True, state=seen.state, verdict=seen.verdict)
+        return Decision(Action.RETRY, "ran past its timeout", None, stop_job=True, state=seen.state,
+                        verdict=seen.verdict)
     return Decision(Action.WATCH, seen.reason or "running", state=seen.state, verdict=seen.verdict)
 
 
@@ -198,8 +199,8 @@ def _finished(seen: Observation, result: RunResult | None) -> Decision:
         verdict = seen.verdict
         if seen.state == JobState.SUCCEEDED:
             who = f"attempt {seen.attempt}" if seen.attempt else "this attempt"
-            return Decision(Action.RETRY, f"it ended as succeeded but wrote no result.json for {who}: check the job's log",
-                            seen.exit_code, state=JobState.SUCCEEDED, verdict=verdict)
+            return Decision(Action.RETRY, f"it ended as succeeded but wrote no result.json for {who}: check the "
+                                          "job's log", seen.exit_code, state=JobState.SUCCEEDED, verdict=verdict)
         said = seen.reason or exit_codes.meaning(seen.exit_code)
         if verdict is not None and verdict.status != HEALTHY:
             said += f" — {_words(verdict)}"
