@@ -79,9 +79,11 @@ def make_run(store, run_key: str, size: int) -> str:
     from ringflow.training.health.verdict import Verdict
 
     run = RunFolder(store.child(run_key))
-    name = CheckpointStore(run.store).save(100, {"state.pt": os.urandom(size)}, {"step": 100})
-    run.write_result(RunResult(status="succeeded", attempt="bench-a1", step=100, epoch=1, world_size=1,
-                               checkpoint=name, verdict=Verdict("HEALTHY", "as judged")))
+    attempt = run.claim("bench-a1")
+    name = CheckpointStore(attempt.store).save(100, {"state.pt": os.urandom(size)}, {"step": 100})
+    attempt.publish_checkpoint(name, keep_last=None)
+    attempt.publish_result(RunResult(status="succeeded", attempt="bench-a1", step=100, epoch=1, world_size=1,
+                                     checkpoint=name, verdict=Verdict("HEALTHY", "as judged")).to_json())
     run.write_eval(EvalResult(metrics={"accuracy": 0.9}, checkpoint=name, step=100, rows=100,
                               task="classification", evaluated_at="2026-01-01T00:00:00Z"))
     return name

@@ -3,21 +3,21 @@
 one (a model's checkpoint with its meta, result.json) for evaluate and `ringflow evaluate`."""
 from __future__ import annotations
 
-from ringflow.training.formats.checkpoint import CheckpointStore
 from ringflow.training.formats.eval_result import EvalResult
 from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.health.verdict import Verdict
 from ringflow.training.formats.run_result import RunResult
-from run_folder_files import write_result
+from run_folder_files import publish_checkpoint
 
 
 def make_run(store, run_id, accuracy, *, status="succeeded", verdict="HEALTHY", step=40):
     """runs/<run_id> in `store`: a checkpoint, its result and an evaluation with this accuracy."""
     run = store.child(f"runs/{run_id}")
-    ckpt = CheckpointStore(run).save(step, {"state.pt": f"weights of {run_id}".encode()}, {})
-    write_result(run, RunResult(status=status, attempt=f"{run_id}-a1", step=step, epoch=1, world_size=2,
-                                checkpoint=ckpt if status == "succeeded" else None,
-                                verdict=Verdict(verdict, "as judged") if verdict else None))
+    attempt = RunFolder(run).claim(f"{run_id}-a1")
+    ckpt = publish_checkpoint(attempt, step, {"state.pt": f"weights of {run_id}".encode()}, {})
+    attempt.publish_result(RunResult(status=status, attempt=attempt.ref.id, step=step, epoch=1, world_size=2,
+                                     checkpoint=ckpt if status == "succeeded" else None,
+                                     verdict=Verdict(verdict, "as judged") if verdict else None).to_json())
     RunFolder(run).write_eval(EvalResult(metrics={"accuracy": accuracy, "loss": 1 - accuracy}, checkpoint=ckpt, step=step,
                                           rows=100, task="classification", evaluated_at="2026-01-01T00:00:00Z"))
     return run_id
@@ -28,14 +28,11 @@ def make_trained_run(run_folder, manifest_uri: str, steps: int, s3=None) -> str:
     (s3: the S3 settings the shards are read with)."""
     import torch
 
-    from ringflow.training.formats.checkpoint import CheckpointStore
     from ringflow.training.formats.config import ModelConfig
     from ringflow.training.rank.data import to_tensors
     from ringflow.training.formats.manifest import load_manifest
     from ringflow.training.rank.models import build_model
     from ringflow.training.core.sharding import read_partition
-    from ringflow.training.formats.run_result import RunResult
-    from run_folder_files import write_result
     from ringflow.training.rank.training_state import STATE_FILE, TrainingState
 
     manifest, shard_store = load_manifest(manifest_uri, s3=s3)
@@ -53,7 +50,8 @@ def make_trained_run(run_folder, manifest_uri: str, steps: int, s3=None) -> str:
     meta = {"step": steps, "manifest_uri": manifest_uri, "model": {"kind": "mlp", "hidden": [64, 64], "dropout": 0.0,
                                                                    "factory": None, "kwargs": {}},
             "schema": {"num_features": len(schema.features), "num_outputs": schema.num_outputs, "task": schema.task}}
-    name = CheckpointStore(run_folder).save(steps, {STATE_FILE: state.to_bytes()}, meta)
-    write_result(run_folder, RunResult(status="succeeded", attempt="a1", step=steps, epoch=1, world_size=1,
-                                      checkpoint=name))
+    attempt = RunFolder(run_folder).claim("a1")
+    name = publish_checkpoint(attempt, steps, {STATE_FILE: state.to_bytes()}, meta)
+    attempt.publish_result(RunResult(status="succeeded", attempt="a1", step=steps, epoch=1, world_size=1,
+                                     checkpoint=name).to_json())
     return name

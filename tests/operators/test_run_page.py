@@ -17,13 +17,13 @@ from ringflow.operators.links import RUN_PAGE_ROUTE, TASK_RUN_PAGE_ROUTE, run_pa
 from ringflow.training.core.registry.model_registry import ModelRegistry
 from ringflow.training.core.runs import store_layout
 from ringflow.training.core.runs.run_overview import read_overview
-from ringflow.training.formats.checkpoint import CheckpointStore
 from ringflow.training.formats.eval_result import EvalResult
 from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.formats.run_result import RunResult
 from ringflow.training.health.heartbeat import Heartbeat
 from ringflow.training.health.verdict import Verdict
 from ringflow.training.store import open_store
+from run_folder_files import publish_checkpoint
 
 DAG, RUN, GROUP = "ringflow_retrain", "manual__2026-01-01T00:00:00+00:00", "digits"
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
@@ -34,11 +34,12 @@ def _key() -> str:
 
 
 def _result(store, status="succeeded", verdict=None, **extra):
-    """result.json at the top of the run folder (the older layout: one attempt), with optional extra keys."""
-    ckpt = CheckpointStore(store).save(40, {"state.pt": b"w" * 3000}, {}) if status == "succeeded" else None
+    """An attempt's published checkpoint and result.json in the run folder, with optional extra keys."""
+    attempt = RunFolder(store).claim("rf-a1")
+    ckpt = publish_checkpoint(attempt, 40, {"state.pt": b"w" * 3000}, {}) if status == "succeeded" else None
     result = RunResult(status=status, attempt="rf-a1", step=40, epoch=2, world_size=2, checkpoint=ckpt,
                        verdict=verdict, loss=0.25)
-    store.put_bytes("result.json", json.dumps(result.to_dict() | extra).encode())
+    attempt.publish_result(json.dumps(result.to_dict() | extra).encode())
     return ckpt
 
 
@@ -49,7 +50,7 @@ def healthy(root):
                                            "2026-01-01T00:00:00Z"))
     store.put_bytes("health.png", PNG)
     older = root.child("runs/older")
-    CheckpointStore(older).save(10, {"state.pt": b"old"}, {})
+    publish_checkpoint(RunFolder(older).claim("rf-older"), 10, {"state.pt": b"old"}, {})
     ModelRegistry(root).promote("digits", run_uri=older.uri, checkpoint="ckpt-000000010",
                                 metrics={"accuracy": 0.91, "loss": 0.3})
 

@@ -28,8 +28,9 @@ The rules (after a lease: the pointer is the lease, its number the fencing token
   compare-and-swap that succeeds only while the pointer still names it. One that finds another number
   there is fenced (`Fenced`): it stops at once and writes nothing more (verdict FENCED, exit 8).
 - Readers (resume, evaluate, promote, `ringflow health`, the trigger) follow the pointer only.
-- A run folder without run.json is today's layout (checkpoints/, health.jsonl, result.json at the top),
-  read as it is; the first attempt that claims it takes its checkpoints and records over as number 0.
+- A run folder without run.json is a new one: nothing is published yet. One that holds the files of an earlier
+  ringflow at its top instead (checkpoints/, health.jsonl, result.json: the layout from before run.json, which
+  came before the first release) is refused (`RunFolderError`): start a new run (a new run_uri) and retrain.
 """
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ from .eval_result import EvalResult
 from .checkpoint import (CheckpointManifest, CheckpointStore, LoadedCheckpoint, SkippedCheckpoint,
                                                  first_loadable, older_than)
 from ..health.heartbeat import Heartbeat, read_heartbeat
-from ..health.records import HealthReader, last_seq_in, read_health_in
-from .run_layout import CHECKPOINTS, EVAL, HEALTH_PLOT, REMEDIES, REPLAY_REPORTS, RESULT
+from ..health.records import HealthReader, last_seq_in
+from .run_layout import CHECKPOINTS, EVAL, HEALTH, HEALTH_PLOT, HEALTH_SEGMENTS, REMEDIES, REPLAY_REPORTS, RESULT
 from .run_result import RunResult
 from ..store import S3Settings, open_store
 from ..store.base import ObjectNotFound, ObjectStore, PreconditionFailed, Progress, join_key
@@ -52,8 +53,6 @@ from ..store.base import ObjectNotFound, ObjectStore, PreconditionFailed, Progre
 POINTER = "run.json"
 ATTEMPTS = "attempts"
 FORMAT = "ringflow.run/v1"
-# The attempt number a today's-layout run folder's own files get when an attempt first claims it.
-LEGACY_NUMBER = 0
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +67,13 @@ class Fenced(RuntimeError):
 
 
 class RunFolderError(ValueError):
-    """run.json is not a pointer this ringflow can read."""
+    """run.json is not a pointer this ringflow can read, or the folder is an earlier ringflow's."""
 
 
 @dataclasses.dataclass(frozen=True)
 class AttemptRef:
     number: int
-    id: str | None
+    id: str
     prefix: str
     first_seq: int = 0
     last_seq: int | None = None  # the last health record visible; None: the current attempt's, all of them
@@ -105,13 +104,17 @@ class RunPointer:
             if doc.get("format") != FORMAT:
                 raise RunFolderError(f"{where} is format {doc.get('format')!r}, not {FORMAT!r}: read it with the "
                                      f"ringflow that wrote it")
-            return cls(AttemptRef(**doc["attempt"]), tuple(doc.get("checkpoints") or ()), doc.get("result"),
-                       tuple(AttemptRef(**a) for a in doc.get("history") or ()))
+            pointer = cls(AttemptRef(**doc["attempt"]), tuple(doc.get("checkpoints") or ()), doc.get("result"),
+                          tuple(AttemptRef(**a) for a in doc.get("history") or ()))
         except RunFolderError:
             raise
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise RunFolderError(f"{where} is not a ringflow run pointer ({exc!r}); restore it or start a new "
                                  f"run folder") from None
+        if any(not ref.prefix for ref in pointer.attempts):  # attempt 0: files taken over from before run.json
+            raise RunFolderError(f"{where} names the files of a run folder from before {POINTER} (attempt 0 at its "
+                                 f"top): an earlier ringflow wrote it; start a new run (a new run_uri) and retrain")
+        return pointer
 
 
 def attempt_prefix(number: int) -> str:
@@ -145,12 +148,21 @@ class RunFolder:
         return f"{self.uri.rstrip('/')}/{key}"
 
     def pointer(self) -> tuple[RunPointer | None, str | None]:
-        """(run.json, its etag), or (None, None) for a run folder of today's layout or a new one."""
+        """(run.json, its etag), or (None, None) for a new run folder; RunFolderError for an earlier
+        ringflow's (its files at the top, no run.json)."""
         try:
             raw, etag = self.store.get_bytes_tagged(POINTER)
         except ObjectNotFound:
+            self._refuse_files_without_pointer()
             return None, None
         return RunPointer.from_json(raw, f"{self.uri.rstrip('/')}/{POINTER}"), etag
+
+    def _refuse_files_without_pointer(self) -> None:
+        """RunFolderError if the folder holds what only a run folder from before run.json holds at its top."""
+        for info in self.store.list(""):
+            if info.key in (RESULT, HEALTH) or info.key.startswith((f"{CHECKPOINTS}/", HEALTH_SEGMENTS)):
+                raise RunFolderError(f"{self.uri} holds {info.key} but no {POINTER}: an earlier ringflow wrote it; "
+                                     f"start a new run (a new run_uri) and retrain")
 
     # -- attempts ---------------------------------------------------------------------------------------
 
@@ -159,21 +171,18 @@ class RunFolder:
         fenced from here on, and what its health records show now is all of them that stays visible."""
         while True:
             pointer, etag = self.pointer()
-            if pointer is None:
-                previous, checkpoints = self._legacy(), self._legacy_checkpoints()
-                history = () if previous is None else (previous,)
-            else:
-                previous, checkpoints, history = pointer.attempt, pointer.checkpoints, pointer.history
-            if previous is not None:
-                last = last_seq_in(self.store.child(previous.prefix) if previous.prefix else self.store)
+            checkpoints: tuple[str, ...] = ()
+            history: tuple[AttemptRef, ...] = ()
+            number, first_seq = 1, 0
+            if pointer is not None:
+                previous, checkpoints = pointer.attempt, pointer.checkpoints
+                last = last_seq_in(self.store.child(previous.prefix))
                 frozen = dataclasses.replace(previous, last_seq=last if last is not None else previous.first_seq - 1)
-                history = (*history[:-1], frozen) if pointer is None else (*history, frozen)
+                history = (*pointer.history, frozen)
                 number = previous.number + 1
                 first_seq = frozen.last_seq + 1
-            else:
-                number, first_seq = 1, 0
             mine = AttemptRef(number, attempt_id, attempt_prefix(number), first_seq)
-            claimed = RunPointer(mine, tuple(checkpoints), None, tuple(history))
+            claimed = RunPointer(mine, checkpoints, None, history)
             try:
                 if etag is None:
                     new_etag = self.store.put_bytes_if_absent(POINTER, claimed.to_json())
@@ -183,24 +192,12 @@ class RunFolder:
                 continue  # another attempt claimed it first: claim after it
             return Attempt(self, mine, new_etag)
 
-    def _legacy(self) -> AttemptRef | None:
-        """Today's layout's own files, as attempt 0 at the top of the folder, if there are any."""
-        if not any(True for _ in self.store.list("health.jsonl")) and not self._legacy_checkpoints():
-            return None
-        return AttemptRef(LEGACY_NUMBER, None, "", 0)
-
-    def _legacy_checkpoints(self) -> tuple[str, ...]:
-        return tuple(join_key(CHECKPOINTS, name) for name in CheckpointStore(self.store).names())
-
     def attempt_store(self, attempt_id: str) -> ObjectStore | None:
-        """Where attempt `attempt_id` writes (its latest claim), or None while it has not claimed yet.
-        Today's layout: the folder itself."""
+        """Where attempt `attempt_id` writes (its latest claim), or None while it has not claimed yet."""
         pointer, _ = self.pointer()
-        if pointer is None:
-            return self.store
-        for ref in reversed(pointer.attempts):
+        for ref in reversed(pointer.attempts if pointer is not None else ()):
             if ref.id == attempt_id:
-                return self.store.child(ref.prefix) if ref.prefix else self.store
+                return self.store.child(ref.prefix)
         return None
 
     # -- a non-finite step's replay (rank/replay_exchange.py) ---------------------------------------------
@@ -234,14 +231,12 @@ class RunFolder:
         return PublishedCheckpoints(self.store, self.pointer()[0])
 
     def visible_attempts(self) -> list[tuple[AttemptRef, ObjectStore]]:
-        """Each attempt whose health records are read, oldest first, with its store (today's layout: one)."""
+        """Each attempt whose health records are read, oldest first, with its store (none before the first)."""
         pointer, _ = self.pointer()
-        if pointer is None:
-            return [(AttemptRef(LEGACY_NUMBER, None, ""), self.store)]
-        return [(ref, self.store.child(ref.prefix) if ref.prefix else self.store) for ref in pointer.attempts]
+        return [(ref, self.store.child(ref.prefix)) for ref in (pointer.attempts if pointer is not None else ())]
 
     def current_store(self) -> ObjectStore:
-        """Where the current attempt writes (today's layout, or no attempt yet: the folder itself)."""
+        """Where the current attempt writes (no attempt yet: the folder itself, where none has written)."""
         pointer, _ = self.pointer()
         return self.store.child(pointer.attempt.prefix) if pointer is not None else self.store
 
@@ -249,8 +244,6 @@ class RunFolder:
         """The visible health records after `seq`, oldest first: of each attempt, only what lies past `seq`
         is read (each sealed segment at most once), and of a fenced attempt only up to what was visible
         when it was fenced."""
-        if seq < 0 and self.pointer()[0] is None:
-            return read_health_in(self.store)  # today's layout, whole: records from before `seq` existed too
         out: list[dict[str, Any]] = []
         for ref, store in self.visible_attempts():
             if ref.last_seq is not None and ref.last_seq <= seq:
@@ -266,15 +259,14 @@ class RunFolder:
         return out
 
     def result_key(self) -> str | None:
-        """The key of the result the current attempt published (today's layout: result.json)."""
+        """The key of the result the current attempt published; None while it has published none."""
         pointer, _ = self.pointer()
-        return RESULT if pointer is None else pointer.result
+        return None if pointer is None else pointer.result
 
     # -- what a run's readers read ----------------------------------------------------------------------
 
     def read_result(self, attempt: str | None = None) -> RunResult | None:
-        """The published result (the current attempt's, once it published one; in a folder of today's
-        layout, result.json), if `attempt` wrote it (any attempt when None); None when there is none. A
+        """The published result (the current attempt's, once it published one), if `attempt` wrote it (any attempt when None); None when there is none. A
         result that cannot be read raises ResultError (a problem to fix, not a missing result)."""
         key = self.result_key()
         if key is None:
@@ -285,11 +277,6 @@ class RunFolder:
             return None
         result = RunResult.from_json(raw, self.uri_of(key))
         return result if result.is_of(attempt) else None
-
-    def write_result(self, result: RunResult) -> None:
-        """result.json at the top of a folder of today's layout (a test's, a single-process run); an attempt
-        of a fenced run folder publishes its own with Attempt.publish_result."""
-        self.store.put_bytes(RESULT, result.to_json())
 
     def read_health(self) -> list[dict[str, Any]]:
         """All of the run's visible health records in order (records_after: each attempt's, as far as they
@@ -434,21 +421,14 @@ class Attempt:
 
 
 class PublishedCheckpoints:
-    """The checkpoints run.json lists, newest first, read like one CheckpointStore (today's layout: the
-    folder's checkpoints/). A name may exist under several attempts; the published one is meant."""
+    """The checkpoints run.json lists, newest first, read like one CheckpointStore (none before the first
+    attempt). A name may exist under several attempts; the published one is meant."""
 
     def __init__(self, store: ObjectStore, pointer: RunPointer | None):
         self.store = store
-        if pointer is None:
-            self._legacy = CheckpointStore(store, keep_last=None)
-            self._keys: tuple[str, ...] = ()
-        else:
-            self._legacy = None
-            self._keys = pointer.checkpoints
+        self._keys: tuple[str, ...] = pointer.checkpoints if pointer is not None else ()
 
     def _locate(self, name: str) -> CheckpointStore:
-        if self._legacy is not None:
-            return self._legacy
         for key in self._keys:
             prefix, _, found = key.rpartition("/")
             if found == name:
@@ -461,8 +441,6 @@ class PublishedCheckpoints:
         return self._locate(name).prefix
 
     def names(self) -> list[str]:
-        if self._legacy is not None:
-            return self._legacy.names()
         return [k.rpartition("/")[2] for k in self._keys]
 
     def read_manifest(self, name: str) -> CheckpointManifest:
@@ -478,7 +456,5 @@ class PublishedCheckpoints:
                      skipped: list[SkippedCheckpoint] | None = None, before_step: int | None = None) -> Any:
         """As CheckpointStore.latest_valid: the newest published checkpoint (before step `before_step`, when
         given) that verifies and `decode` accepts."""
-        if self._legacy is not None:
-            return self._legacy.latest_valid(progress, decode, skipped, before_step)
         return first_loadable(older_than(self.names(), before_step), lambda name: self.load(name, progress),
                               self.store.uri, decode, skipped)

@@ -1,4 +1,6 @@
-"""What a run folder (the job config's run_uri) holds. Torch-free, so Airflow code can import it.
+"""What a run folder (the job config's run_uri) holds. Torch-free, so Airflow code can import it. An attempt
+writes its own files (checkpoints, health records, heartbeat, result, replay reports) under attempts/<number>/,
+which run.json points to (run_folder.py); the Airflow tasks write theirs at the top.
 
     checkpoints/ckpt-<step>/...   checkpoint.py: files, then MANIFEST.json
     health.jsonl                  health/records.py: gradient-sync health, one record a line (the newest)

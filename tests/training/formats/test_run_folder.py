@@ -1,14 +1,15 @@
 """The run folder's fence (run_folder.py), on a local folder and on S3: each claim is a newer attempt, an
 older one can publish nothing once fenced, and readers see only what the current attempt published and
-what earlier attempts showed when they were fenced; a folder of today's layout is read as it was."""
+what earlier attempts showed when they were fenced; a folder from before run.json is refused."""
 import concurrent.futures
+import json
 
 import pytest
 
 from ringflow.training.formats.checkpoint import CheckpointStore
 from ringflow.training.health.records import HealthLog, record
-from run_folder_files import read_health, read_result, write_result
-from ringflow.training.formats.run_folder import POINTER, Fenced, RunFolder
+from run_folder_files import read_health, read_result
+from ringflow.training.formats.run_folder import POINTER, Fenced, RunFolder, RunFolderError
 from ringflow.training.formats.run_result import RunResult
 
 
@@ -86,23 +87,27 @@ def test_concurrent_claims_each_get_their_own_number(object_store):
     assert numbers == [1, 2, 3, 4]
 
 
-def test_a_folder_of_todays_layout_is_read_as_it_was_and_taken_over_as_attempt_0(object_store):
-    old = CheckpointStore(object_store)
-    old.save(10, {"state.pt": b"old"}, {"step": 10})
-    log = HealthLog(object_store, flush_seconds=0.0, attempt="old")
-    for step in (1, 2):
-        log.append(record("step", step=step), force_flush=True)
-    write_result(object_store, result("old", 10))
+@pytest.mark.parametrize("key", ["result.json", "health.jsonl", "health/000000.jsonl",
+                                 "checkpoints/ckpt-000000010/MANIFEST.json"])
+def test_a_folder_from_before_run_json_is_refused_saying_to_start_a_new_run(object_store, key):
+    """Its files at the top and no run.json (an earlier ringflow's layout, before the first release): neither
+    read nor claimed."""
+    object_store.put_bytes(key, b"{}")
     folder = RunFolder(object_store)
-    assert folder.checkpoints().names() == ["ckpt-000000010"] and read_result(object_store).attempt == "old"
-    assert [r["step"] for r in read_health(object_store)] == [1, 2]
-    attempt = folder.claim("t1")
-    assert attempt.number == 1 and attempt.ref.first_seq == 2
-    assert folder.checkpoints().latest_valid().files["state.pt"] == b"old"
-    assert read_result(object_store) is None  # the new attempt has published none yet
-    records(attempt, 3)
-    assert [r["step"] for r in read_health(object_store)] == [1, 2, 3]
-    assert object_store.exists(POINTER)
+    for call in (folder.read_result, folder.read_health, lambda: folder.checkpoints().names(),
+                 lambda: folder.claim("t1")):
+        with pytest.raises(RunFolderError, match=rf"holds {key} but no run.json: an earlier ringflow wrote it; start "
+                                                 rf"a new run \(a new run_uri\) and retrain"):
+            call()
+    assert not object_store.exists(POINTER)
+
+
+def test_a_pointer_that_took_over_a_folder_from_before_run_json_is_refused(object_store):
+    doc = json.loads(RunFolder(object_store).claim("t1").folder.store.get_bytes(POINTER))
+    doc["history"] = [{"number": 0, "id": None, "prefix": "", "first_seq": 0, "last_seq": 1}]
+    object_store.put_bytes(POINTER, json.dumps(doc).encode())
+    with pytest.raises(RunFolderError, match="names the files of a run folder from before run.json.*start a new run"):
+        RunFolder(object_store).read_result()
 
 
 def test_a_resume_before_a_step_takes_the_newest_checkpoint_before_it(object_store):

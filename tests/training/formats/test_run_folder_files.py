@@ -28,7 +28,7 @@ def test_a_new_folder_has_nothing_to_read(object_store):
 
 def test_the_published_result_of_the_current_attempt(object_store):
     run = RunFolder(object_store)
-    run.write_result(result("t0"))  # a folder of today's layout: result.json at the top
+    run.claim("t0").publish_result(result("t0").to_json())
     assert run.read_result() == result("t0") and run.read_result("t0") == result("t0")
     assert run.read_result("t1") is None  # another attempt's result is not this attempt's
     attempt = run.claim("t1")
@@ -38,7 +38,8 @@ def test_the_published_result_of_the_current_attempt(object_store):
 
 
 def test_an_unreadable_result_is_a_problem_to_fix_not_a_missing_one(object_store):
-    object_store.put_bytes("result.json", b"{not json")
+    attempt = RunFolder(object_store).claim("t1")
+    attempt.publish_result(b"{not json")
     with pytest.raises(ResultError, match="result.json is not JSON"):
         RunFolder(object_store).read_result()
 

@@ -6,6 +6,7 @@ import pytest
 
 from ringflow.training.formats import exit_codes
 from ringflow.training.health.verdict import Verdict
+from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.formats.run_result import FORMAT, ResultError, RunResult
 from run_folder_files import read_result, write_result
 from ringflow.training.store import LocalFolderStore
@@ -79,7 +80,7 @@ def test_a_reader_gets_only_its_own_attempt(tmp_path):
 ])
 def test_unreadable_results_say_so(tmp_path, raw, says):
     store = LocalFolderStore(tmp_path)
-    store.put_bytes("result.json", raw)
+    RunFolder(store).claim("a2").publish_result(raw)
     with pytest.raises(ResultError, match=says):
         read_result(store)
 

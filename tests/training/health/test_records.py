@@ -1,6 +1,5 @@
 """health.jsonl and its sealed segments: bounded rewrites, nothing lost or doubled, resume continues."""
-from ringflow.training.health.records import HealthLog, HealthReader, record
-from run_folder_files import read_health
+from ringflow.training.health.records import HealthLog, HealthReader, read_health_in, record
 from ringflow.training.formats.run_layout import HEALTH
 from ringflow.training.store import LocalFolderStore
 
@@ -16,7 +15,7 @@ def test_long_run_seals_segments_and_reads_back_in_order(tmp_path):
         health.append(record("step", step=step))
     assert sorted(i.key for i in store.list("health/")) == ["health/000000.jsonl", "health/000001.jsonl"]
     assert len(store.get_bytes(HEALTH).splitlines()) == 2  # the rewrite stays bounded
-    records = read_health(store)
+    records = read_health_in(store)
     assert [r["step"] for r in records] == list(range(8)) and [r["seq"] for r in records] == list(range(8))
 
 
@@ -30,13 +29,13 @@ def test_large_records_seal_by_size_before_the_line_count(tmp_path):
     segments = sorted(i.key for i in store.list("health/"))
     assert len(segments) == 2 and all(len(store.get_bytes(k)) <= 4_000 + 1_200 for k in segments)
     assert len(store.get_bytes(HEALTH)) < 4_000
-    assert [r["step"] for r in read_health(store)] == list(range(10))
+    assert [r["step"] for r in read_health_in(store)] == list(range(10))
     # A resumed log counts the bytes already in health.jsonl.
     resumed = log(store, segment_lines=1_000, segment_bytes=4_000)
     for step in range(10, 13):
         resumed.append(record("step", step=step, step_time=wide))
     assert len(sorted(i.key for i in store.list("health/"))) == 3
-    assert [r["step"] for r in read_health(store)] == list(range(13))
+    assert [r["step"] for r in read_health_in(store)] == list(range(13))
 
 
 def test_resumed_run_continues_after_the_records_of_the_attempts_before(tmp_path):
@@ -47,7 +46,7 @@ def test_resumed_run_continues_after_the_records_of_the_attempts_before(tmp_path
     second = log(store)
     second.append(record("start"))
     second.append(record("step", step=6))
-    records = read_health(store)
+    records = read_health_in(store)
     assert [r["seq"] for r in records] == list(range(8)) and records[6]["type"] == "start"
 
 
@@ -58,13 +57,13 @@ def test_read_health_between_seal_and_restart_sees_each_record_once(tmp_path):
         health.append(record("step", step=step))
     sealed = store.get_bytes("health/000000.jsonl")
     store.put_bytes(HEALTH, sealed)  # as a reader sees it when health.jsonl has not started over yet
-    assert [r["step"] for r in read_health(store)] == [0, 1, 2]
+    assert [r["step"] for r in read_health_in(store)] == [0, 1, 2]
 
 
 def test_rank_without_the_log_writes_nothing(tmp_path):
     store = LocalFolderStore(str(tmp_path))
     log(store, enabled=False).append(record("step", step=1), force_flush=True)
-    assert read_health(store) == [] and not list(store.list())
+    assert read_health_in(store) == [] and not list(store.list())
 
 
 class CountingStore(LocalFolderStore):
@@ -83,7 +82,7 @@ def test_records_carry_their_attempt(tmp_path):
     store = LocalFolderStore(str(tmp_path))
     log(store, attempt="a1").append(record("start"))
     log(store, attempt="a2").append(record("start"))
-    assert [r["attempt"] for r in read_health(store)] == ["a1", "a2"]
+    assert [r["attempt"] for r in read_health_in(store)] == ["a1", "a2"]
 
 
 def test_reader_returns_each_record_once_and_reads_each_segment_once(tmp_path):
@@ -98,7 +97,7 @@ def test_reader_returns_each_record_once_and_reads_each_segment_once(tmp_path):
             # health.jsonl, the segments sealed since the last poll, and one probe for the next segment
             assert len(store.reads) <= 2 + 2, store.reads
     seen += reader.poll(store)
-    assert [r["step"] for r in seen] == list(range(20)) == [r["step"] for r in read_health(store)]
+    assert [r["step"] for r in seen] == list(range(20)) == [r["step"] for r in read_health_in(store)]
     store.reads.clear()
     assert reader.poll(store) == [] and store.reads == [HEALTH, "health/000006.jsonl"]
 

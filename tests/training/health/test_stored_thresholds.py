@@ -4,13 +4,14 @@ import json
 import pytest
 
 from ringflow.training.core import cli
+from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.health.records import HealthLog, record
 from ringflow.training.store import LocalFolderStore
 
 
 def straggling_run(path, health):
     """Rank 1 computes 1.7x slower than rank 0 in every step: DEGRADED by the default ratio (1.5)."""
-    log = HealthLog(LocalFolderStore(str(path)), flush_seconds=0.0, attempt="a1")
+    log = HealthLog(RunFolder(LocalFolderStore(str(path))).claim("a1").store, flush_seconds=0.0, attempt="a1")
     if health is not None:
         log.append(record("start", step=0, health=health))
     for n in range(1, 21):

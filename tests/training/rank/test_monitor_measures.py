@@ -99,9 +99,9 @@ def test_a_checksum_does_not_wait_for_the_step_gather_started_at_its_own_step(tm
     monitor.collect()
     assert engine.waited[-1] == "ringflow.health.checksum"
     monitor._log.flush(force=True)
-    from run_folder_files import read_health
+    from ringflow.training.health.records import read_health_in
 
-    assert [(r["type"], r["step"]) for r in read_health(monitor._log._store)] == [
+    assert [(r["type"], r["step"]) for r in read_health_in(monitor._log._store)] == [
         ("step", 50), ("checksum", 50), ("step", 60), ("checksum", 75)]
 
 

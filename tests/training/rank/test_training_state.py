@@ -176,8 +176,7 @@ def _decode(loaded):
     return loaded, TrainingState.from_bytes(loaded.files[STATE_FILE], loaded.manifest.name)
 
 
-@pytest.mark.parametrize("published", [False, True], ids=["today's layout", "run.json"])
-def test_a_resume_skips_an_unsafe_newest_checkpoint_like_a_corrupt_one_and_records_why(tmp_path, published):
+def test_a_resume_skips_an_unsafe_newest_checkpoint_like_a_corrupt_one_and_records_why(tmp_path):
     """The newest safe checkpoint is used; the planted one is skipped, runs nothing, and is named with its
     reason, as a corrupt one is (what the worker puts in the result's skipped_checkpoints)."""
     from ringflow.training.formats.checkpoint import CheckpointWarning
@@ -185,15 +184,10 @@ def test_a_resume_skips_an_unsafe_newest_checkpoint_like_a_corrupt_one_and_recor
     from ringflow.training.formats.run_result import RunResult
 
     store, marker = LocalFolderStore(tmp_path / "run"), tmp_path / "pwned"
-    if published:
-        attempt = RunFolder(store).claim("a1")
-        checkpoints = CheckpointStore(attempt.store, keep_last=None)
-    else:
-        checkpoints = CheckpointStore(store, keep_last=None)
+    attempt = RunFolder(store).claim("a1")
+    checkpoints = CheckpointStore(attempt.store, keep_last=None)
     for step, data in ((10, _real_state().to_bytes()), (20, b"not a torch file"), (30, _planted_state(marker))):
-        name = checkpoints.save(step, {STATE_FILE: data}, {})
-        if published:
-            attempt.publish_checkpoint(name, keep_last=None)
+        attempt.publish_checkpoint(checkpoints.save(step, {STATE_FILE: data}, {}), keep_last=None)
     skipped = []
     with pytest.warns(CheckpointWarning):
         loaded, state = RunFolder(store).checkpoints().latest_valid(decode=_decode, skipped=skipped)

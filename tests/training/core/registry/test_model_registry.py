@@ -1,5 +1,5 @@
 """ModelRegistry against both stores (the `object_store` fixture: a local folder, and S3 on moto,
-marked slow). Checkpoints are written with CheckpointStore.save directly: no torch needed.
+marked slow). Checkpoints are written with CheckpointStore.save under a run folder's attempt: no torch needed.
 
 Concurrency is tested two ways: exact interleavings in one process (`Interleave` runs another
 promotion or rollback at a chosen point of this one), and many promoter processes released at once
@@ -12,10 +12,12 @@ import json
 
 import pytest
 from promotion_race import race
+from run_folder_files import current_attempt, publish_checkpoint
 
-from ringflow.training.formats.checkpoint import CheckpointCorrupt, CheckpointStore
+from ringflow.training.formats.checkpoint import CheckpointCorrupt
 from ringflow.training.core.registry.model_registry import (ModelRegistry, Pointer, ProductionMoved, RegistryError,
                                                        run_key_in)
+from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.store import LocalFolderStore, ObjectNotFound
 from ringflow.training.store.base import join_key
 
@@ -27,10 +29,15 @@ def run_in(store, run=RUN) -> str:
     return f"{store.uri.rstrip('/')}/{run}"
 
 
+# Where a run folder's one attempt writes its checkpoints (run_folder.py).
+CHECKPOINTS = "attempts/000001/checkpoints"
+
+
 def save_checkpoint(store, step, run=RUN, payload=b"weights"):
-    ckpts = CheckpointStore(store.child(run), keep_last=None)
-    return ckpts.save(step, {"state.pt": payload + str(step).encode(), "optim.pt": b"optim-%d" % step},
-                      {"epoch": step // 10})
+    """A checkpoint published in run folder `run` by its one attempt; its name."""
+    return publish_checkpoint(current_attempt(store.child(run)), step,
+                              {"state.pt": payload + str(step).encode(), "optim.pt": b"optim-%d" % step},
+                              {"epoch": step // 10})
 
 
 @pytest.fixture
@@ -113,14 +120,14 @@ def test_first_promotion_copies_the_checkpoint_and_sets_the_pointer(registry, ob
     assert object_store.get_bytes("models/digits/v1/optim.pt") == b"optim-40"
 
     pointer = json.loads(object_store.get_bytes("models/digits/production.json"))
-    manifest = CheckpointStore(object_store.child(RUN)).read_manifest(ckpt)
+    manifest = RunFolder(object_store.child(RUN)).checkpoints().read_manifest(ckpt)
     assert pointer["version"] == 1 and pointer["previous"] is None
     assert pointer["sha256"] == {f: e.sha256 for f, e in manifest.files.items()}
     assert pointer["checkpoint"] == ckpt and pointer["metrics"] == {"accuracy": 0.9}
     assert pointer["run_uri"] == run_in(object_store) and pointer["promoted_at"]
 
     model = registry.model_info("digits", 1)
-    assert model["source"]["keys"]["state.pt"] == f"{RUN}/checkpoints/{ckpt}/state.pt"
+    assert model["source"]["keys"]["state.pt"] == f"{RUN}/{CHECKPOINTS}/{ckpt}/state.pt"
     assert model["source"]["step"] == 40 and model["checkpoint_meta"] == {"epoch": 4}
 
 
@@ -130,11 +137,11 @@ def test_promotion_copies_server_side_without_moving_bytes_through_the_worker(re
     registry.promote("digits", run_uri=run_in(object_store), checkpoint=ckpt, metrics={"accuracy": 0.9})
 
     root = object_store.uri
-    sources = {f"{root}/{RUN}/checkpoints/{ckpt}/{f}" for f in ("state.pt", "optim.pt")}
+    sources = {f"{root}/{RUN}/{CHECKPOINTS}/{ckpt}/{f}" for f in ("state.pt", "optim.pt")}
     targets = {f"{root}/models/digits/v1/{f}" for f in ("state.pt", "optim.pt")}
     # Every file went by server-side copy, from the checkpoint to the version folder...
     assert {tuple(c) for c in spy.calls["copy"]} == {
-        (f"{root}/{RUN}/checkpoints/{ckpt}/{f}", f"{root}/models/digits/v1/{f}") for f in ("state.pt", "optim.pt")}
+        (f"{root}/{RUN}/{CHECKPOINTS}/{ckpt}/{f}", f"{root}/models/digits/v1/{f}") for f in ("state.pt", "optim.pt")}
     # ...no checkpoint file was downloaded and no model file uploaded by this process...
     assert not sources & set(spy.calls["get_bytes"] + spy.calls["get_file"])
     assert not targets & set(spy.calls["put_bytes"] + spy.calls["put_file"])
@@ -185,7 +192,7 @@ def test_promoting_an_existing_version_after_a_rollback_points_at_it_again(regis
 def test_a_tampered_checkpoint_is_refused_and_production_is_unchanged(registry, object_store, tamper):
     registry.promote("digits", run_uri=run_in(object_store), checkpoint=save_checkpoint(object_store, 40), metrics={})
     ckpt = save_checkpoint(object_store, 80)
-    key = f"{RUN}/checkpoints/{ckpt}/state.pt"
+    key = f"{RUN}/{CHECKPOINTS}/{ckpt}/state.pt"
     if tamper == "missing":
         object_store.delete(key)
     else:
@@ -381,7 +388,7 @@ def test_a_promoter_never_writes_or_cleans_up_another_promoters_version(registry
     (a false CheckpointCorrupt) and its clean-up deleted the other's state.pt."""
     a, b = save_checkpoint(object_store, 10), save_checkpoint(object_store, 20)
     if second_checkpoint == "tampered":
-        object_store.put_bytes(f"{RUN}/checkpoints/{b}/state.pt", b"WEIGHTS20")
+        object_store.put_bytes(f"{RUN}/{CHECKPOINTS}/{b}/state.pt", b"WEIGHTS20")
     landed = {}
     # A's whole promotion runs while B is between its claim and its first copy.
     racing = Interleave(object_store, "copy", "", lambda: landed.update(a=registry.promote(
@@ -441,7 +448,7 @@ def test_promotion_from_another_store_goes_through_the_worker(registry, object_s
                                  source_store=elsewhere)
     assert promotion.version == 1
     assert object_store.get_bytes("models/digits/v1/state.pt") == b"weights40"
-    elsewhere.put_bytes(join_key(RUN, "checkpoints", save_checkpoint(elsewhere, 50), "optim.pt"), b"tampered")
+    elsewhere.put_bytes(join_key(RUN, CHECKPOINTS, save_checkpoint(elsewhere, 50), "optim.pt"), b"tampered")
     with pytest.raises(CheckpointCorrupt):
         registry.promote("digits", run_uri=run_in(elsewhere), checkpoint="ckpt-000000050", metrics={},
                          source_store=elsewhere)

@@ -6,6 +6,7 @@ import pytest
 
 from ringflow.training.health.heartbeat import ATTEMPT_LINE, Heartbeat
 from ringflow.training.health.records import HealthLog, record
+from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.formats.run_layout import HEARTBEAT
 from ringflow.training.core.runs.health_watch import HealthWatch, read_verdict
 from ringflow.training.store import LocalFolderStore
@@ -14,22 +15,28 @@ HEALTH = {"stall_seconds": 30, "window_steps": 5}
 
 
 class Run:
-    """A run folder written the way rank 0 writes it: records of one attempt after another, a heartbeat."""
+    """A run folder written the way rank 0 writes it: each attempt claims the folder, then writes its records
+    and its heartbeat under its own prefix."""
 
     def __init__(self, path):
         self.uri = str(path)
         self.store = LocalFolderStore(self.uri)
+        self._attempts = {}  # attempt id -> (its claim, its health log)
 
     def attempt(self, attempt, *records, segment_lines=2_000):
-        log = HealthLog(self.store, flush_seconds=0.0, attempt=attempt, segment_lines=segment_lines)
+        if attempt not in self._attempts:
+            claim = RunFolder(self.store).claim(attempt)
+            self._attempts[attempt] = claim, HealthLog(claim.store, flush_seconds=0.0, attempt=attempt,
+                                                       segment_lines=segment_lines, first_seq=claim.ref.first_seq)
+        log = self._attempts[attempt][1]
         for rec in records:
             log.append(rec)
         return log
 
     def beat(self, attempt, seq, silent, step=5, state="running", at=None, write_seconds=0.0):
         at = time.time() if at is None else at
-        self.store.put_bytes(HEARTBEAT, Heartbeat(attempt, seq, at, step, silent, at - silent, state,
-                                                  write_seconds=write_seconds).to_json())
+        self._attempts[attempt][0].store.put_bytes(HEARTBEAT, Heartbeat(attempt, seq, at, step, silent, at - silent,
+                                                                        state, write_seconds=write_seconds).to_json())
 
 
 def steps(first, last):
@@ -122,8 +129,9 @@ def test_a_poll_reads_only_what_is_new(tmp_path, monkeypatch):
     monkeypatch.setattr(LocalFolderStore, "get_bytes", lambda self, key: reads.append(key) or real(self, key))
     watch = HealthWatch(run.store, HEALTH, attempt="a1")
     assert watch.poll(None, None)["evidence"]["steps_measured"] == 500
-    # run.json (which attempt writes where), health.jsonl, every segment once, a probe, heartbeat.json
-    assert len(reads) == 1 + 1 + 10 + 1 + 1
+    # run.json twice (the current attempt, then where the watched one writes), health.jsonl, every segment
+    # once, a probe, heartbeat.json
+    assert len(reads) == 2 + 1 + 10 + 1 + 1
     for n in range(501, 521):
         log.append(steps(n, n)[0])
         reads.clear()

@@ -12,7 +12,8 @@ from ringflow.training.core.tracking.mlflow_runs import records_after
 @pytest.fixture
 def run_folder(tmp_path):
     store = LocalFolderStore(str(tmp_path))
-    log = HealthLog(store, flush_seconds=0, segment_lines=4, attempt="a1")  # 10 records: 2 sealed segments
+    log = HealthLog(RunFolder(store).claim("a1").store, flush_seconds=0, segment_lines=4,
+                    attempt="a1")  # 10 records: 2 sealed segments
     for step in range(10):
         log.append(record("step", step=step), force_flush=True)
     return RunFolder(store)
