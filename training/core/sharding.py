@@ -1,4 +1,4 @@
-"""Split a dataset into per-worker partitions of whole minibatches plus an eval split (manifest.py's format),
+"""Split a dataset into partitions of whole minibatches plus an eval split (manifest.py's format),
 streaming: memory stays that of a few record batches and one spill bucket, whatever the dataset's size.
 
 The shuffle is exact and deterministic without holding the rows: `shuffled_positions` maps every row number to

@@ -1,4 +1,4 @@
-"""A partition file's index for the manifest (v3): the byte range of each Parquet row group and of the
+"""A partition file's index for the manifest: the byte range of each Parquet row group and of the
 footer, each with its sha256.
 
 Why: a rank streams its partition from the store one row group at a time (partition_stream.py). A hash of

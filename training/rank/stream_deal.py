@@ -1,4 +1,4 @@
-"""The global sample cursor of a world-size-free shard (a v4 manifest): what of an epoch is still unseen, and
+"""The global sample cursor of the shards (manifest.py): what of an epoch is still unseen, and
 how it is dealt to however many workers there are now. Pure functions of numbers: no store, no torch.
 
 An epoch is one stream of positions 0..N-1 (partition_batches.epoch_windows orders the rows of every file
