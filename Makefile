@@ -18,7 +18,7 @@ test: setup
 	RINGFLOW_UI_SCREENSHOTS=$(CURDIR)/test-output/ui PY=$(PY) scripts/test.sh
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m pure
 
 bench: setup
 	$(PY) -m bench.throughput

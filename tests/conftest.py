@@ -21,6 +21,35 @@ import uuid
 
 import pytest
 
+import tiers
+
+
+def pytest_configure(config):
+    tiers.register(config)
+    # croniter (Airflow's cron timetables) runs `file` on the interpreter when first imported, to learn its word
+    # size: imported here, once, so that probe is the session's and not the first pure test's process.
+    import croniter  # noqa: F401
+    # Likewise the platform module asks `uname -p` once for the processor (MLflow's environment records it).
+    import platform
+
+    platform.processor()
+
+
+def pytest_collection_modifyitems(config, items):
+    tiers.assign(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with tiers.guard(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with tiers.guard(item):
+        return (yield)
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -158,7 +187,7 @@ def mlflow_server(tmp_path_factory, s3_server):
         yield server
 
 
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.job)])
 def object_store(request, tmp_path):
     """An empty store of each kind. The S3 one sits under a prefix of a fresh bucket, so keys are
     always relative to a store root that is not the bucket root."""

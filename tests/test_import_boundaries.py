@@ -118,6 +118,7 @@ def test_only_the_tensorflow_rank_modules_need_tensorflow():
         "ringflow.training.rank.tf_models", "ringflow.training.rank.tf_optimizers"]
 
 
+@pytest.mark.job
 def test_the_tensorflow_rank_never_imports_torch(tf_python):
     """The TF venv has no torch: every module a TensorFlow rank imports is torch-free (run in that venv)."""
     names = ["ringflow.training.rank.tensorflow_worker", "ringflow.training.rank.engines.tensorflow",
@@ -130,6 +131,7 @@ def test_the_tensorflow_rank_never_imports_torch(tf_python):
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.job
 def test_a_torch_rank_never_imports_pandas_or_the_data_checks():
     """Every job starts a Python per rank: what a rank imports, each rank pays for at every start. Its shards
     are read with pyarrow alone (formats/tensor_columns.py), so pandas and Great Expectations stay out."""
@@ -137,10 +139,12 @@ def test_a_torch_rank_never_imports_pandas_or_the_data_checks():
     assert imported_after(names, ("pandas", "great_expectations", "airflow")) == []
 
 
+@pytest.mark.job
 def test_training_never_imports_airflow():
     assert imported_after(airflow_venv_modules(), ("airflow",)) == []
 
 
+@pytest.mark.job
 def test_training_never_imports_the_airflow_adapters():
     code = ("import importlib, sys\n"
             f"for name in {airflow_venv_modules()!r}: importlib.import_module(name)\n"
@@ -153,17 +157,19 @@ def test_training_never_imports_the_airflow_adapters():
 CORE = (ringflow.training.core.runs, ringflow.training.core.registry, ringflow.training.core.backends)
 
 
+@pytest.mark.job
 @pytest.mark.parametrize("package", CORE, ids=lambda p: p.__name__)
 def test_the_core_never_imports_airflow_torch_or_horovod_at_import_time(package):
     """The CLI and the operators both use the core: it must import without either side's heavy stack."""
     assert imported_after(modules(package), ("airflow", "torch", "horovod")) == []
 
 
+@pytest.mark.job
 def test_operators_never_import_torch_or_horovod_at_import_time():
     assert imported_after(modules(ringflow.operators), ("torch", "horovod")) == []
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_wheel_installs_only_under_ringflow(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(ROOT), "-w", str(tmp_path)],
                    check=True, capture_output=True, timeout=600)
@@ -177,6 +183,7 @@ def test_wheel_installs_only_under_ringflow(tmp_path):
             "ringflow/training/formats/config.py"} <= set(names)
 
 
+@pytest.mark.job
 def test_mlflow_is_imported_only_when_a_pipeline_is_given_an_mlflow_connection():
     """MLflow is optional: the operators, the tracking package and a DAG built with the pipeline factory (no
     mlflow_conn_id) never import it."""
@@ -197,6 +204,7 @@ def test_mlflow_is_imported_only_when_a_pipeline_is_given_an_mlflow_connection()
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
+@pytest.mark.job
 def test_parsing_a_dag_loads_no_data_stack():
     """The scheduler parses DAG files over and over: the pipeline factory must not load pandas, numpy, pyarrow
     or Great Expectations (the validate operator imports the core's engine when its task runs)."""

@@ -9,7 +9,7 @@ import pytest
 
 from memory_cgroup import CgroupUnavailable, memory_cgroup
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 ALLOCATE = "import sys; data = bytearray(int(sys.argv[1]) * 2**20); data[::4096] = b'x' * len(data[::4096])"
 

@@ -15,7 +15,7 @@ import pathlib
 import pytest
 from real_airflow import running_airflow
 
-pytestmark = [pytest.mark.slow, pytest.mark.background, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.service, pytest.mark.background, pytest.mark.timeout(1500)]
 
 DAG_ID = "ringflow_retrain_approved"
 TIMEOUT_DAG_ID = "ringflow_approval_times_out"

@@ -9,7 +9,7 @@ import json
 import pytest
 from real_airflow import running_airflow
 
-pytestmark = [pytest.mark.slow, pytest.mark.background, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.service, pytest.mark.background, pytest.mark.timeout(900)]
 
 DAG_ID = "ringflow_retrain_on_asset"
 

@@ -37,6 +37,7 @@ def test_each_pipeline_is_a_chain(dagbag):
     assert dag.get_task("digits.validate").upstream_task_ids == set()
 
 
+@pytest.mark.job
 def test_dag_files_import_neither_torch_nor_great_expectations(dags_env):
     """The scheduler parses DAG files over and over: heavy libraries load only when a task runs."""
     import os

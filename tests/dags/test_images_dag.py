@@ -12,7 +12,7 @@ from ringflow.training.formats.manifest import FORMAT
 from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.store import LocalFolderStore
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(420)]
 
 DAG_ID = "ringflow_images"
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(420)]
 
 CONN_ID = "ringflow_mlflow"
 

@@ -12,7 +12,7 @@ import pytest
 from run_folder_files import read_result
 from ringflow.training.store import LocalFolderStore
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(420)]
 
 DAG_ID = "ringflow_retrain"
 STEPS = ["validate", "shard", "train", "evaluate", "promote"]

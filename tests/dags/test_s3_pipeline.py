@@ -28,7 +28,7 @@ from ringflow.training.formats.run_folder import RunFolder
 from run_folder_files import read_result
 from ringflow.training.store import open_store
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.job, pytest.mark.timeout(600)]
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DAG_ID = "ringflow_retrain"
@@ -180,6 +180,7 @@ def test_scoped_user_reaches_its_bucket_only(s3_server_with_auth):
             call()
 
 
+@pytest.mark.pipeline
 def test_pipeline_script_promotes_through_s3_with_the_connection_only(s3_server_with_auth, clean_env, tmp_path):
     """scripts/run-pipeline.sh as a team runs it, on a fresh AIRFLOW_HOME, with an s3:// store."""
     server = s3_server_with_auth
@@ -264,6 +265,7 @@ def run_dag(dag, conf: dict):
     return dr, tis
 
 
+@pytest.mark.pipeline
 def test_transient_s3_faults_are_retried_and_lose_nothing(proxied_store, s3_server_with_auth, capfd):
     from ringflow.training.core.registry.model_registry import ModelRegistry
     from ringflow.training.store import open_store
@@ -317,6 +319,7 @@ def test_transient_s3_faults_are_retried_and_lose_nothing(proxied_store, s3_serv
     assert files_holding(home, secret) == []
 
 
+@pytest.mark.pipeline
 def test_checkpoint_upload_failing_for_good_resumes_from_the_previous_checkpoint(proxied_store, s3_server_with_auth,
                                                                                  tmp_path, capfd):
     """Every attempt to upload ckpt-40 fails while the first job runs: that job stops with STORE_UNAVAILABLE

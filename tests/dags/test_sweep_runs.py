@@ -12,7 +12,7 @@ from run_folder_files import read_result
 from ringflow.training.core.runs import store_layout
 from ringflow.training.store import LocalFolderStore
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.pipeline, pytest.mark.timeout(600)]
 
 DAG_ID = "ringflow_sweep"
 GROUP = "digits.candidate"

@@ -161,6 +161,7 @@ def test_training_image_matches_the_mpijob_manifest():
         assert f"{var}=" in env
 
 
+@pytest.mark.job
 def test_airflow_image_installs_ringflow_with_cpu_torch_only():
     runs = " ".join(rest for keyword, rest in instructions("airflow.Dockerfile") if keyword == "RUN")
     assert "pip install --no-deps /opt/ringflow" in runs
@@ -234,6 +235,7 @@ def test_the_ca_bundle_is_a_build_secret_and_never_in_the_image():
         "--from=build /opt/venv /opt/venv", "--from=build /opt/tensorflow /opt/tensorflow"]
 
 
+@pytest.mark.job
 def test_the_training_image_has_the_tensorflow_venv_the_trainjob_settings_name():
     from ringflow.training.core.backends.kubernetes.settings import TrainJobSettings
 
@@ -297,7 +299,7 @@ def test_the_gpu_variant_builds_horovod_with_nccl_on_a_pinned_cuda_base():
     assert horovod.rfind('if [ "${GPU}" = "1" ]', 0, check) > horovod.index("horovodrun --check-build")
 
 
-@pytest.mark.slow  # runs the script (no network: PYTHON=false stops it before any download)
+@pytest.mark.job  # runs the script (no network: PYTHON=false stops it before any download)
 @pytest.mark.parametrize("note, gpu_ops, reused", [
     (None, "", True),            # a CPU wheel (the wheelhouse's, or one from before notes were kept)
     (None, "NCCL", False),       # a GPU build never takes a CPU wheel

@@ -8,7 +8,7 @@ import pytest
 
 from hosts import Cluster, sh
 
-pytestmark = [pytest.mark.slow, pytest.mark.background]
+pytestmark = [pytest.mark.service, pytest.mark.background]
 
 
 def _namespaces() -> set[str]:

@@ -27,7 +27,7 @@ import mpi_operator as op
 from hosts import STORE_MOUNT, Cluster
 from mpijob_hosts import MPIJobOnHosts, write_json
 
-pytestmark = [pytest.mark.slow, pytest.mark.background]
+pytestmark = [pytest.mark.service, pytest.mark.background]
 
 JOB = "rf-multihost"
 NAMESPACE = "ringflow"

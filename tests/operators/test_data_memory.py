@@ -18,7 +18,7 @@ import pytest
 
 from memory_cgroup import CgroupUnavailable, memory_cgroup  # tests/ is on sys.path (its conftest.py)
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 LIMIT = 512 * 2**20
 ROWS, FEATURES, ROW_GROUPS = 1_000_000, 64, 2

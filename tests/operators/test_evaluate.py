@@ -60,7 +60,7 @@ def test_template_fields():
     assert set(EvaluateModelOperator.template_fields) == {"run_uri", "checkpoint", "conn_id"}
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_s3_run_is_read_with_the_connection_settings_alone(s3_server, s3_connection, tmp_path):
     from ringflow.operators.connections import open_store_for, s3_settings_from_connection
 

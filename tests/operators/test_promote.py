@@ -111,7 +111,7 @@ def test_rollback_operator(local):
     assert pointer["version"] == 2
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_promote_and_rollback_on_s3_with_the_connection_from_the_environment(s3_server, s3_connection):
     bucket = s3_server.new_bucket()
     store = S3Store.from_settings(bucket, "ml", s3_server.settings())
@@ -205,7 +205,7 @@ def test_a_rollback_task_fails_rather_than_roll_back_a_version_that_landed_meanw
 ACCURACIES = [0.83, 0.87, 0.81, 0.90, 0.85, 0.88, 0.80, 0.86]  # in the order the runs are listed
 
 
-@pytest.mark.slow
+@pytest.mark.job
 @pytest.mark.parametrize("kind", ["local", "s3"])
 def test_many_promote_tasks_at_once_keep_the_best_and_an_explainable_history(kind, request, tmp_path):
     if kind == "local":

@@ -120,7 +120,7 @@ def assert_healthy_and_promoted(out: dict, promoted: dict, remedy: str, verdict:
     assert promoted["checkpoint"] == out["checkpoint"]
 
 
-@pytest.mark.slow
+@pytest.mark.pipeline
 @pytest.mark.background  # mostly waits (1 s syncs, a held store): beside the main lane (scripts/test.sh)
 @pytest.mark.timeout(600)
 def test_a_sync_bound_try_is_retried_with_wider_buckets_and_promoted(tmp_path, digits_manifest, proxied_bucket):
@@ -150,7 +150,7 @@ def test_a_sync_bound_try_is_retried_with_wider_buckets_and_promoted(tmp_path, d
                                 RemedyName.WIDER_BUCKETS, "DEGRADED/sync_share")
 
 
-@pytest.mark.slow
+@pytest.mark.pipeline
 @pytest.mark.background  # mostly waits (1 s syncs, a held store): beside the main lane (scripts/test.sh)
 @pytest.mark.timeout(600)
 def test_a_store_outage_waits_deferred_then_launches_and_promotes(tmp_path, digits_manifest, proxied_bucket):

@@ -178,7 +178,7 @@ def test_an_s3_store_without_the_api_servers_connection_says_what_to_define(clie
     assert "the API server cannot open it" in page.text and "AIRFLOW_CONN_RINGFLOW_S3" in page.text
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_an_s3_run_is_read_through_the_api_servers_connection(s3_server, s3_connection, client, monkeypatch):
     from ringflow.operators.connections import open_store_for
 

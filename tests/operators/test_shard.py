@@ -87,7 +87,7 @@ def test_bad_requests_fail_with_what_to_change(tmp_path, kwargs, error):
     assert not (tmp_path / "shards").exists() or not any((tmp_path / "shards").rglob("manifest.json"))
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_s3_through_the_airflow_connection(s3_server, s3_connection, tmp_path):
     from ringflow.training.formats.datasets import load_builtin
 

@@ -109,7 +109,7 @@ def candidates(tmp_path_factory, digits_manifest, mlflow_server):
     return store, trained, evaluated
 
 
-@pytest.mark.slow
+@pytest.mark.job
 @pytest.mark.timeout(600)
 def test_runs_are_tracked_and_promotions_registered_and_rolled_back(tmp_path, digits_manifest, mlflow_server,
                                                                     mlflow_connection, candidates, monkeypatch):
@@ -192,7 +192,7 @@ def test_runs_are_tracked_and_promotions_registered_and_rolled_back(tmp_path, di
     assert champion_accuracy(mlflow_server.uri, name, features, labels) == pytest.approx(accuracy_a, abs=1e-12)
 
 
-@pytest.mark.slow
+@pytest.mark.job
 @pytest.mark.timeout(600)
 def test_a_sweeps_winner_is_registered_from_its_own_mlflow_run(tmp_path, digits_manifest, mlflow_server,
                                                                  mlflow_connection, candidates, monkeypatch):
@@ -222,7 +222,7 @@ def test_a_sweeps_winner_is_registered_from_its_own_mlflow_run(tmp_path, digits_
     assert champion_accuracy(mlflow_server.uri, name, features, labels) == pytest.approx(accuracies[best], abs=1e-12)
 
 
-@pytest.mark.slow
+@pytest.mark.job
 @pytest.mark.timeout(300)
 def test_a_failed_run_is_an_mlflow_run_too(tmp_path, digits_manifest, mlflow_server, mlflow_connection):
     from airflow.sdk.exceptions import AirflowFailException

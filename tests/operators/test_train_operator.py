@@ -84,7 +84,7 @@ def test_preflight_runs_for_mpijobs_too(tmp_path, digits_manifest):
         op.execute(context())
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_defers_reattaches_and_on_kill_stops_the_job(tmp_path, digits_manifest):
     op = operator(tmp_path, digits_manifest, job_config={"faults": [{"kind": "hang", "rank": 0, "step": 1}]})
     with pytest.raises(TaskDeferred) as deferred:

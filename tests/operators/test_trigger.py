@@ -57,7 +57,7 @@ def test_unknown_job_yields_one_error_event_instead_of_raising(tmp_path):
     assert decided(got).action == Action.RETRY and not decided(got).stop_job  # a retry reattaches, if the job lives
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_success_and_fatal_verdict(tmp_path, digits_manifest):
     backend = LocalProcessBackend(work_dir=str(tmp_path / "jobs"))
     config = {"manifest_uri": digits_manifest, "run_uri": str(tmp_path / "run"), "epochs": 1}
@@ -81,7 +81,7 @@ def test_success_and_fatal_verdict(tmp_path, digits_manifest):
     assert RunResult.from_json(ok["result"]).succeeded and not decided(ok).stop_job
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_a_stall_the_trigger_sees_first_is_reported_and_the_operator_stops_the_job(tmp_path, digits_manifest):
     """The job would wait 60 s for its own watchdog; the trigger's limit is 3 s: it reports, the job runs on
     until the operator, deciding on the event, stops it."""
@@ -109,7 +109,7 @@ def test_a_stall_the_trigger_sees_first_is_reported_and_the_operator_stops_the_j
     assert backend.status("rf-hang").finished
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_on_kill_stops_the_watched_job(tmp_path, digits_manifest):
     backend = LocalProcessBackend(work_dir=str(tmp_path / "jobs"), stop_grace_seconds=2)
     config = {"manifest_uri": digits_manifest, "run_uri": str(tmp_path / "run"), "epochs": 1,
@@ -121,7 +121,7 @@ def test_on_kill_stops_the_watched_job(tmp_path, digits_manifest):
     assert status.finished and status.reason == "stopped on request", status
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_timeout_is_reported_for_the_operator_to_stop_the_job(tmp_path, digits_manifest):
     import time
 
@@ -140,7 +140,7 @@ SPARSE_HEALTH = {"health-off": {"enabled": False},
                  "sparse-records": {"every_steps": 1000, "checksum_every_steps": 1000}}
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_slow_steps_without_records_for_longer_than_stall_seconds_are_not_killed(tmp_path, digits_manifest):
     """22 steps of 0.5 s: no health record for 11 s, stall_seconds 4. The old watcher stopped this job. Each
     SPARSE_HEALTH case is its own job; they run and are watched side by side."""
@@ -159,7 +159,7 @@ def test_slow_steps_without_records_for_longer_than_stall_seconds_are_not_killed
         assert got["verdict"] is None or got["verdict"]["status"] != "STALLED", (case, got)
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_retry_after_a_stall_recovers(tmp_path, digits_manifest):
     """Attempt 1 hangs and is STALLED; attempt 2 in the same run folder is judged on its own records only
     (before, attempt 1's `stall` record stopped it at once) and succeeds from attempt 1's checkpoint."""

@@ -46,7 +46,7 @@ def test_operator_reads_the_suite_file_next_to_the_dag(digits, tmp_path):
     assert op.execute(context={})["suite"] == "digits"
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_operator_reads_a_dataset_from_s3_through_the_connection(broken, digits, s3_server, s3_connection):
     bucket = s3_server.new_bucket()
     client = s3_server.boto3_client()

@@ -14,7 +14,7 @@ import pytest
 from ringflow.training.rank.cores import decide_cpu_share
 from ringflow.training.rank.cpu_limits import cpu_quota_cores, host_cpu_count, usable_cpus
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 HERE = Path(__file__).parent
 

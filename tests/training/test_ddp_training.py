@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 
 def assert_same_parameters(actual, expected):

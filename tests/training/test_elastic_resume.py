@@ -10,7 +10,7 @@ import pytest
 
 from ringflow.training.formats.manifest import ShardManifest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 CHECKPOINT_NAME = re.compile(r"resuming from checkpoint ckpt-(\d+)")
 

@@ -20,7 +20,7 @@ from ringflow.training.core.registry.model_registry import ModelRegistry
 from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.store import LocalFolderStore, S3Store
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 
 def descendants(pid: int) -> list[int]:

@@ -9,7 +9,7 @@ from ringflow.training.health.heartbeat import read_heartbeat
 from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.store import LocalFolderStore
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 
 @pytest.fixture(params=["horovod", "ddp"])

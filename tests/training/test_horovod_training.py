@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])

@@ -11,7 +11,7 @@ from ringflow.training.health.verdict import HEALTHY, judge
 from ringflow.training.formats.config import HealthConfig
 from ringflow.training.rank.training_state import STATE_FILE, TrainingState
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 PERIOD, WARMUP = 4, 6
 LOCAL_SGD = {"bucket_cap_mb": 25, "local_sgd": {"period": PERIOD, "warmup_steps": WARMUP}}

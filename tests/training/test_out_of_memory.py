@@ -23,7 +23,7 @@ from memory_cgroup import CgroupUnavailable, memory_cgroup
 from ringflow.training.formats import exit_codes
 from ringflow.training.health.oom import OOM_LINE, oom_in_log
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 HERE = Path(__file__).parent
 MiB = 2**20

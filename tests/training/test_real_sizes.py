@@ -17,7 +17,7 @@ from real_size_workload import (LINK_BYTES_PER_SECOND, LINK_LATENCY, PARTITIONS,
                                 parameters, write_wide_shards)
 from s3_fault_proxy import FaultProxy
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.service
 KILLED_AT = 115
 
 

@@ -9,7 +9,7 @@ from ringflow.training.store import LocalFolderStore
 
 from replay_data import huge_target_rows, write_bad_rows_shards
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import torch
 
 from ringflow.training.formats.engines import ENGINES
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 
 # The torch engines: their parameters compare as tensors. TensorFlow's resume is tested with its rank.

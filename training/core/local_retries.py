@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import uuid
+from typing import Mapping
 
 from ..formats import exit_codes
 from ..formats.config import JobConfig, load_job_config
@@ -25,6 +26,15 @@ from .try_plan import TryPlan, plan_try, record_remedy
 
 def say(message: str) -> None:
     print(f"[ringflow] {message}", flush=True)
+
+
+def attempt_id(try_number: int, environ: Mapping[str, str] | None = None) -> str:
+    """The attempt id of try `try_number`: the one the caller named in $RINGFLOW_ATTEMPT_ID (worker_env.ATTEMPT_ENV)
+    for the first try, with "-t<N>" for a later one; a new one per try when none was named."""
+    named = (os.environ if environ is None else environ).get(ATTEMPT_ENV)
+    if not named:
+        return uuid.uuid4().hex
+    return named if try_number == 1 else f"{named}-t{try_number}"
 
 
 def train_with_retries(config_path: str, num_workers: int, *, retries: int = 0, remediation: str | None = None,
@@ -45,7 +55,7 @@ def train_with_retries(config_path: str, num_workers: int, *, retries: int = 0, 
             if tries > 1:
                 say(f"try {try_number} of {tries}: {_plan_words(plan)}")
             seen = run_attempt(_config_file(plan, given, config_path, folder), num_workers, controller,
-                               extra_env={ATTEMPT_ENV: uuid.uuid4().hex}, engine=engine,
+                               extra_env={ATTEMPT_ENV: attempt_id(try_number)}, engine=engine,
                                verify_all_shard_bytes=verify_all_shard_bytes)
             decision = decide(seen)
             code = attempt_exit_code(seen, decision)

@@ -26,7 +26,7 @@ from real_airflow import running_airflow
 from ringflow.operators.links import local_link, run_page_link
 from ringflow.training.core.runs import store_layout
 
-pytestmark = [pytest.mark.slow, pytest.mark.background, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.service, pytest.mark.background, pytest.mark.timeout(900)]
 
 DAG_ID = "ringflow_retrain"
 TRAIN = "digits.train"

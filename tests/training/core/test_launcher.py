@@ -43,6 +43,7 @@ def test_every_worker_needs_a_whole_micro_batch_of_the_shards(jobs, no_processes
         launcher.run_local(str(path), 3)
 
 
+@pytest.mark.job
 def test_cli_exit_code_and_message(jobs):
     path = jobs.root / "job.json"
     path.write_text(json.dumps(jobs.config("cli") | {"epochs": 0}))

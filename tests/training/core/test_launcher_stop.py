@@ -15,7 +15,7 @@ from ringflow.training.core.backends.processes import proc
 TESTS = str(Path(__file__).resolve().parents[1])  # unruly_model.py, for the ranks' PYTHONPATH
 
 
-@pytest.mark.slow
+@pytest.mark.job
 @pytest.mark.parametrize("sig, mode", [(signal.SIGTERM, "auto"), (signal.SIGINT, "subreaper")])
 def test_interrupted_ringflow_train_ends_every_rank_behind_a_frozen_mpirun(jobs, janitor, sig, mode):
     pids = jobs.root / "pids"

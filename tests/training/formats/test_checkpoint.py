@@ -184,6 +184,7 @@ def test_save_rejects_bad_input_before_writing(tmp_path, step, files, meta, erro
     assert list(store.list()) == []
 
 
+@pytest.mark.job
 def test_checkpoint_module_does_not_import_torch_or_airflow():
     import subprocess
     import sys

@@ -82,7 +82,7 @@ def test_open_keeps_the_uri_it_was_given(tmp_path):
     assert RunFolder.open((tmp_path / "runs" / "r1").as_uri()).read_eval() == EVAL
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_open_an_s3_folder_with_the_settings_given(s3_server):
     bucket = s3_server.new_bucket()
     run = RunFolder.open(f"s3://{bucket}/runs/r1", s3_server.settings())

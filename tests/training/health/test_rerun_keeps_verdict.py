@@ -2,7 +2,7 @@
 refuses a `null` verdict), and writes no checkpoint again."""
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 
 def test_rerun_of_a_finished_job_keeps_its_verdict(jobs):

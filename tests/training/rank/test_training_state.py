@@ -100,7 +100,7 @@ def test_a_plain_pickle_that_is_no_torch_file_is_refused(tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_resume_refuses_a_planted_checkpoint_whose_manifest_was_fixed_up(jobs, tmp_path):
     """The attack from the issue: a state.pt that runs a shell command, MANIFEST sha256 made to match."""
     cfg = jobs.config("planted", epochs=1)

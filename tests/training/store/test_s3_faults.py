@@ -15,7 +15,7 @@ import pytest
 from ringflow.training.formats.checkpoint import CheckpointStore
 from ringflow.training.store import PreconditionFailed, S3Store, StoreUnavailable
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 MIB = 1024 * 1024
 PART = 5 * MIB  # S3's smallest part: big objects go multipart in a few parts without big test data

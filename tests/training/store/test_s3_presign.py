@@ -30,7 +30,7 @@ def store(s3_server):
     return S3Store.from_settings(server.new_bucket(), "team/ringflow", server.settings())
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_presigned_get_opens_the_object_without_credentials(store):
     store.put_bytes("runs/d/r/health.png", b"\x89PNG plot")
     url = store.presigned_get("runs/d/r/health.png", 600)
@@ -42,7 +42,7 @@ def test_presigned_get_opens_the_object_without_credentials(store):
     assert _get(url) == (200, b"\x89PNG plot")
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_presigned_listing_lists_the_folder_only(store):
     for key in ("runs/d/r/health.png", "runs/d/r/checkpoints/ckpt-1/state.pt", "runs/d/other/health.png"):
         store.put_bytes(key, b"x")

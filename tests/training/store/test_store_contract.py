@@ -95,7 +95,7 @@ def test_copy(object_store):
         object_store.copy("src/missing.pt", "dst/x")
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_s3_copy_is_server_side(s3_server, monkeypatch):
     store = S3Store.from_settings(s3_server.new_bucket(), "p", s3_server.settings())
     store.put_bytes("a", b"payload")
@@ -216,7 +216,7 @@ def _process_count(root: str, i: int, times: int, start: float) -> int:
     return _increment(LocalFolderStore(root), "counter", times, f"p{i}")
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_local_conditional_writes_across_processes(tmp_path):
     """The local store's guarantees hold between processes (link, flock), not only threads."""
     root, n = str(tmp_path / "store"), 4
@@ -393,7 +393,7 @@ def test_s3_retry_and_timeout_settings(monkeypatch):
             S3Settings.from_env(base | {var: value})
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_open_store_reads_s3_settings_from_env(s3_server, monkeypatch):
     for var, value in s3_server.env().items():
         monkeypatch.setenv(var, value)
@@ -403,7 +403,7 @@ def test_open_store_reads_s3_settings_from_env(s3_server, monkeypatch):
     assert open_store(parent).get_bytes(name) == b"v"
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_unknown_bucket_is_a_config_error(s3_server):
     for region in (None, "us-east-1"):  # with no region the SDK asks the bucket's location first
         store = S3Store.from_settings("no-such-bucket", "p", s3_server.settings(region=region))
@@ -413,7 +413,7 @@ def test_unknown_bucket_is_a_config_error(s3_server):
                 call()
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_unreachable_endpoint_is_a_config_error():
     settings = S3Settings(endpoint=f"http://127.0.0.1:{_closed_port()}", access_key="k", secret_key="s",
                           region="us-east-1", max_attempts=2)  # retrying a closed port proves nothing more
@@ -422,7 +422,7 @@ def test_unreachable_endpoint_is_a_config_error():
         store.get_bytes("k")
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_bad_credentials_are_config_errors(s3_server_with_auth):
     server = s3_server_with_auth
     bucket = server.new_bucket()

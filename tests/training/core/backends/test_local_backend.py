@@ -9,7 +9,7 @@ from ringflow.training.core.backends.base import JobNotFound, backend_from_dict
 from ringflow.training.core.backends.job_spec import JobSpec, JobSpecError
 from ringflow.training.core.backends.local import LocalProcessBackend, job_environment
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 
 def spec(name, manifest, run_dir, **config):

@@ -37,7 +37,7 @@ def test_an_unknown_process_tracking_names_the_choices(tmp_path):
         LocalProcessBackend(work_dir=str(tmp_path), process_tracking="cgroup")
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_a_supervisor_that_cannot_start_fails_the_launch(tmp_path):
     backend = LocalProcessBackend(work_dir=str(tmp_path), python="/bin/false")
     with pytest.raises(RuntimeError, match="local job 'rf-x' ended before it started training \\(exit 1\\)"):

@@ -15,7 +15,7 @@ from ringflow.training.core.backends.local import LocalProcessBackend
 from ringflow.training.core.backends.processes import proc
 from ringflow.training.core.backends.processes.tracking import reopen
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 TESTS = str(Path(__file__).resolve().parents[2])  # where unruly_model.py is, for the ranks' PYTHONPATH
 
 

@@ -406,7 +406,7 @@ def test_a_promoter_never_writes_or_cleans_up_another_promoters_version(registry
     assert_complete(object_store, registry, "digits", 2)
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_many_promoters_at_once_get_distinct_complete_versions_and_lose_no_pointer_update(object_store, request):
     n = 8
     ckpts = [save_checkpoint(object_store, 10 * (i + 1)) for i in range(n)]

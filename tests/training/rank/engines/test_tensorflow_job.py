@@ -13,7 +13,7 @@ from ringflow.training.formats.weights_npz import MODEL_FILE, from_npz
 
 # background: most of each launch is two workers importing TensorFlow, one core each at most; scripts/test.sh
 # runs these beside the CPU-bound main lane to even the two lanes out.
-pytestmark = [pytest.mark.slow, pytest.mark.background]
+pytestmark = [pytest.mark.job, pytest.mark.background]
 
 
 def tf_config(runner, run: str, **overrides) -> dict:

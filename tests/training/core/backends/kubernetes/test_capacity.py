@@ -44,7 +44,7 @@ def context(try_number):
                                         task_id="train", try_number=try_number)}
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_a_retry_after_a_lost_node_launches_fewer_workers_down_to_min_workers(cluster, backend, digits_manifest,
                                                                               tmp_path):
     from airflow.sdk.exceptions import AirflowException, TaskDeferred

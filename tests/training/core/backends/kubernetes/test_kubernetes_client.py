@@ -38,7 +38,7 @@ def _mpijob(name="j", labels=None):
             "spec": {}}
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_api_calls_lists_exactly_what_the_client_uses(cluster, client):
     client.create_mpijob(NS, _mpijob())
     client.get_mpijob(NS, "j")
@@ -74,7 +74,7 @@ def test_api_calls_lists_exactly_what_the_client_uses(cluster, client):
     assert made == set(API_CALLS)
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_retries_then_gives_up_on_5xx(cluster, caplog):
     client = KubernetesClient(kubeconfig_path=str(cluster.kubeconfig), backoff_s=0.01, max_attempts=3)
     cluster.k["get", kmock.resource(MPIJOBS)] << 500 << {"kind": "Status", "code": 500, "message": "etcd down"}
@@ -85,7 +85,7 @@ def test_retries_then_gives_up_on_5xx(cluster, caplog):
     assert "retrying" in caplog.text
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_429_waits_and_succeeds(cluster, client, caplog):
     client.create_mpijob(NS, _mpijob())
     get_job = cluster.k["get", kmock.resource(MPIJOBS)]
@@ -100,7 +100,7 @@ def test_429_waits_and_succeeds(cluster, client, caplog):
     assert len(cluster.requests("get", MPIJOBS)) == 6
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_other_4xx_fail_at_once(cluster, client):
     cluster.k["get", kmock.resource(MPIJOBS)] << 403 << {"kind": "Status", "code": 403,
                                                           "message": "mpijobs is forbidden for system:serviceaccount"}
@@ -111,7 +111,7 @@ def test_other_4xx_fail_at_once(cluster, client):
         client.read_pod_log(NS, "missing")
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_409_conflict_on_delete_is_retried(cluster, client):
     client.create_mpijob(NS, _mpijob())
     cluster.k[kmock.method.DELETE, kmock.resource(MPIJOBS)][:1] << 409 << {"kind": "Status", "code": 409,
@@ -121,7 +121,7 @@ def test_409_conflict_on_delete_is_retried(cluster, client):
     assert len(cluster.requests("delete", MPIJOBS)) == 2
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_create_of_our_own_object_reattaches(cluster, client):
     first = client.create_mpijob(NS, _mpijob())
     again = client.create_mpijob(NS, _mpijob())
@@ -145,7 +145,7 @@ def test_unreachable_server_is_retried_then_reported(tmp_path):
         asyncio.run(client.alist_pods(NS, "a=b"))
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_cluster_from_an_airflow_connection(cluster, monkeypatch):
     kubeconfig = yaml.safe_load(cluster.kubeconfig.read_text())
     conn = {"conn_type": "kubernetes", "extra": {"kube_config": json.dumps(kubeconfig), "namespace": NS}}
@@ -174,7 +174,7 @@ def test_in_cluster_namespace_fallback(monkeypatch):
     assert KubernetesClient(in_cluster=True).cluster().in_cluster
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_create_waits_for_a_terminating_namesake(cluster):
     # A foreground delete of an earlier try is still running: never reattach to a dying job.
     client = KubernetesClient(kubeconfig_path=str(cluster.kubeconfig), backoff_s=0.01, max_attempts=2)

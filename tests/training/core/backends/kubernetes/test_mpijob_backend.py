@@ -18,7 +18,7 @@ from ringflow.training.core.backends.job_spec import JobSpec, JobSpecError
 
 PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED = JobState
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 
 def spec(name="retrain-1", **kw):

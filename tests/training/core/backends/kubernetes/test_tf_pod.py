@@ -66,6 +66,7 @@ def test_main_refuses_a_bad_pod_without_starting_the_rank(monkeypatch, capsys):
     assert tf_pod.main([], pod_env()) == exit_codes.CONFIG and "usage:" in capsys.readouterr().err
 
 
+@pytest.mark.job
 def test_the_pod_entry_runs_as_a_module_without_torch_or_the_kubernetes_client():
     code = ("import sys, runpy\n"
             "sys.argv = ['tf_pod']\n"  # no config: the usage line, exit 2, before anything is started

@@ -73,7 +73,7 @@ def test_a_pod_outside_a_trainjob_reports_nothing():
     reporter.close(0)
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_the_trainjob_status_follows_a_short_job(cluster, jobs, monkeypatch):
     """Two ranks, 2 epochs x 22 steps, rank 0 slowed to about 7 s in all: the TrainJob's trainerStatus goes from the
     start to 100%, an update at most every 5 s and one at the end, each a valid trainerStatus."""

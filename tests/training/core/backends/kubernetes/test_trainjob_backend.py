@@ -21,7 +21,7 @@ from ringflow.training.core.backends.kubernetes.client import KubernetesApiError
 
 PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED = JobState
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.job
 
 
 def spec(name="retrain-1", engine="horovod", **kw):

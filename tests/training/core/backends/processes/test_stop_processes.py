@@ -29,7 +29,7 @@ def roles(path) -> dict[str, proc.Process]:
     return found
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_every_member_ends_whatever_it_does(tmp_path, tracking_mode):
     """...and the owner's other children (here: the test runner's, as its S3 server) are left alone."""
     pids = tmp_path / "pids"
@@ -59,7 +59,7 @@ def test_every_member_ends_whatever_it_does(tmp_path, tracking_mode):
             bystander.wait(5)
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_the_last_are_waited_for_then_killed_after_the_members(tmp_path):
     """`last` (the supervisor, outside the set) gets no SIGTERM: it is waited for, then killed."""
     outside = subprocess.Popen(["sleep", "300"])
@@ -74,7 +74,7 @@ def test_the_last_are_waited_for_then_killed_after_the_members(tmp_path):
         outside.kill()
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_a_process_that_will_not_go_is_named_with_its_state(monkeypatch):
     """As a process in uninterruptible sleep would: here the signals to it are withheld."""
     with start_tracking("stuck", "subreaper") as tracker:

@@ -27,7 +27,7 @@ def supervise(job_dir, mode, script, *args):
                              *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_what_the_job_leaves_is_stopped_and_named_before_the_exit_status(tmp_path, tracking_mode, janitor):
     job_dir, stray_pid = tmp_path / "job", tmp_path / "stray"
     supervisor = supervise(job_dir, tracking_mode, LEAVES_A_STRAY, str(stray_pid))
@@ -43,7 +43,7 @@ def test_what_the_job_leaves_is_stopped_and_named_before_the_exit_status(tmp_pat
     assert not os.path.exists(record["tracking"].get("path", "/nonexistent"))
 
 
-@pytest.mark.slow
+@pytest.mark.job
 def test_sigterm_to_the_supervisor_stops_every_process_of_the_job(tmp_path, tracking_mode, janitor):
     job_dir, pids = tmp_path / "job", tmp_path / "pids"
     supervisor = supervise(job_dir, tracking_mode, WAITS, str(pids))
