@@ -1,7 +1,8 @@
 """One contract, every backend: code that works on the laptop folder must work on S3 unchanged.
 
-Tests taking `object_store` run once per implementation (see tests/conftest.py); the S3 ones are
-marked slow because they need the moto server.
+Tests taking `object_store` run once per implementation (the fixture below); the S3 ones are in the job
+tier because they need the moto server. Elsewhere `object_store` is the local folder alone (tests/conftest.py):
+what is proven here of S3 holds for every caller of the store interface.
 """
 from __future__ import annotations
 
@@ -18,7 +19,15 @@ from ringflow.training.store import (InvalidKey, LocalFolderStore, ObjectInfo, O
                                      S3Settings, S3Store, StoreConfigError, open_store, split_uri)
 from ringflow.training.store.local import LOCK_SUFFIX, TMP_SUFFIX
 
+from empty_stores import empty_store
+
 BIG = 20 * 1024 * 1024  # over the 16 MiB part size: the S3 upload goes multipart
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.job)])
+def object_store(request, tmp_path):
+    """An empty store of each kind (tests/empty_stores.py)."""
+    return empty_store(request.param, request, tmp_path)
 
 
 def test_put_get_bytes_and_overwrite(object_store):
