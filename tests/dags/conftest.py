@@ -50,6 +50,22 @@ def airflow_db():
     return ENV["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
 
 
+@pytest.fixture(scope="session")
+def real_airflow(airflow_db, tmp_path_factory):
+    """The one real Airflow of this pytest run (real_airflow.py), logged in, with a store of its own
+    (`.store`): the DAGs' runs write there. Its scheduler looks for timed-out approvals every 2 s (default 15)."""
+    from real_airflow import running_airflow, shared_dag_folder
+
+    home = tmp_path_factory.mktemp("real-airflow")
+    env = {**ENV, "AIRFLOW__CORE__DAGS_FOLDER": str(shared_dag_folder(home / "dags")),
+           "AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL": "2"}
+    store = home / "store"
+    with running_airflow(env, store, home, use_job_schedule=True) as instance:
+        instance.store = store
+        instance.log_in()
+        yield instance
+
+
 @pytest.fixture
 def store(tmp_path, monkeypatch) -> pathlib.Path:
     """A fresh store for one test: the DAGs read RINGFLOW_STORE when they are parsed."""

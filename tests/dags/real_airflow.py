@@ -1,6 +1,11 @@
 """A real Airflow for the DAG tests: api-server, scheduler, triggerer and dag-processor as separate processes on
 127.0.0.1, the simple auth manager, the REST API. Every wait is bounded; every process started here is stopped
-at the end, with its process group."""
+at the end, with its process group.
+
+One per pytest run (the `real_airflow` fixture, tests/dags/conftest.py): the REST, asset-event, approval and
+browser tests share it, each with DAG runs and model names of its own. It parses the repo's DAGs and the test
+DAGs below (`shared_dag_folder`), and its scheduler creates runs (asset-triggered runs need it), so the tests
+unpause only DAGs without a time schedule: a cron DAG would get a run of its last interval on unpausing."""
 from __future__ import annotations
 
 import contextlib
@@ -15,6 +20,45 @@ import sys
 import time
 
 COMPONENTS = ("api-server", "scheduler", "triggerer", "dag-processor")
+REPO_DAGS = pathlib.Path(__file__).resolve().parents[2] / "dags"
+# A test-only DAG (never in dags/): the pipeline with an approval that times out after 5 seconds.
+TIMEOUT_DAG_ID = "ringflow_approval_times_out"
+TIMEOUT_DAG = f'''
+import datetime as dt
+
+from airflow.sdk import DAG
+
+from ringflow.operators.pipeline import ringflow_pipeline
+from ringflow.operators.pipeline_specs import DataSpec, GateSpec, TrainingSpec
+
+with DAG("{TIMEOUT_DAG_ID}", schedule=None, start_date=dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc),
+         catchup=False):
+    ringflow_pipeline("digits", model_name="digits-timeout",
+                      data=DataSpec("builtin:digits", suite="suites/digits.json"),
+                      training=TrainingSpec(epochs=1, batch_size=32, learning_rate=0.002),
+                      gate=GateSpec(require_approval=True, approval_timeout=dt.timedelta(seconds=5)))
+'''
+
+
+def drop_digits(store: pathlib.Path) -> pathlib.Path:
+    """The digits as a new file at the dataset asset's URI (dags/ringflow_retrain.py DIGITS_DROP), where
+    ringflow_retrain_on_asset reads by default."""
+    from ringflow.training.formats.datasets import load_builtin
+
+    drop = store / "datasets" / "digits.parquet"
+    drop.parent.mkdir(parents=True, exist_ok=True)
+    load_builtin("digits").to_parquet(drop, index=False)
+    return drop
+
+
+def shared_dag_folder(folder: pathlib.Path) -> pathlib.Path:
+    """The DAG folder of the shared Airflow: the repo's DAG files and suites (links) and the test DAGs."""
+    folder.mkdir(parents=True)
+    for path in REPO_DAGS.iterdir():
+        if path.suffix == ".py" or path.name == "suites":
+            (folder / path.name).symlink_to(path)
+    (folder / "approval_times_out.py").write_text(TIMEOUT_DAG)
+    return folder
 
 
 def _free_port() -> int:
@@ -160,6 +204,8 @@ def running_airflow(dags_env: dict[str, str], store: pathlib.Path, tmp_path: pat
            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
            "AIRFLOW__CORE__PARALLELISM": "3",
            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": str(use_job_schedule),
+           # The DAG files do not change while the tests run: parsed once, not again every 30 s beside the tests.
+           "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True"}
     logs = tmp_path / "logs"
     logs.mkdir()

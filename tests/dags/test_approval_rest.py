@@ -3,56 +3,27 @@
 dags/ringflow_retrain_approved.py waits in `awaiting_input`, its HITL detail shows the eval metrics, the health
 verdict and production's figures, and `PATCH .../hitlDetails` answers it.
 
-One Airflow start for all of it (slow on 2 cores): run 1 approved (promote runs, production is version 1),
+On the run's one real Airflow (tests/dags/conftest.py real_airflow): run 1 approved (promote runs, production is version 1),
 run 2 rejected (nothing promoted, the approve task names the rejecter), and meanwhile a test DAG whose approval
 times out after a few seconds (the scheduler answers Reject: nothing promoted).
 """
 from __future__ import annotations
 
 import json
-import pathlib
 
 import pytest
-from real_airflow import running_airflow
+from real_airflow import TIMEOUT_DAG_ID
 
 pytestmark = [pytest.mark.service, pytest.mark.background, pytest.mark.timeout(1500)]
 
 DAG_ID = "ringflow_retrain_approved"
-TIMEOUT_DAG_ID = "ringflow_approval_times_out"
 APPROVE = "digits.approve"
-REPO_DAGS = pathlib.Path(__file__).resolve().parents[2] / "dags"
-
-# A test-only DAG (never in dags/): the same pipeline with an approval that times out after 5 seconds.
-TIMEOUT_DAG = f'''
-import datetime as dt
-
-from airflow.sdk import DAG
-
-from ringflow.operators.pipeline import ringflow_pipeline
-from ringflow.operators.pipeline_specs import DataSpec, GateSpec, TrainingSpec
-
-with DAG("{TIMEOUT_DAG_ID}", schedule=None, start_date=dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc),
-         catchup=False):
-    ringflow_pipeline("digits", model_name="digits-timeout",
-                      data=DataSpec("builtin:digits", suite="suites/digits.json"),
-                      training=TrainingSpec(epochs=1, batch_size=32, learning_rate=0.002),
-                      gate=GateSpec(require_approval=True, approval_timeout=dt.timedelta(seconds=5)))
-'''
 
 
 @pytest.fixture
-def airflow(airflow_db, dags_env, store, tmp_path):
-    """Only the example DAG and the test DAG are parsed (a DAG folder of their own: faster to parse). The
-    scheduler looks for timed-out approvals every 2 seconds (default 15)."""
-    folder = tmp_path / "dags"
-    folder.mkdir()
-    (folder / "ringflow_retrain_approved.py").symlink_to(REPO_DAGS / "ringflow_retrain_approved.py")
-    (folder / "suites").symlink_to(REPO_DAGS / "suites")
-    (folder / "approval_times_out.py").write_text(TIMEOUT_DAG)
-    env = {**dags_env, "AIRFLOW__CORE__DAGS_FOLDER": str(folder),
-           "AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL": "2"}
-    with running_airflow(env, store, tmp_path, use_job_schedule=False) as instance:
-        yield instance
+def airflow(real_airflow):
+    """The shared real Airflow; it parses the test DAG whose approval times out (real_airflow.TIMEOUT_DAG)."""
+    return real_airflow
 
 
 def trigger(airflow, dag_id: str, conf: dict) -> str:
@@ -96,8 +67,8 @@ def task_log(airflow, dag_id: str, run_id: str, task_id: str) -> str:
     return json.dumps(response.json())
 
 
-def test_approve_promotes_reject_does_not_and_a_timeout_rejects(airflow, store):
-    airflow.log_in()
+def test_approve_promotes_reject_does_not_and_a_timeout_rejects(airflow):
+    store = airflow.store
     airflow.unpause(DAG_ID)
     airflow.unpause(TIMEOUT_DAG_ID)
     pointer_file = store / "models" / "digits-approved" / "production.json"

@@ -7,29 +7,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from real_airflow import running_airflow
+from real_airflow import drop_digits
 
 pytestmark = [pytest.mark.service, pytest.mark.background, pytest.mark.timeout(900)]
 
 DAG_ID = "ringflow_retrain_on_asset"
 
 
-@pytest.fixture
-def airflow(airflow_db, dags_env, store, tmp_path):
-    """With the scheduler creating runs: asset-triggered runs are made where scheduled ones are. Every DAG
-    starts paused, so only the one unpaused here can run."""
-    with running_airflow(dags_env, store, tmp_path, use_job_schedule=True) as instance:
-        yield instance
-
-
-def test_an_asset_event_runs_the_pipeline_and_promotes(airflow, store):
-    from ringflow.training.formats.datasets import load_builtin
-
-    drop = store / "datasets" / "digits.parquet"  # the asset's URI (dags/ringflow_retrain.py DIGITS_DROP)
-    drop.parent.mkdir(parents=True)
-    load_builtin("digits").to_parquet(drop, index=False)
-
-    airflow.log_in()
+def test_an_asset_event_runs_the_pipeline_and_promotes(real_airflow):
+    airflow, store = real_airflow, real_airflow.store
+    drop = drop_digits(store)
     airflow.unpause(DAG_ID)
 
     uri = f"file://{drop}"
@@ -38,12 +25,12 @@ def test_an_asset_event_runs_the_pipeline_and_promotes(airflow, store):
         return next((a["id"] for a in assets if a["uri"] == uri), None)
 
     found = airflow.wait_for(f"the asset {uri}", asset_id, timeout=60, interval=2)
-    assert not airflow.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns").json()["dag_runs"]  # nothing before
+    assert not asset_runs(airflow)  # none before the event (the browser test triggers this DAG by hand)
     response = airflow.request("POST", "/api/v2/assets/events", {"asset_id": found, "extra": {"rows": 1797}})
     assert response.ok, response.text
 
     def a_run():
-        runs = airflow.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns").json()["dag_runs"]
+        runs = asset_runs(airflow)
         return runs[0] if runs else None
 
     run = airflow.wait_for(f"{DAG_ID} to be triggered by the event", a_run, timeout=120, interval=2)
@@ -60,3 +47,8 @@ def test_an_asset_event_runs_the_pipeline_and_promotes(airflow, store):
     assert xcom["value"]["promoted"] is True and xcom["value"]["version"] == 1, xcom
     pointer = json.loads((store / "models" / "digits-mlp" / "production.json").read_text())
     assert pointer["version"] == 1 and run_id.replace(":", "_").replace("+", "_") in pointer["run_uri"]
+
+
+def asset_runs(airflow) -> list[dict]:
+    runs = airflow.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns").json()["dag_runs"]
+    return [r for r in runs if r["run_type"] == "asset_triggered"]

@@ -129,40 +129,6 @@ def test_data_the_suite_does_not_check_but_training_cannot_use_fails_at_validate
     assert not (store / "shards").exists() and not (store / "runs").exists()
 
 
-def test_injected_nan_fails_at_train_with_the_verdict(airflow_db, dagbag, store, capfd):
-    dag = dagbag.dags[DAG_ID]
-    assert dag.get_task("digits.train").retries >= 1  # NONFINITE is not retried all the same
-    inject_faults(dag, faults=[{"kind": "nan_gradient", "rank": 1, "step": 10}])
-    dr, tis = run(dag, {"epochs": 2, "model_name": "digits-nan"})
-    out = capfd.readouterr().out
-    assert dr.state == "failed"
-    assert states(tis) == {"validate": "success", "shard": "success", "train": "failed",
-                           "evaluate": "upstream_failed", "promote": "upstream_failed"}
-    # The task's failure names the verdict and its evidence (not only the job's own log lines do).
-    assert re.search(r"AirflowFailException: .*health verdict NONFINITE: NaN/Inf .*evidence", out), out[-3000:]
-    assert tis["train"].try_number == 1
-    result = read_result(LocalFolderStore(run_folder(store, dr)))
-    assert result.status == "failed" and result.verdict.status == "NONFINITE"
-    assert 1 in result.verdict.evidence["ranks"]
-    assert (run_folder(store, dr) / "health.png").is_file()
-    assert not (store / "models").exists()
-
-
-def test_two_models_in_one_dag_each_promote_by_their_own_gate(airflow_db, dagbag, store):
-    dr = dagbag.dags["ringflow_two_models"].test(run_conf={"epochs": 1})
-    tis = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}
-    assert dr.state == "success", tis
-    from ringflow.training.core.runs import store_layout
-
-    digits = json.loads((store / "models" / "digits-mlp" / "production.json").read_text())
-    diabetes = json.loads((store / "models" / "diabetes-mlp" / "production.json").read_text())
-    assert digits["version"] == diabetes["version"] == 1
-    assert "accuracy" in digits["metrics"] and {"mse", "r2"} <= set(diabetes["metrics"])
-    runs = [pathlib.Path(store_layout.run_uri(str(store), "ringflow_two_models", dr.run_id, g)) for g in ("digits", "diabetes")]
-    assert [p["run_uri"] for p in (digits, diabetes)] == [str(r) for r in runs]
-    assert all((r / "eval.json").is_file() for r in runs)
-
-
 def test_remediation_walks_a_chain_of_faults_to_a_healthy_promoted_model(airflow_db, dagbag, store, capfd):
     """`remediation: "auto"`, one run, four tries (README: the fault table): try 1 meets a NaN (NONFINITE; the
     injected NaN is not in the data, so the step's replay is finite: a transient fault, retried unchanged,

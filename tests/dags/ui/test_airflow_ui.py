@@ -14,6 +14,7 @@ test's tmp_path, `screenshots/` (pytest keeps the last three runs under /tmp/pyt
 """
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -21,14 +22,16 @@ import shutil
 import urllib.parse
 
 import pytest
-from real_airflow import running_airflow
+from real_airflow import drop_digits
 
 from ringflow.operators.links import local_link, run_page_link
 from ringflow.training.core.runs import store_layout
 
 pytestmark = [pytest.mark.service, pytest.mark.background, pytest.mark.timeout(900)]
 
-DAG_ID = "ringflow_retrain"
+# The DAG the form triggers: ringflow_retrain's pipeline on the dataset asset's file. The shared Airflow's scheduler
+# creates runs (real_airflow.py), and ringflow_retrain's weekly schedule would add a run on unpausing.
+DAG_ID = "ringflow_retrain_on_asset"
 TRAIN = "digits.train"
 SCREENSHOTS_ENV = "RINGFLOW_UI_SCREENSHOTS"
 GOOD = {"model_name": "digits-ui", "num_workers": "2", "epochs": "1"}  # one epoch: 22 steps on 2 workers
@@ -62,9 +65,8 @@ def page(screenshots):
 
 
 @pytest.fixture
-def airflow(airflow_db, dags_env, store, tmp_path):
-    with running_airflow(dags_env, store, tmp_path, use_job_schedule=False) as instance:
-        yield instance
+def airflow(real_airflow):
+    return real_airflow
 
 
 class Steps:
@@ -85,12 +87,18 @@ class Steps:
             pass
 
 
-def test_trigger_follow_and_inspect_a_run_in_the_browser(airflow, page, screenshots, store):
+def test_trigger_follow_and_inspect_a_run_in_the_browser(airflow, page, screenshots):
+    """Also the REST API's side of it: no token, no answer; a bad value refused; the promote task's XCom."""
     from playwright.sync_api import expect
 
     expect.set_options(timeout=UI_WAIT_MS)
-    airflow.log_in()  # a REST token, to check what the UI did
+    store = airflow.store
+    drop_digits(store)  # the file the DAG reads by default
+    assert airflow.request("GET", f"/api/v2/dags/{DAG_ID}", auth=False).status_code == 401
     airflow.unpause(DAG_ID)
+    refused = airflow.request("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
+                              {"logical_date": None, "conf": {"num_workers": 0}})
+    assert refused.status_code == 400 and "num_workers" in refused.text, refused.text
     steps = Steps(page, screenshots)
     print(f"screenshots: {screenshots}")
     try:
@@ -100,9 +108,20 @@ def test_trigger_follow_and_inspect_a_run_in_the_browser(airflow, page, screensh
         _train_log(page, steps, expect)
         _extra_links(page, airflow, run_id, store, steps, expect)
         _run_page_tab(page, airflow, run_id, steps, expect)
+        _promoted(airflow, run_id, store)
     except BaseException:
         steps.failed()
         raise
+
+
+def _promoted(airflow, run_id, store) -> None:
+    """Every task succeeded, and the promote task's XCom (through the REST API) names version 1 of the model."""
+    state, summary = airflow.wait_for_run(DAG_ID, run_id, timeout=60)
+    assert state == "success" and set(summary.values()) == {"success"} and len(summary) == 5, summary
+    path = f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/digits.promote/xcomEntries/return_value"
+    xcom = airflow.request("GET", path).json()
+    assert xcom["value"]["promoted"] is True and xcom["value"]["version"] == 1, xcom
+    assert json.loads((store / "models" / "digits-ui" / "production.json").read_text())["version"] == 1
 
 
 def _log_in(page, airflow, steps, expect) -> None:
