@@ -40,13 +40,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item):
-    with tiers.guard(item):
-        return (yield)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
+def pytest_runtest_protocol(item, nextitem):
     with tiers.guard(item):
         return (yield)
 

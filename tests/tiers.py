@@ -51,29 +51,36 @@ def assign(items) -> None:
             item.add_marker(getattr(pytest.mark, tier))
 
 
+# Popen and its __init__ as this module found them: the guard patches and restores that class, not whatever
+# `subprocess.Popen` names while a test's own monkeypatch has replaced it.
+_POPEN = subprocess.Popen
+_POPEN_INIT = _POPEN.__init__
+
+
 class _NoProcesses:
-    """While a pure test sets up and runs, starting a process fails with what to mark it instead."""
+    """While a pure test sets up, runs and tears down, starting a process fails with what to mark it instead."""
 
     def __init__(self, test_id: str) -> None:
         self.test_id = test_id
-        self.original = subprocess.Popen.__init__
+        self.original = _POPEN_INIT
 
     def __enter__(self) -> "_NoProcesses":
-        test_id, original = self.test_id, self.original
+        test_id = self.test_id
 
         def refuse(popen, args, *rest, **kwargs):
             raise TierError(f"{test_id} is a pure test (no marker: tests/tiers.py) but started a process "
                             f"{args!r}: mark it job (or the tier it needs)")
 
-        subprocess.Popen.__init__ = refuse  # type: ignore[method-assign]
+        _POPEN.__init__ = refuse  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        subprocess.Popen.__init__ = self.original  # type: ignore[method-assign]
+        _POPEN.__init__ = self.original  # type: ignore[method-assign]
 
 
 def guard(item):
-    """A context manager for a test's setup and call: a pure one may start no process; others anything."""
+    """A context manager for a test's whole run (setup, call, teardown): a pure one may start no process;
+    others anything."""
     import contextlib
 
     if item.get_closest_marker(DEFAULT_TIER) is None:

@@ -40,25 +40,37 @@ def dags_env(monkeypatch):
     return ENV
 
 
+def migrate(env: dict[str, str]) -> None:
+    """`airflow db migrate` of the metadata database `env` names."""
+    proc = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 @pytest.fixture(scope="session")
 def airflow_db():
     """`airflow db migrate`, once per session."""
-    env = {**os.environ, **ENV}
-    proc = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    migrate(ENV)
     return ENV["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
 
 
 @pytest.fixture(scope="session")
-def real_airflow(airflow_db, tmp_path_factory):
-    """The one real Airflow of this pytest run (real_airflow.py), logged in, with a store of its own
-    (`.store`): the DAGs' runs write there. Its scheduler looks for timed-out approvals every 2 s (default 15)."""
+def real_airflow(tmp_path_factory):
+    """The one real Airflow of this pytest run (real_airflow.py), logged in, with a home, a metadata database and
+    a store of its own (`.store`: the DAGs' runs write there): the `dag.test()` runs of this process use the
+    other database, which a live scheduler must not see. Its scheduler looks for timed-out approvals every 2 s
+    (default 15)."""
     from real_airflow import running_airflow, shared_dag_folder
 
     home = tmp_path_factory.mktemp("real-airflow")
-    env = {**ENV, "AIRFLOW__CORE__DAGS_FOLDER": str(shared_dag_folder(home / "dags")),
+    airflow_home = home / "airflow-home"
+    env = {**ENV, "AIRFLOW_HOME": str(airflow_home),
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home}/airflow.db",
+           "RINGFLOW_LOCAL_JOBS": str(home / "jobs"),
+           "AIRFLOW__CORE__DAGS_FOLDER": str(shared_dag_folder(home / "dags")),
            "AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL": "2"}
+    airflow_home.mkdir()
+    migrate(env)
     store = home / "store"
     with running_airflow(env, store, home, use_job_schedule=True) as instance:
         instance.store = store

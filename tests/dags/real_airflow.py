@@ -174,6 +174,20 @@ class Airflow:
         self.unpaused.append(dag_id)
 
 
+    def task_log(self, dag_id: str, run_id: str, task_id: str) -> str:
+        """The task's log of its last try, through the REST API."""
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+        ti = self.request("GET", path).json()
+        response = self.request("GET", f"{path}/logs/{ti['try_number']}")
+        assert response.ok, response.text
+        return json.dumps(response.json())
+
+    def failed_task_logs(self, dag_id: str, run_id: str) -> str:
+        """The logs of the run's failed tasks: what a test that waited in vain shows."""
+        tis = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+        return "\n".join(f"--- {ti['task_id']} ---\n{self.task_log(dag_id, run_id, ti['task_id'])[-4000:]}"
+                         for ti in tis if ti["state"] == "failed")
+
     def wait_for_run(self, dag_id: str, run_id: str, timeout: float) -> tuple[str, dict[str, str]]:
         """Wait until the run ends; its state and each task's state."""
         def finished():

@@ -61,10 +61,7 @@ def xcom(airflow, dag_id: str, run_id: str, task_id: str) -> dict:
 
 
 def task_log(airflow, dag_id: str, run_id: str, task_id: str) -> str:
-    ti = airflow.request("GET", task_path(dag_id, run_id, task_id)).json()
-    response = airflow.request("GET", task_path(dag_id, run_id, task_id) + f"/logs/{ti['try_number']}")
-    assert response.ok, response.text
-    return json.dumps(response.json())
+    return airflow.task_log(dag_id, run_id, task_id)
 
 
 def test_approve_promotes_reject_does_not_and_a_timeout_rejects(airflow):

@@ -82,6 +82,7 @@ def test_success_and_fatal_verdict(tmp_path, digits_manifest):
 
 
 @pytest.mark.job
+@pytest.mark.background  # waits out stall_seconds: beside the main lane (scripts/test.sh)
 def test_a_stall_the_trigger_sees_first_is_reported_and_the_operator_stops_the_job(tmp_path, digits_manifest):
     """The job would wait 60 s for its own watchdog; the trigger's limit is 3 s: it reports, the job runs on
     until the operator, deciding on the event, stops it."""
@@ -141,6 +142,7 @@ SPARSE_HEALTH = {"health-off": {"enabled": False},
 
 
 @pytest.mark.job
+@pytest.mark.background  # waits out stall_seconds: beside the main lane (scripts/test.sh)
 def test_slow_steps_without_records_for_longer_than_stall_seconds_are_not_killed(tmp_path, digits_manifest):
     """22 steps of 0.5 s: no health record for 11 s, stall_seconds 4. The old watcher stopped this job. Each
     SPARSE_HEALTH case is its own job; they run and are watched side by side."""
@@ -160,6 +162,7 @@ def test_slow_steps_without_records_for_longer_than_stall_seconds_are_not_killed
 
 
 @pytest.mark.job
+@pytest.mark.background  # waits out stall_seconds: beside the main lane (scripts/test.sh)
 def test_retry_after_a_stall_recovers(tmp_path, digits_manifest):
     """Attempt 1 hangs and is STALLED; attempt 2 in the same run folder is judged on its own records only
     (before, attempt 1's `stall` record stopped it at once) and succeeds from attempt 1's checkpoint."""

@@ -51,7 +51,9 @@ def train_with_retries(config_path: str, num_workers: int, *, retries: int = 0, 
     with tempfile.TemporaryDirectory(prefix="ringflow-tries-") as folder:
         try_number = 1
         while True:
-            plan = plan_try(base, try_number, lambda: planned)
+            # One try (no --retries): the config runs as given, every fault it names included (the train
+            # operator's job is such a try: its config holds that task try's faults and remedies already).
+            plan = plan_try(base, try_number, lambda: planned) if tries > 1 else TryPlan(1, base)
             if tries > 1:
                 say(f"try {try_number} of {tries}: {_plan_words(plan)}")
             seen = run_attempt(_config_file(plan, given, config_path, folder), num_workers, controller,

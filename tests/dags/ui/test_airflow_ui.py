@@ -186,6 +186,8 @@ def _runs(airflow) -> list[dict]:
 def _follow(page, airflow, run_id, steps, expect) -> None:
     def train_state():
         ti = airflow.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{TRAIN}").json()
+        if ti.get("state") == "upstream_failed":
+            raise AssertionError(f"the run failed before training:\n{airflow.failed_task_logs(DAG_ID, run_id)}")
         return ti.get("state") if ti.get("state") in ("running", "deferred", "success", "failed") else None
 
     airflow.wait_for("the train task to start", train_state, timeout=300, interval=2)

@@ -16,6 +16,7 @@ TESTS = str(Path(__file__).resolve().parents[1])  # unruly_model.py, for the ran
 
 
 @pytest.mark.job
+@pytest.mark.background  # waits out a frozen mpirun's grace periods: beside the main lane (scripts/test.sh)
 @pytest.mark.parametrize("sig, mode", [(signal.SIGTERM, "auto"), (signal.SIGINT, "subreaper")])
 def test_interrupted_ringflow_train_ends_every_rank_behind_a_frozen_mpirun(jobs, janitor, sig, mode):
     pids = jobs.root / "pids"

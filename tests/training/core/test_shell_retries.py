@@ -48,3 +48,26 @@ def test_an_oom_is_retried_with_a_smaller_batch_and_succeeds(jobs, janitor):
     assert [(r["try"], r["remedy"], r["verdict"]) for r in result.remedies] == [(2, "smaller_batch", "OOM")]
     (line,) = RunFolder.open(cfg["run_uri"]).read_remedies()
     assert (line["try"], line["remedy"], line["settings"]["batch_size"]) == (2, "smaller_batch", 16)
+
+
+@pytest.mark.parametrize("retries, fired", [(0, [1, 2]), (1, [1])])
+def test_one_try_runs_every_fault_given_and_tries_of_its_own_only_theirs(tmp_path, monkeypatch, retries, fired):
+    """Without --retries the config runs as given (the train operator's job: its config already holds only
+    that task try's faults); with them, each try runs the faults of its own number (`on_try`)."""
+    from ringflow.training.core import launcher, local_retries
+    from ringflow.training.core.backends.base import JobState
+    from ringflow.training.core.failure_policy import Observation
+
+    cfg = {"manifest_uri": str(tmp_path / "manifest.json"), "run_uri": str(tmp_path / "run"),
+           "faults": [{"kind": "crash", "step": 3, "on_try": 1}, {"kind": "crash", "step": 5, "on_try": 2}]}
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(cfg))
+    ran = []
+
+    def run_attempt(config_path, *args, **kwargs):
+        ran.append(json.loads(open(config_path).read()))
+        return Observation(JobState.SUCCEEDED, 0)
+
+    monkeypatch.setattr(launcher, "run_attempt", run_attempt)
+    assert local_retries.train_with_retries(str(path), 2, retries=retries) == 0
+    assert [f["on_try"] for f in ran[0]["faults"]] == fired
