@@ -191,8 +191,7 @@ class TrainOperator(BaseOperator):
         asks the backend how many workers it can place now (Kubernetes: Ready, schedulable nodes the workers'
         node selector and tolerations allow, one worker each; local: all) and launches min(num_workers, that)
         when it is at least min_workers, else fails with the numbers (the task's retries try again). Training
-        resumes sample-exact on the new number, with the accumulation and learning rate rescaled (a current
-        manifest; an older one fixes the world size and the preflight refuses another).
+        resumes sample-exact on the new number, with the accumulation and learning rate rescaled.
     :param job_config: overrides of the training config (model, health, horovod, ...; see
         ringflow.training.formats.config.JobConfig), applied last (templated: a dict, or JSON / a dict literal).
         Injected `faults` (tests only) apply on the try they name (`on_try`, the first by default). With

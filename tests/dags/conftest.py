@@ -54,6 +54,23 @@ def airflow_db():
     return ENV["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
 
 
+# The last test of this run that uses the shared real Airflow: its teardown stops it, so the four processes do
+# not idle beside the rest of the session's tests (about a tenth of a core).
+_last_airflow_test: list[str] = []
+_live_airflow: list = []
+
+
+def pytest_collection_modifyitems(items):
+    users = [item.nodeid for item in items if "real_airflow" in getattr(item, "fixturenames", ())]
+    _last_airflow_test[:] = users[-1:]
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if _last_airflow_test and item.nodeid == _last_airflow_test[0]:
+        for instance in _live_airflow:
+            instance.stop()
+
+
 @pytest.fixture(scope="session")
 def real_airflow(tmp_path_factory):
     """The one real Airflow of this pytest run (real_airflow.py), logged in, with a home, a metadata database and
@@ -75,6 +92,7 @@ def real_airflow(tmp_path_factory):
     with running_airflow(env, store, home, use_job_schedule=True) as instance:
         instance.store = store
         instance.log_in()
+        _live_airflow.append(instance)
         yield instance
 
 

@@ -74,6 +74,7 @@ class Airflow:
         self.procs: dict[str, subprocess.Popen] = {}
         self.token: str | None = None
         self.unpaused: list[str] = []  # paused again on stop: the metadata database outlives this Airflow
+        self.stopped = False
 
     def start(self) -> None:
         for name in COMPONENTS:
@@ -82,6 +83,11 @@ class Airflow:
                                                 stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self) -> None:
+        """Stop every component (again: nothing; the shared one is stopped after its last test, and then at the
+        end of the session)."""
+        if self.stopped:
+            return
+        self.stopped = True
         # A DAG left unpaused in the shared test database would be scheduled by the next real Airflow (its cron
         # run writing into that test's store).
         for dag_id in self.unpaused:

@@ -312,12 +312,13 @@ def check_engine_fits(cfg: "JobConfig", engine: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class FaultConfig:
     """Fault injection for tests only: each fault fires on `rank` once `step` is reached, on the task's try
-    `on_try` (the operator keeps only that try's faults: one run can walk a chain of faults, a different one
-    on each try; the first try when not given). `seconds`: how long a slow_rank fault sleeps each step before
-    backward (compute: a straggler), and a slow_sync fault inside the step's all-reduce wait (what health counts
-    as sync, as a slow network would; give it on every rank: health judges the smallest share across ranks). `oom`
-    raises the engine's out-of-memory error when the per-worker batch is above `above_batch`, as a rank whose
-    activations no longer fit would (a smaller batch then trains: the OOM remedy's test)."""
+    `on_try` (the loop of tries keeps only that try's faults, core/try_plan.py: one run can walk a chain of
+    faults, a different one on each try; the first try when not given; a single `ringflow train` runs all
+    given). `seconds`: how long a slow_rank fault sleeps each step before backward (compute: a straggler), and
+    a slow_sync fault inside the step's all-reduce wait (what health counts as sync, as a slow network would;
+    give it on every rank: health judges the smallest share across ranks). `oom` raises the engine's
+    out-of-memory error when the per-worker batch is above `above_batch`, as a rank whose activations no longer
+    fit would (a smaller batch then trains: the OOM remedy's test)."""
 
     kind: str
     rank: int = 0
@@ -377,7 +378,8 @@ DEFAULT_BIND_CORES = BIND_CORES_AUTO
 # Whether a retry changes the job after a health verdict (training/core/remediation.py): "off" reruns it as
 # it was; "auto" applies the remediation policy's change (a lower learning rate, wider all-reduce buckets, a
 # smaller per-worker batch, ...). Off by default: a change to the training is the owner's to opt into. The
-# operator's retry applies it (operators/train.py); `remedies` then lists what was applied.
+# loop of tries applies it (core/attempts.py, for the train operator and `ringflow train --retries`); `remedies`
+# then lists what was applied.
 REMEDIATION_OFF, REMEDIATION_AUTO = "off", "auto"
 REMEDIATIONS = (REMEDIATION_OFF, REMEDIATION_AUTO)
 
@@ -414,7 +416,7 @@ class JobConfig:
     # A folder on each worker's machine where every rank logs the rows of each micro-batch it trains on
     # (training/rank/callbacks/row_log.py: an audit of the data order); "": off.
     row_log_dir: str = ""
-    # Set by the operator's retry under "auto" (operators/train.py), never by hand: resume from the newest
+    # Set by the loop of tries under "auto" (core/try_plan.py), never by hand: resume from the newest
     # checkpoint before this step (None: the newest), and the remedies applied so far, oldest first, which
     # the ranks copy into their result.
     resume_before_step: int | None = None
