@@ -26,7 +26,7 @@ from ringflow.training.core.attempts import Next, NextTry, next_try
 from ringflow.training.core.backends.base import JobState
 from ringflow.training.core.failure_policy import Decision, Observation, decide
 from ringflow.training.core.remediation import rank_nodes
-from ringflow.training.core.try_plan import TryPlan, faults_on_try, plan_try, planned_remedies, record_remedy
+from ringflow.training.core.try_plan import TryPlan, faults_on_try, plan_try, planned_remedies, recorded
 from ringflow.training.formats.engines import LOCAL, check_backend
 from ringflow.training.formats.run_result import RunResult
 from ringflow.training.core.runs import store_layout
@@ -438,10 +438,7 @@ class TrainOperator(BaseOperator):
 
         found = after(plan)
         if found.planned is not None:
-            try:
-                record_remedy(run, found.planned)
-            except Exception as exc:  # noqa: BLE001 - without its record the retry would run unchanged
-                self.log.error("could not record the remedy for try %d in %s: %s", try_number + 1, self.run_uri, exc)
+            if not recorded(run, found.planned, lambda words: self.log.error("%s", words)):
                 return after(None)
             self.log.info("remediation: try %d will run changed after %s: %s", try_number + 1,
                           found.planned.remedy.verdict, found.planned.remedy.words)

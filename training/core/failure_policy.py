@@ -104,7 +104,7 @@ class Observation:
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "Observation":
         v = doc.get("verdict") or None
-        verdict = Verdict(v["status"], v.get("reason", ""), v.get("evidence") or {}) if v else None
+        verdict = Verdict.from_dict(v)
         result = RunResult.from_json(doc["result"], "the watched job's result") if doc.get("result") else None
         return cls(state=doc.get("state") or UNKNOWN, exit_code=doc.get("exit_code"), reason=doc.get("reason") or "",
                    result=result, attempt=doc.get("attempt"), verdict=verdict, fatal=bool(v and v.get("fatal")),

@@ -20,12 +20,15 @@ from ..formats.engines import DEFAULT_CONTROLLER, LOCAL
 from ..rank.worker_env import ATTEMPT_ENV
 from .attempts import Next, next_try
 from .failure_policy import decide
-from .remediation import PlannedRemedy
-from .try_plan import TryPlan, plan_try, record_remedy
+from .try_plan import TryPlan, plan_try, recorded
 
 
 def say(message: str) -> None:
     print(f"[ringflow] {message}", flush=True)
+
+
+def warn(message: str) -> None:
+    print(f"[ringflow] {message}", file=sys.stderr, flush=True)
 
 
 def attempt_id(try_number: int, environ: Mapping[str, str] | None = None) -> str:
@@ -64,7 +67,7 @@ def train_with_retries(config_path: str, num_workers: int, *, retries: int = 0, 
             say(f"job exited with {code} ({exit_codes.MEANING.get(code, 'failed')})")
             after = next_try(seen, decision, plan.config, plan.planned, try_number, tries, backend_kind=LOCAL,
                              num_workers=num_workers)
-            if after.planned is not None and not _recorded(after.planned, RunFolder.open(base.run_uri)):
+            if after.planned is not None and not recorded(RunFolder.open(base.run_uri), after.planned, warn):
                 after = next_try(seen, decision, None, (), try_number, tries, backend_kind=LOCAL,
                                  num_workers=num_workers)  # unrecorded, the change would be nobody's to see
             if after.action == Next.FAIL and tries > 1:
@@ -77,18 +80,6 @@ def train_with_retries(config_path: str, num_workers: int, *, retries: int = 0, 
                 say(f"waiting {after.wait_seconds:g}s before try {try_number + 1}: {after.planned.remedy.words}")
                 time.sleep(after.wait_seconds)
             try_number += 1
-
-
-def _recorded(planned: PlannedRemedy, run) -> bool:
-    """Whether `planned` is now in the run folder's remedies.jsonl (the run's record of what its tries
-    changed); when it cannot be written the next try runs unchanged, as the operator's does."""
-    try:
-        record_remedy(run, planned)
-    except Exception as exc:  # noqa: BLE001 - which errors a store raises is its own business
-        print(f"[ringflow] could not record the remedy in {run.uri}: {exc}; the next try runs unchanged",
-              file=sys.stderr, flush=True)
-        return False
-    return True
 
 
 def _plan_words(plan: TryPlan) -> str:

@@ -68,7 +68,7 @@ def observe(poll: Poll, carried: Watching, *, timeout_at: float | None,
             health: Mapping[str, Any]) -> tuple[Observation, Watching]:
     """What `poll` counts as, and what the next poll carries. timeout_at: the task's deadline (None: none);
     health: the job's health config (its replay_seconds)."""
-    verdict, fatal = _verdict(poll.watched), bool(poll.watched and poll.watched.get("fatal"))
+    verdict, fatal = Verdict.from_dict(poll.watched), bool(poll.watched and poll.watched.get("fatal"))
     if poll.status.verdict is not None:
         # What the backend saw end the job (a pod OOMKilled) explains it better than the watched health; its
         # step is rank 0's last (the ranks move in step).
@@ -84,9 +84,3 @@ def observe(poll: Poll, carried: Watching, *, timeout_at: float | None,
     # A fatal verdict with no result yet: the job gets one poll to stop itself.
     return seen, Watching(carried.waited or (fatal and poll.result is None), since)
 
-
-def _verdict(watched: Mapping[str, Any] | None) -> Verdict | None:
-    """The health watch's verdict (a dict with `fatal` and `attempt`) as a Verdict."""
-    if not watched:
-        return None
-    return Verdict(watched["status"], watched.get("reason", ""), watched.get("evidence") or {})

@@ -68,3 +68,16 @@ def planned_remedies(run: Any) -> list[PlannedRemedy]:
 def record_remedy(run: Any, planned: PlannedRemedy) -> str:
     """Keep `planned` in run folder `run`'s remedies.jsonl for the try it is for; its URI."""
     return run.append_remedy(planned.to_dict())
+
+
+def recorded(run: Any, planned: PlannedRemedy, warn: Callable[[str], None]) -> bool:
+    """Whether `planned` is now in run folder `run`'s remedies.jsonl (the run's record of what its tries
+    changed). When it cannot be written, `warn` is told why and the caller's next try runs unchanged: a change
+    nobody could see would not be the run's."""
+    try:
+        record_remedy(run, planned)
+    except Exception as exc:  # noqa: BLE001 - which errors a store raises is its own business
+        warn(f"could not record the remedy for try {planned.try_number} in {getattr(run, 'uri', run)}: {exc}; "
+             "the next try runs unchanged")
+        return False
+    return True

@@ -149,8 +149,7 @@ class RunResult:
         if fmt != FORMAT:
             raise ResultError(f"{where} is format {fmt!r}, not {FORMAT!r}: read it with the ringflow that wrote it")
         try:
-            v = doc.get("verdict")
-            verdict = Verdict(v["status"], v.get("reason", ""), v.get("evidence") or {}) if v else None
+            verdict = Verdict.from_dict(doc.get("verdict"))
             return cls(status=doc["status"], attempt=doc["attempt"], step=int(doc["step"]),
                        epoch=int(doc["epoch"]), world_size=int(doc["world_size"]), checkpoint=doc.get("checkpoint"),
                        verdict=verdict, loss=_float(doc.get("loss", math.nan)),

@@ -58,6 +58,13 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "reason": self.reason, "evidence": dict(self.evidence)}
 
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any] | None) -> "Verdict | None":
+        """A verdict as `to_dict` wrote it (other keys, such as a watch's `fatal`, ignored); None for none."""
+        if not doc:
+            return None
+        return cls(doc["status"], doc.get("reason", ""), doc.get("evidence") or {})
+
 
 # Before the first step, start-up moves from phase to phase (progress.py) and every wait for the store is
 # judged by the bytes it moves; between two such signs it does work it cannot measure (the rendezvous, where

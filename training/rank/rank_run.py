@@ -128,8 +128,7 @@ class RankRun:
         if "verdict" not in meta:  # every final checkpoint keeps its verdict since before the first release
             raise ValueError(f"final checkpoint {self.resumed_from} keeps no verdict: an earlier ringflow wrote it; "
                              f"start a new run (a new run_uri) and retrain")
-        doc = meta["verdict"]
-        return Verdict(doc["status"], doc.get("reason", ""), doc.get("evidence") or {}) if doc else None
+        return Verdict.from_dict(meta["verdict"])
 
     def finish_finished(self) -> int:
         """A rerun of a job that had already finished: it resumed at its final checkpoint with nothing

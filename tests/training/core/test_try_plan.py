@@ -3,7 +3,8 @@ nodes it keeps off and its wait; the run folder's remedies.jsonl read only for a
 import pytest
 
 from ringflow.training.core.remediation import PlannedRemedy, Remedy, RemedyAction, RemedyName
-from ringflow.training.core.try_plan import TryPlan, faults_on_try, plan_try, planned_remedies, record_remedy
+from ringflow.training.core.try_plan import (TryPlan, faults_on_try, plan_try, planned_remedies, record_remedy,
+                                             recorded)
 from ringflow.training.formats.config import JobConfig
 from ringflow.training.formats.run_folder import RunFolder
 
@@ -64,3 +65,17 @@ def test_remedies_are_kept_in_the_run_folder(tmp_path):
     for planned in PLAN:
         assert record_remedy(run, planned).endswith("remedies.jsonl")
     assert planned_remedies(RunFolder.open(str(tmp_path / "run"))) == PLAN
+
+
+def test_a_remedy_that_cannot_be_recorded_says_why_and_is_not_taken(tmp_path):
+    class Unwritable:
+        uri = "s3://gone/run"
+
+        def append_remedy(self, doc):
+            raise OSError("the store is down")
+
+    said = []
+    assert recorded(RunFolder.open(str(tmp_path / "run")), PLAN[0], said.append) and said == []
+    assert not recorded(Unwritable(), PLAN[0], said.append)
+    assert said == [f"could not record the remedy for try {PLAN[0].try_number} in s3://gone/run: the store is down; "
+                    "the next try runs unchanged"]
