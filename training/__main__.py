@@ -28,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"[ringflow] {exc}", file=sys.stderr)
         return exit_codes.CONFIG
+    if cfg.entry is not None:  # the user's own code, whatever the engine (its launcher started this rank)
+        from .rank.script_rank import main as run_script
+
+        return run_script(cfg, engine)
     if engine_spec(engine).starts_workers_itself:
         from .rank.tensorflow_worker import main as run_worker
     else:

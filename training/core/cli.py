@@ -39,6 +39,7 @@ def bad_input_errors() -> tuple[type[BaseException], ...]:
     """What a command's input can be wrong with, each error's message naming the problem and the fix. Imported
     when a command failed, so a command loads only what it uses (torch, GX) while it runs."""
     from ..formats.checkpoint import CheckpointCorrupt
+    from ..formats.code_bundle import BundleError
     from ..formats.engines import EngineError
     from .gate import GateError
     from .run_reader import RunNotReady
@@ -50,7 +51,7 @@ def bad_input_errors() -> tuple[type[BaseException], ...]:
     from ..store import ObjectNotFound, StoreConfigError
 
     errors = (ConfigError, ManifestError, ObjectNotFound, StoreConfigError, RunNotReady, GateError, RegistryError,
-              EvalResultError, ResultError, RunFolderError, CheckpointCorrupt, EngineError)
+              EvalResultError, ResultError, RunFolderError, CheckpointCorrupt, EngineError, BundleError)
     for module, name in (("ringflow.training.formats.datasets", "DatasetError"),
                          ("ringflow.training.core.validation.suite", "SuiteError"),
                          ("ringflow.training.rank.training_state", "UnsafeCheckpoint")):

@@ -15,6 +15,7 @@ import uuid
 from typing import Mapping
 
 from ..formats import exit_codes
+from ..formats.code_bundle import pin_entry
 from ..formats.config import JobConfig, load_job_config
 from ..formats.engines import DEFAULT_CONTROLLER, LOCAL
 from ..rank.worker_env import ATTEMPT_ENV
@@ -49,7 +50,10 @@ def train_with_retries(config_path: str, num_workers: int, *, retries: int = 0, 
     from .launcher import attempt_exit_code, run_attempt
 
     given = load_job_config(config_path)
-    base = given if remediation is None else dataclasses.replace(given, remediation=remediation)
+    # The user's code packed into the run folder and pinned before any try (formats/code_bundle.py): every try
+    # runs the same code, and no rank runs code the launch did not name.
+    pinned = pin_entry(given, run_folder_store(given.run_uri), os.path.dirname(os.path.abspath(config_path)))
+    base = pinned if remediation is None else dataclasses.replace(pinned, remediation=remediation)
     tries, planned = retries + 1, []  # this command's remedies (a remedies.jsonl of an earlier one is not)
     with tempfile.TemporaryDirectory(prefix="ringflow-tries-") as folder:
         try_number = 1
@@ -86,6 +90,12 @@ def _plan_words(plan: TryPlan) -> str:
     if plan.own is not None:
         return f"changed after {plan.own.remedy.verdict}: {plan.own.remedy.words}"
     return "as given" if plan.try_number == 1 else "as the try before, from the last checkpoint"
+
+
+def run_folder_store(run_uri: str):
+    from ..store import open_store
+
+    return open_store(run_uri)
 
 
 def _config_file(plan: TryPlan, given: JobConfig, given_path: str, folder: str) -> str:

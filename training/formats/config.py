@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from typing import Any, Mapping
 
@@ -338,6 +339,63 @@ class FaultConfig:
         _positive_int(self, "above_batch", "faults[].above_batch", minimum=0)
 
 
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryConfig:
+    """The user's own training code, run on every rank instead of ringflow's loop (rank/script_rank.py).
+
+    script: a `.py` file (relative to `folder`, or a path inside the image when no folder is given), or an
+      import path `package.module:function` (called with no arguments; `args` are its sys.argv[1:]).
+    args: the script's command-line arguments.
+    folder: the script's folder on the machine that launches the job (the operator's, `ringflow train`'s):
+      packed there into a bundle in the run folder, whose sha256 is pinned here (bundle_sha256) before any
+      rank starts (formats/code_bundle.py). Never in a config a rank receives.
+    bundle_sha256: set by the launch, never by hand: the sha256 of the bundle every rank checks before it runs
+      anything (a planted or swapped bundle is refused).
+    """
+
+    script: str
+    args: tuple[str, ...] = ()
+    folder: str | None = None
+    bundle_sha256: str | None = None
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.script, str) and bool(self.script.strip()), "entry.script", f"is {self.script!r}",
+                 'give a script path like "train.py" or an import path like "my_pkg.train:main"')
+        _require(self.script.endswith(".py") or bool(_IMPORT_PATH.match(self.script)), "entry.script",
+                 f"is {self.script!r}", 'give a .py file ("train.py") or an import path ("my_pkg.train:main")')
+        _require(isinstance(self.args, (list, tuple)) and all(isinstance(a, str) for a in self.args), "entry.args",
+                 f"is {self.args!r}", 'give a list of strings, e.g. ["--epochs", "3"]')
+        object.__setattr__(self, "args", tuple(self.args))
+        _require(self.folder is None or (isinstance(self.folder, str) and bool(self.folder)), "entry.folder",
+                 f"is {self.folder!r}", "give the folder holding the script, or leave it out (a path in the image)")
+        _require(self.bundle_sha256 is None or (isinstance(self.bundle_sha256, str)
+                                                and bool(_SHA256.match(self.bundle_sha256))),
+                 "entry.bundle_sha256", f"is {self.bundle_sha256!r}",
+                 "leave it out: the launch pins it (64 lowercase hex digits)")
+        _require(self.folder is None or self.bundle_sha256 is None, "entry", "has both folder and bundle_sha256",
+                 "give the folder only; the launch packs it and pins its bundle")
+        if self.folder is not None or self.bundle_sha256 is not None:
+            _require(self.script.endswith(".py") and not os.path.isabs(self.script)
+                     and ".." not in self.script.split("/"), "entry.script",
+                     f"is {self.script!r} with a folder", "give the script's path inside the folder, e.g. \"train.py\"")
+
+    @property
+    def bundled(self) -> bool:
+        """Whether the code comes from a bundle in the run folder (else from the image)."""
+        return self.folder is not None or self.bundle_sha256 is not None
+
+    @property
+    def is_function(self) -> bool:
+        return not self.script.endswith(".py")
+
+
+# The faults a user's script can be given: they fire in the training API's report() at their step.
+SCRIPT_FAULTS = ("crash", "hang")
+
+
 # What a remedy the operator applied (training/core/remediation.py's Remedy) says in the config the ranks get,
 # and so in their result: the try it was applied on, the verdict it answers, the remedy and why.
 APPLIED_REMEDY_FIELDS = ("try", "verdict", "remedy", "words")
@@ -424,6 +482,8 @@ class JobConfig:
     # Rows the reader never serves (rank/partition_batches.py), e.g. the rows a NONFINITE verdict's replay
     # named as giving a non-finite loss or gradient alone.
     skip_rows: tuple[RowRef, ...] = ()
+    # The user's own training code (EntryConfig), run on every rank instead of ringflow's loop; None: ringflow's.
+    entry: EntryConfig | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.manifest_uri, str) and self.manifest_uri.endswith(".json"), "manifest_uri",
@@ -461,6 +521,11 @@ class JobConfig:
         _require(not repeated, "skip_rows", f"lists {repeated[0] if repeated else None} more than once",
                  "list each row once")
         check_engine_fits(self, self.engine)
+        if self.entry is not None:
+            for fault in self.faults:
+                _require(fault.kind in SCRIPT_FAULTS, "faults[].kind", f"is {fault.kind!r} with an entry script",
+                         f"use one of {SCRIPT_FAULTS} (they fire at a report() step): the others act inside "
+                         "ringflow's own loop")
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))
@@ -474,9 +539,10 @@ class JobConfig:
 # The sections that are objects of their own: (the class holding one, its field) -> its class.
 _NESTED = {(JobConfig, "checkpoint"): CheckpointConfig, (JobConfig, "model"): ModelConfig,
            (JobConfig, "health"): HealthConfig, (JobConfig, "horovod"): HorovodConfig, (JobConfig, "ddp"): DdpConfig,
-           (JobConfig, "tensorflow"): TensorflowConfig, (DdpConfig, "local_sgd"): LocalSgdConfig}
+           (JobConfig, "tensorflow"): TensorflowConfig, (DdpConfig, "local_sgd"): LocalSgdConfig,
+           (JobConfig, "entry"): EntryConfig}
 # Of them, those whose null means "off".
-_OPTIONAL = {(DdpConfig, "local_sgd")}
+_OPTIONAL = {(DdpConfig, "local_sgd"), (JobConfig, "entry")}
 
 
 def _build(cls: type, doc: Mapping[str, Any], path: str) -> Any:

@@ -88,11 +88,16 @@ class RunResult:
     # if the replay is cut short, and the job is still at work (for at most health.replay_seconds and a
     # grace): the result that follows carries the replay's evidence, and this is False in it.
     replaying: bool = False
+    # A user's script run (the job config's entry.script; None: ringflow's own loop), and the metrics of its
+    # last report() (training/api.py).
+    script: str | None = None
+    metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ResultError(f"result status {self.status!r}: use one of {STATUSES}")
-        if self.status == SUCCEEDED and not self.checkpoint:
+        if self.status == SUCCEEDED and not self.checkpoint and self.script is None:
+            # A script may hand ringflow no checkpoint at all (its own data, no training API calls).
             raise ResultError("a succeeded result names its final checkpoint; got none")
         if self.status == FAILED and self.checkpoint is not None:
             raise ResultError(f"a failed result has no final checkpoint; got {self.checkpoint!r}")
@@ -133,6 +138,7 @@ class RunResult:
         doc["world_size_changes"] = [dict(c) for c in self.world_size_changes]
         doc["remedies"] = [dict(r) for r in self.remedies]
         doc["skipped_rows"] = [dataclasses.asdict(r) for r in self.skipped_rows]
+        doc["metrics"] = dict(self.metrics)
         return json.loads(json.dumps(_strict(doc), default=str))  # plain JSON: evidence may hold tuples
 
     def to_json(self) -> bytes:
@@ -162,7 +168,8 @@ class RunResult:
                                                  for s in doc.get("skipped_checkpoints") or ()),
                        world_size_changes=tuple(dict(c) for c in doc.get("world_size_changes") or ()),
                        remedies=tuple(dict(r) for r in doc.get("remedies") or ()),
-                       skipped_rows=tuple(RowRef(str(r["file"]), int(r["row"])) for r in doc.get("skipped_rows") or ()))
+                       skipped_rows=tuple(RowRef(str(r["file"]), int(r["row"])) for r in doc.get("skipped_rows") or ()),
+                       script=doc.get("script"), metrics=dict(doc.get("metrics") or {}))
         except ResultError as exc:
             raise ResultError(f"{where}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:

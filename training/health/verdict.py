@@ -229,7 +229,9 @@ def _nonfinite_in(r, cfg) -> Verdict | None:
                        f"NaN/Inf in the parameters of rank(s) {ranks} at step {r['step']}: lower the learning "
                        "rate, check the input data for NaN/Inf, or clip gradients; resume from the last "
                        "checkpoint (it was written before)", {"step": r["step"], "ranks": ranks})
-    if r.get("type") == "step" and (r.get("nonfinite_ranks") or not _finite(r.get("grad_norm"))):
+    # A script's steps (training/api.py) may carry no gradient norm: None is "not measured", not NaN.
+    if r.get("type") == "step" and (r.get("nonfinite_ranks") or ("grad_norm" in r and r["grad_norm"] is not None
+                                                                 and not _finite(r["grad_norm"]))):
         ranks, step = r.get("nonfinite_ranks") or [], r["step"]
         # Where it began: the earliest step at which a rank's own loss went NaN/Inf (between measurements
         # the others catch it a step later, from the shared parameters).

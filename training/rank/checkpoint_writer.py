@@ -36,7 +36,10 @@ from typing import Any, Callable
 from ..formats.checkpoint import CheckpointStore, checkpoint_name
 from ..health.progress import Progress
 from ..health.store_ops import StoreOp
-from .training_state import STATE_FILE, TrainingState
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the writer is torch-free: a script's state (script_state.py) is written by it in the TF venv
+    from .training_state import TrainingState
 
 
 # How much nicer than the training thread the writer's thread runs (Linux: the thread alone; 19 at most).
@@ -165,11 +168,11 @@ class AsyncCheckpointWriter:
             if bad:
                 raise NonFiniteState(step, bad)
             with tempfile.TemporaryDirectory(prefix="ringflow-checkpoint-") as folder:
-                path = os.path.join(folder, STATE_FILE)
+                path = os.path.join(folder, state.file_name)
                 state.save(path)
                 size = os.path.getsize(path)
                 op.total_bytes = size
-                name = self._checkpoints.save_files(step, {STATE_FILE: path}, meta, progress=op.moved)
+                name = self._checkpoints.save_files(step, {state.file_name: path}, meta, progress=op.moved)
             self._publish(name)
         except BaseException as exc:
             op.finish(exc)

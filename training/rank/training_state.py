@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import pickle
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -46,6 +46,8 @@ class TrainingState:
     # The global cursor (partition_batches.Cursor.remaining): the stream positions of the epoch still unseen,
     # as [start, stop) pairs; None: the whole epoch.
     remaining: tuple[tuple[int, int], ...] | None = None
+    # Its file in a checkpoint (the background writer names it so: checkpoint_writer.py).
+    file_name: ClassVar[str] = STATE_FILE
 
     def _doc(self) -> dict[str, Any]:
         doc = {"model": self.model, "optimizer": self.optimizer, "cursor": list(self.cursor), "step": self.step,

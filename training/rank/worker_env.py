@@ -42,3 +42,13 @@ def node_name(environ: Mapping[str, str]) -> str:
     worker never sees the downward API's variables, so a host name would send a straggler remedy after a node
     that does not exist (it keeps off nothing, and the policy then blames the job)."""
     return environ.get(NODE_NAME_ENV, "")
+
+
+# Where each launcher says which rank a process is on its host: torchrun, Open MPI's mpirun, horovodrun's Gloo
+# controller, MPICH's hydra.
+_LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "HOROVOD_LOCAL_RANK", "MPI_LOCALRANKID")
+
+
+def launcher_local_rank(environ: Mapping[str, str]) -> int:
+    """This process's rank on its host as its launcher set it; 0 when none did."""
+    return _first_int(environ, _LOCAL_RANK_VARS) or 0
