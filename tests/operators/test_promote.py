@@ -205,15 +205,13 @@ def test_a_rollback_task_fails_rather_than_roll_back_a_version_that_landed_meanw
 ACCURACIES = [0.83, 0.87, 0.81, 0.90, 0.85, 0.88, 0.80, 0.86]  # in the order the runs are listed
 
 
+# On S3 only (its conditional writes over HTTP, the connection): the local folder keeps the same conditional-write
+# contract (tests/training/store/test_store_contract.py runs it on both, across processes too), and the registry's
+# own race on it is tests/training/core/registry/test_model_registry.py's.
 @pytest.mark.job
-@pytest.mark.parametrize("kind", ["local", "s3"])
-def test_many_promote_tasks_at_once_keep_the_best_and_an_explainable_history(kind, request, tmp_path):
-    if kind == "local":
-        uri, store, conn_id = str(tmp_path / "ml"), LocalFolderStore(tmp_path / "ml"), None
-    else:
-        server, conn_id = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_connection")
-        bucket = server.new_bucket()
-        uri, store = f"s3://{bucket}/ml", S3Store.from_settings(bucket, "ml", server.settings())
+def test_many_promote_tasks_at_once_keep_the_best_and_an_explainable_history(s3_server, s3_connection):
+    conn_id, bucket = s3_connection, s3_server.new_bucket()
+    uri, store = f"s3://{bucket}/ml", S3Store.from_settings(bucket, "ml", s3_server.settings())
     runs = [make_run(store, f"r{i}", acc) for i, acc in enumerate(ACCURACIES)]
     outcomes = race([{"operator": {"name": "digits", "store_uri": uri, "run_uri": f"{uri}/runs/{run}",
                                    "conn_id": conn_id}} for run in runs])

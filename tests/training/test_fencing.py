@@ -1,7 +1,10 @@
 """A stopped attempt never writes again. Every process of a running job is frozen (SIGSTOP, as a host or a
 container runtime that stops scheduling them would), a retry claims the run folder and succeeds, a model is
 promoted from it, then the frozen processes are thawed: they end FENCED, and nothing anyone reads changed:
-the result, the checkpoints, the health records, the promoted model. On a local folder and on S3."""
+the result, the checkpoints, the health records, the promoted model. On S3 (conditional writes over HTTP); the
+fencing code is the store interface's alone, and the local folder keeps the same conditional-write contract
+(tests/training/store/test_store_contract.py runs it on both, across processes too), so it is not run again on
+the local folder."""
 from __future__ import annotations
 
 import json
@@ -18,7 +21,7 @@ from ringflow.training.formats import exit_codes
 from run_folder_files import read_health, read_result
 from ringflow.training.core.registry.model_registry import ModelRegistry
 from ringflow.training.formats.run_folder import RunFolder
-from ringflow.training.store import LocalFolderStore, S3Store
+from ringflow.training.store import S3Store
 
 pytestmark = pytest.mark.job
 
@@ -57,13 +60,10 @@ def published(store) -> dict:
             "records": read_health(store), "pointer": json.loads(store.get_bytes("run.json"))}
 
 
-@pytest.fixture(params=["local", "s3"])
-def root(request, tmp_path):
+@pytest.fixture
+def root(s3_server):
     """(the store runs and models share, the environment a job needs for it)."""
-    if request.param == "local":
-        return LocalFolderStore(tmp_path / "root"), {}
-    server = request.getfixturevalue("s3_server")
-    return S3Store.from_settings(server.new_bucket("rf-fence"), "", server.settings()), server.env()
+    return S3Store.from_settings(s3_server.new_bucket("rf-fence"), "", s3_server.settings()), s3_server.env()
 
 
 def test_a_frozen_attempt_thawed_after_its_retry_succeeded_ends_fenced_and_changes_nothing(
