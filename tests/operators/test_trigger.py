@@ -3,6 +3,7 @@
 retry after a stall (its health watch: tests/training/core/runs/test_health_watch.py)."""
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -59,9 +60,14 @@ def test_unknown_job_yields_one_error_event_instead_of_raising(tmp_path):
 
 @pytest.mark.job
 def test_success_and_fatal_verdict(tmp_path, digits_manifest):
+    """Also the local backend's own checks on these two real horovodrun jobs (tests/training/core/backends/
+    test_local_backend.py has the rest): a running job is found by its labels, a finished one is not; its log is
+    streamed from a cursor; a name is launched once; a failed job's state, exit code and reason."""
     backend = LocalProcessBackend(work_dir=str(tmp_path / "jobs"))
-    config = {"manifest_uri": digits_manifest, "run_uri": str(tmp_path / "run"), "epochs": 1}
-    backend.launch(JobSpec(name="rf-good", config=config, num_workers=2))
+    config = {"manifest_uri": digits_manifest, "run_uri": str(tmp_path / "run"), "epochs": 1, "log_every_steps": 5}
+    labels = {"dag": "d", "run": "r1", "task": "train"}
+    backend.launch(JobSpec(name="rf-good", config=config, num_workers=2, labels=labels))
+    assert backend.find({"dag": "d", "run": "r1"}) == "rf-good"
     nan_config = config | {"run_uri": str(tmp_path / "run2"), "epochs": 3,
                            "faults": [{"kind": "nan_gradient", "rank": 1, "step": 4}]}
     backend.launch(JobSpec(name="rf-nan", config=nan_config, num_workers=2))
@@ -69,6 +75,20 @@ def test_success_and_fatal_verdict(tmp_path, digits_manifest):
     watch_nan.run_uri = str(tmp_path / "run2")
     (ok,), (bad,) = events_side_by_side(make_trigger(tmp_path, job_id="rf-good"), watch_nan)
     assert ok["status"] == "success" and ok["state"] == "succeeded" and decided(ok).exit_code == 0
+    status = backend.status("rf-good")
+    assert status.state == "succeeded" and status.exit_code == 0
+    first = backend.logs("rf-good")
+    assert any("step=5 epoch=1/1" in line for line in first.lines)
+    assert backend.logs("rf-good", first.next_cursor).lines == []
+    assert backend.find({"dag": "d", "run": "r1"}) is None  # finished jobs are not reattached
+    with pytest.raises(FileExistsError):
+        backend.launch(JobSpec(name="rf-good", config=config, num_workers=2, labels=labels))
+    deadline = time.monotonic() + 60  # the event came with its result; its teardown may still be running
+    while not backend.status("rf-nan").finished and time.monotonic() < deadline:
+        time.sleep(0.2)
+    failed = backend.status("rf-nan")
+    assert failed.state == "failed" and failed.exit_code == exit_codes.BY_VERDICT["NONFINITE"] == 3
+    assert "NONFINITE" in failed.reason and "NONFINITE" in failed.detail["log_tail"]
 
     decision = decided(bad)
     assert bad["status"] == "error" and decision.verdict.status == "NONFINITE" and decision.action == Action.FAIL
@@ -124,13 +144,11 @@ def test_on_kill_stops_the_watched_job(tmp_path, digits_manifest):
 
 @pytest.mark.job
 def test_timeout_is_reported_for_the_operator_to_stop_the_job(tmp_path, digits_manifest):
-    import time
-
     backend = LocalProcessBackend(work_dir=str(tmp_path / "jobs"), stop_grace_seconds=2)
     config = {"manifest_uri": digits_manifest, "run_uri": str(tmp_path / "run"), "epochs": 1,
               "faults": [{"kind": "hang", "rank": 0, "step": 2}]}
     backend.launch(JobSpec(name="rf-slow", config=config, num_workers=2))
-    (got,) = events(make_trigger(tmp_path, job_id="rf-slow", timeout_at=time.time() + 8))
+    (got,) = events(make_trigger(tmp_path, job_id="rf-slow", timeout_at=time.time() + 4))
     assert got["status"] == "timeout" and got["timed_out"] and decided(got).stop_job
     assert decided(got).action == Action.RETRY and backend.status("rf-slow").state == "running"
     backend.delete("rf-slow")
