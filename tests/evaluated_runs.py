@@ -55,3 +55,30 @@ def make_trained_run(run_folder, manifest_uri: str, steps: int, s3=None) -> str:
     attempt.publish_result(RunResult(status="succeeded", attempt="a1", step=steps, epoch=1, world_size=1,
                                      checkpoint=name).to_json())
     return name
+
+
+def make_script_run(run_folder, manifest_uri: str, eval_metrics=None, *, seed: int = 0):
+    """A user script's run as its ranks leave it (rank/script_rank.py): a final checkpoint holding the state
+    the script handed to report(checkpoint=...) as script_state.pt, its meta naming the script, its bundle and,
+    when given, the metrics it reported with report_eval; result.json naming the script. (its model, the
+    checkpoint's name)"""
+    import io
+
+    import torch
+
+    from ringflow.training.rank.script_state import BUNDLE_META, EVAL_META, SCRIPT_META, TORCH_FILE
+
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(64, 10)
+    state = io.BytesIO()
+    torch.save({"model": model.state_dict(), "epoch": 3}, state)
+    meta = {"step": 90, "epoch": 3, "engine": "ddp", "manifest_uri": manifest_uri, SCRIPT_META: "train.py",
+            BUNDLE_META: "ab" * 32, "metrics": {"loss": 0.3}, "final": True}
+    if eval_metrics is not None:
+        meta[EVAL_META] = eval_metrics
+    attempt = RunFolder(run_folder).claim("a1")
+    name = publish_checkpoint(attempt, 90, {TORCH_FILE: state.getvalue()}, meta)
+    attempt.publish_result(RunResult(status="succeeded", attempt="a1", step=90, epoch=3, world_size=2, checkpoint=name,
+                                     verdict=Verdict("HEALTHY", "as judged"), script="train.py",
+                                     metrics={"loss": 0.3}).to_json())
+    return model, name

@@ -1,5 +1,10 @@
 """Score a run's final checkpoint on the held-out split; write `eval.json` beside the run (EvalResult).
 
+A user script's run (its checkpoint's meta names the "script": the job config's entry) is not scored with
+ringflow's model, which is not the script's: its eval.json holds the metrics the script itself reported on the
+manifest's eval split (ringflow.training.api.report_eval, kept in the final checkpoint's meta as
+"eval_metrics"), and the gate, registry, approval and rollback read it as any other.
+
 `evaluate_run` is the step on an open RunFolder (the Airflow operator opens it with its connection's S3
 settings); `evaluate` opens it from a URI, as `ringflow evaluate` does. The shards the checkpoint names are read
 with the run folder's own S3 settings: nothing is put in the process environment.
@@ -20,10 +25,13 @@ from ..rank.models import build_model
 from .sharding import read_partition
 from ..formats.manifest import load_manifest
 from ..rank.training_state import STATE_FILE, TrainingState
+from ..rank.script_state import EVAL_META, SCRIPT_META
 from ..formats.eval_result import EvalResult
-from ..formats.checkpoint import CheckpointCorrupt
+from ..formats.checkpoint import CheckpointCorrupt, CheckpointManifest
 from ..formats.weights_npz import MODEL_FILE, from_npz
 from ..store.s3 import S3Settings
+
+NO_EVAL_SPLIT = "the shards have no eval split: shard with eval_fraction > 0 to evaluate"
 
 
 def metrics_for(task: str, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
@@ -64,11 +72,16 @@ def evaluate_run(run: RunFolder, checkpoint: str | None = None) -> EvalResult:
             raise RunNotReady(f"{run.uri}: the run {result.status} (attempt {result.attempt}) and has no final "
                               "checkpoint; evaluate a checkpoint by name or train it again")
         checkpoint = result.checkpoint
+    head = checkpoints.read_manifest(checkpoint)
+    if SCRIPT_META in head.meta:  # a user script's run: its own metrics, not ringflow's model's
+        result = script_evaluation(run, head)
+        run.write_eval(result)
+        return result
     loaded = checkpoints.load(checkpoint)
     meta = loaded.manifest.meta
     manifest, shard_store = load_manifest(meta["manifest_uri"], s3=run.s3)
     if manifest.eval is None:
-        raise ManifestError("the shards have no eval split: shard with eval_fraction > 0 to evaluate")
+        raise ManifestError(NO_EVAL_SPLIT)
     model_cfg = dict(meta["model"])
     model_cfg["hidden"] = tuple(model_cfg.get("hidden", ()))
     schema = meta["schema"]
@@ -83,6 +96,23 @@ def evaluate_run(run: RunFolder, checkpoint: str | None = None) -> EvalResult:
                         task=schema["task"], evaluated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     run.write_eval(result)
     return result
+
+
+def script_evaluation(run: RunFolder, checkpoint: CheckpointManifest) -> EvalResult:
+    """The evaluation a script run's final checkpoint carries: the metrics the script reported on the manifest's
+    eval split (its meta's "eval_metrics"); RunNotReady, in one line, when the script reported none."""
+    meta = checkpoint.meta
+    metrics = meta.get(EVAL_META)
+    if not metrics:
+        raise RunNotReady(f"{run.uri} {checkpoint.name}: the script {meta[SCRIPT_META]!r} reported no eval metrics; "
+                          "call ringflow.training.api.report_eval({...}) on rank 0 after training, with its "
+                          "model's metrics on ringflow.training.api.get_eval_data() (e.g. accuracy, loss), and "
+                          "train again")
+    manifest, _ = load_manifest(meta["manifest_uri"], s3=run.s3)
+    if manifest.eval is None:
+        raise ManifestError(NO_EVAL_SPLIT)
+    return EvalResult(metrics=metrics, checkpoint=checkpoint.name, step=checkpoint.step, rows=manifest.eval.rows,
+                      task=manifest.schema.task, evaluated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
 def evaluate(run_uri: str, checkpoint: str | None = None, s3: S3Settings | None = None) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from .rank_run import RankRun, run_rank
 from .rank_start import RankStart, store_call
 from .script_data import FORMATS, DatasetShard, default_format, open_batches
 from .script_gather import gatherer
-from .script_state import STATE_FILES, ScriptState, load_state
+from .script_state import BUNDLE_META, EVAL_META, SCRIPT_META, STATE_FILES, ScriptState, load_state
 from .worker_env import launcher_local_rank, launcher_rank, launcher_world_size
 
 # How often a script that has not reported yet is marked alive: a script that never calls report() (its own
@@ -251,12 +251,12 @@ class ScriptRun(RankRun):
         meta = {"step": step, "epoch": cursor.epoch, "remaining": [list(p) for p in cursor.remaining]
                 if cursor.remaining is not None else None, "loss": _json_float(self.last_loss), "final": final,
                 "world_size": self.size, "engine": self.engine.name, "manifest_uri": self.cfg.manifest_uri,
-                "script": self.cfg.entry.script, "metrics": self.metrics}
+                SCRIPT_META: self.cfg.entry.script, BUNDLE_META: self.cfg.entry.bundle_sha256, "metrics": self.metrics}
         if final:
             verdict = self.verdict()
             meta["verdict"] = json.loads(json.dumps(verdict.to_dict(), default=str))
             if self.eval_metrics is not None:
-                meta["eval_metrics"] = self.eval_metrics
+                meta[EVAL_META] = self.eval_metrics
         self._written_step, self._last_written = step, time.monotonic()
         name = self.writer.submit(step, lambda: ScriptState.of(state), meta, final=final)
         if final:

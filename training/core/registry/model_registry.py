@@ -4,7 +4,9 @@ Layout under the registry prefix (default `models`) of a store:
 
     models/<name>/v<N>/CLAIM.json       created first, exclusively: whoever creates it owns number N
     models/<name>/v<N>/<files>          copied from a training checkpoint, only by the claimer
-    models/<name>/v<N>/MODEL.json       written after the files are verified: the version is complete
+    models/<name>/v<N>/MODEL.json       written after the files are verified: the version is complete; for a
+                                        user script's run its "script" section says how to load the model
+                                        (the script, its bundle's sha256 and key, engine, state file)
     models/<name>/production.json       the pointer, replaced whole by compare-and-swap on each change:
         {"version": N, "sha256": {file: sha}, "run_uri": uri, "checkpoint": "ckpt-...",
          "metrics": {...}, "promoted_at": ISO8601, "action": "promote"|"rollback",
@@ -49,6 +51,7 @@ from typing import Any, Callable
 from ...formats.checkpoint import MANIFEST_NAME as CHECKPOINT_MANIFEST
 from ...formats.checkpoint import CheckpointCorrupt, CheckpointManifest
 from ...formats.run_folder import RunFolder
+from ...rank.script_state import promoted_script
 from ...store.base import ObjectNotFound, ObjectStore, PreconditionFailed, join_key
 
 log = logging.getLogger(__name__)
@@ -299,6 +302,9 @@ class ModelRegistry:
                            "keys": {f: src_key(f) for f in sorted(manifest.files)}},
                 "checkpoint_meta": manifest.meta, "metrics": metrics,
             })
+            script = promoted_script(manifest.meta, manifest.files, run_uri)
+            if script is not None:  # a user script's model: what loads it (script_state.promoted_script)
+                info["script"] = script
             self._complete(name, version, info)
 
         refusal: list[str] = []
