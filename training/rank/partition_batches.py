@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -196,7 +196,8 @@ class PartitionBatches:
                                                     dtype=np.int64).reshape(-1, 2)))
         # One loader thread: Parquet decoding releases the GIL, so the next window loads while this one trains.
         self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringflow-prefetch")
-        self._ahead: tuple[tuple[int, int, int], "_Pending"] | None = None  # (seed, epoch, window start), its load
+        # (seed, epoch, window start, this rank's spans of it), its load
+        self._ahead: tuple[tuple, "_Pending"] | None = None
 
     def __len__(self) -> int:
         return self.rows
@@ -259,13 +260,15 @@ class PartitionBatches:
 
     # -- loading -------------------------------------------------------------------------------------------
 
-    def _submit(self, w: Window) -> "_Pending":
+    def _submit(self, w: Window, spans: tuple[tuple[int, int], ...]) -> "_Pending":
+        """Load this rank's rows of window `w` in the background: its `spans`, [first, end) positions of the
+        permuted window (the others' rows are never gathered)."""
         blocks = range(len(self.group_rows)) if self._keep_decoded and self._decoded is None else w.groups
         keys = sorted({self.entries[self.blocks[b].file].key for b in blocks})
         # Named, so a heartbeat that says "waiting" says for which files (a window of the stream spans several).
         where = ", ".join(keys) if len(keys) <= NAMED_FILES else f"{keys[0]} and {len(keys) - 1} other files"
         op = StoreOp(f"read of {where} row groups {sorted(blocks)}", self._store.uri, self._bytes(blocks))
-        return _Pending(op, self._loader.submit(self._load, w, op), w.start)
+        return _Pending(op, self._loader.submit(self._load, w, op, spans), w.start)
 
     def _bytes(self, blocks: Sequence[int]) -> int:
         entries = [self.entries[self.blocks[b].file] for b in blocks]
@@ -292,32 +295,37 @@ class PartitionBatches:
                                for b in blocks])
         return np.stack([files, rows], axis=1).astype(np.int64)
 
-    def _wait(self, pending: "_Pending") -> tuple[Any, Any, np.ndarray]:
+    def _wait(self, pending: "_Pending") -> "_Loaded":
         """The window's tensors and row ids; a wait for them is a wait for the store."""
         if not pending.future.done():
             with self.progress.waiting(pending.op):
                 return pending.future.result()
         return pending.future.result()
 
-    def _load(self, w: Window, op: StoreOp) -> tuple[Any, Any, np.ndarray]:
+    def _load(self, w: Window, op: StoreOp, spans: tuple[tuple[int, int], ...]) -> "_Loaded":
         try:
-            ids = self._ids(w.groups)[w.order]
+            order = w.order[np.concatenate([np.arange(a, b) for a, b in spans]).astype(np.int64)
+                            if spans else np.zeros(0, dtype=np.int64)]
+            ids = self._ids(w.groups)[order]
             if not self._keep_decoded:
                 x, y = self._decode(self._read(w.groups, op.moved))
-                index = self._index(w.order)
-            else:  # the window's rows, permuted, picked straight from the decoded stream
+                index = self._index(order)
+            else:  # this rank's rows of the window, permuted, picked straight from the decoded stream
                 if self._decoded is None:  # rows in block order
                     self._decoded = self._decode(self._read(range(len(self.blocks)), op.moved))
                 x, y = self._decoded
                 rows = np.concatenate([np.arange(self._group_start[g], self._group_start[g] + self.group_rows[g])
                                        for g in w.groups])
-                index = self._index(rows[w.order])
+                index = self._index(rows[order])
             x, y = self._pin(x[index], y[index])
         except BaseException as exc:
             op.finish(exc)
             raise
         op.finish()
-        return x, y, ids
+        offsets, at = {}, 0
+        for a, b in spans:
+            offsets[a], at = at, at + b - a
+        return _Loaded(x, y, ids, offsets)
 
     def _pieces(self, seed: int, cursor: Cursor) -> list[tuple[Window, int, int]]:
         """(window, first, end) of every window this rank reads from the cursor on, in stream order: rows
@@ -340,7 +348,8 @@ class PartitionBatches:
         this loads one window that nobody takes."""
         pieces = self._pieces(seed, Cursor(epoch))
         if pieces:
-            self._ahead = ((seed, epoch, pieces[0][0].start), self._submit(pieces[0][0]))
+            spans = _spans(pieces, pieces[0][0])
+            self._ahead = ((seed, epoch, pieces[0][0].start, spans), self._submit(pieces[0][0], spans))
 
     # The hooks a subclass overrides to serve its library's tensors (numpy arrays here).
     def _decode(self, table: "pa.Table") -> tuple[Any, Any]:
@@ -370,13 +379,14 @@ class PartitionBatches:
         count = self.micro_batches(cursor)
         pieces = self._pieces(seed, cursor)
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and pieces and ahead[0] == (seed, cursor.epoch, pieces[0][0].start):
+        if ahead is not None and pieces and ahead[0] == (seed, cursor.epoch, pieces[0][0].start,
+                                                         _spans(pieces, pieces[0][0])):
             pending = ahead[1]  # loaded while the previous epoch's last window trained
         else:
-            pending = self._submit(pieces[0][0]) if pieces else None
+            pending = self._submit(pieces[0][0], _spans(pieces, pieces[0][0])) if pieces else None
         size, b = self.batch_size, cursor.batch
         carry: tuple[Any, Any, np.ndarray] | None = None
-        loaded: tuple[Window, tuple[Any, Any, np.ndarray]] | None = None
+        loaded: tuple[Window, _Loaded] | None = None
         for i, (w, first, end) in enumerate(pieces):
             if loaded is None or loaded[0] != w:
                 loaded = (w, self._wait(pending))
@@ -384,11 +394,12 @@ class PartitionBatches:
                 # the next piece's of another window; after the last, the next epoch's first window.
                 following = next((p[0] for p in pieces[i + 1:] if p[0] != w), None)
                 if following is not None:
-                    pending = self._submit(following)
+                    pending = self._submit(following, _spans(pieces, following))
                 else:
                     self._load_ahead(seed, cursor.epoch + 1)
                     pending = None
-            x, y, ids = (part[first:end] for part in loaded[1])
+            at = loaded[1].offsets[first]
+            x, y, ids = (part[at:at + end - first] for part in loaded[1][:3])
             if carry is not None:  # a micro-batch that spans two pieces
                 x, y, ids = self._cat(carry[0], x), self._cat(carry[1], y), np.concatenate([carry[2], ids])
                 carry = None
@@ -430,8 +441,8 @@ class PartitionBatches:
         """A micro-batch of no rows, shaped as the others (from the last window loaded, or the epoch's first)."""
         if loaded is None:
             first = epoch_windows(self.group_rows, seed, epoch, self.window)[0]
-            loaded = (first, self._wait(self._submit(first)))
-        x, y, _ = loaded[1]
+            loaded = (first, self._wait(self._submit(first, ())))
+        x, y = loaded[1].x, loaded[1].y
         return x[:0], y[:0]
 
     def minibatch_rows(self, cursor: Cursor, seed: int) -> tuple[Any, Any, np.ndarray]:
@@ -449,6 +460,21 @@ class PartitionBatches:
 def _row_key(ids: np.ndarray) -> np.ndarray:
     """One int64 per (file, row in file) id: the file index above the row's 40 bits (a file of < 2**40 rows)."""
     return (ids[:, 0] << 40) | ids[:, 1]
+
+
+class _Loaded(NamedTuple):
+    """This rank's rows of a window, permuted: x, y, their (file, row in file) ids, and where each of the rank's
+    spans of the window ([first, end) of the permuted window) starts in them."""
+
+    x: Any
+    y: Any
+    ids: np.ndarray
+    offsets: dict[int, int]
+
+
+def _spans(pieces: list[tuple[Window, int, int]], w: Window) -> tuple[tuple[int, int], ...]:
+    """This rank's [first, end) spans of window `w`, from its pieces."""
+    return tuple((first, end) for pw, first, end in pieces if pw == w)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -121,7 +121,7 @@ def test_prefetch_loads_the_next_window_while_this_one_is_served(tmp_path, small
     data = PartitionData(store, manifest, rank=0, world_size=2, batch_size=16, window=2)
     loaded = []
     real = data._load
-    monkeypatch.setattr(data, "_load", lambda w, op: (loaded.append(w.groups), real(w, op))[1])
+    monkeypatch.setattr(data, "_load", lambda w, op, spans: (loaded.append(w.groups), real(w, op, spans))[1])
     batches = data.batches(seed=0, cursor=Cursor())
     next(batches)  # the first window is being served: the second one is already asked for
     data._loader.submit(lambda: None).result()  # wait until the loader thread is idle
