@@ -148,6 +148,7 @@ def train_operator(training: TrainingSpec, tracking: TrackingSpec, *, store_uri:
         backend=training.backend if training.backend is not None else backend_from_env(),
         controller=training.controller, conn_id=conn_id, job_timeout=training.job_timeout,
         retries=training.retries, retry_delay=training.retry_delay, mlflow_conn_id=tracking.mlflow_conn_id,
+        entry=training.entry, scripts_dir=training.scripts_dir,
     )
 
 

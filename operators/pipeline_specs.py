@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
+import os
 from typing import Any, Mapping, Sequence
 
 from ringflow.operators.approval import DEFAULT_APPROVAL_TIMEOUT, check_timeout
@@ -70,7 +71,11 @@ class TrainingSpec:
     job_config: overrides of the training config, applied last (a dict, or a template rendering to one).
     backend: where training runs (None: what the deployment configured, backend_from_env; else local).
     controller: local runs' "gloo" or "mpi". retries (default 1: a crashed job resumes from its last
-    checkpoint), retry_delay, job_timeout (None: no limit): the train task's."""
+    checkpoint), retry_delay, job_timeout (None: no limit): the train task's.
+    entry: the user's own training script instead of ringflow's loop: {"script": "train.py", "args": [...],
+    "folder": ...} (its values templated); each try pins the folder's bundle into the run folder (train.py).
+    scripts_dir: the folder of script folders entry's folder names one of (a trigger form's pick, never a path;
+    relative: to the DAG file's folder)."""
 
     epochs: int | str
     batch_size: int | str
@@ -83,8 +88,11 @@ class TrainingSpec:
     retries: int = 1
     retry_delay: dt.timedelta = dt.timedelta(seconds=30)
     job_timeout: dt.timedelta | None = None
+    entry: Mapping[str, Any] | None = None
+    scripts_dir: str | None = None
 
     def __post_init__(self) -> None:
+        _check_entry(self.entry, self.scripts_dir)
         for name in ("epochs", "batch_size", "num_workers"):
             _number("TrainingSpec", name, getattr(self, name), kind=int, low=1)
         _number("TrainingSpec", "learning_rate", self.learning_rate, kind=float, low=0, low_open=True)
@@ -105,6 +113,32 @@ class TrainingSpec:
                                              or self.job_timeout <= dt.timedelta(0)):
             raise ValueError(f"TrainingSpec.job_timeout is {self.job_timeout!r}; give a positive datetime.timedelta, "
                              f"or None for no limit")
+
+
+ENTRY_KEYS = ("script", "args", "folder")
+
+
+def _check_entry(entry: Any, scripts_dir: Any) -> None:
+    """TrainingSpec's entry and scripts_dir, as far as they are known when the DAG is parsed (templates are
+    checked when the task renders them)."""
+    from ringflow.training.formats.code_bundle import script_folder
+    from ringflow.training.formats.config import EntryConfig
+
+    if scripts_dir is not None and (not isinstance(scripts_dir, str) or not scripts_dir or entry is None):
+        raise ValueError(f"TrainingSpec.scripts_dir is {scripts_dir!r} with entry {entry!r}; give the folder of "
+                         "script folders as a path, with an entry whose folder names one of them")
+    if entry is None:
+        return
+    if not isinstance(entry, Mapping) or not set(entry) <= set(ENTRY_KEYS) or "script" not in entry:
+        raise ValueError(f"TrainingSpec.entry is {entry!r}; give a dict with {list(ENTRY_KEYS)} (script required; "
+                         "the launch pins the bundle's sha256 itself)")
+    args = entry.get("args") or ()
+    if any(is_template(v) for v in (entry.get("script"), entry.get("folder"), args,
+                                    *(args if isinstance(args, (list, tuple)) else ()))):
+        return
+    EntryConfig(script=entry["script"], args=entry.get("args", ()), folder=entry.get("folder"))
+    if scripts_dir is not None and os.path.isabs(scripts_dir):
+        script_folder(scripts_dir, str(entry.get("folder") or ""), entry["script"])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ import ast
 import datetime as dt
 import hashlib
 import json
+import os
 import re
 import time
 from typing import Any, Mapping, Sequence
@@ -52,7 +53,8 @@ def job_name(dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
 # run folder. An override of either could point a run at another team's data or run folder. The remediation's
 # fields are the retry's to set (remediation.apply_remedies): a resume_before_step by hand would send every
 # retry back before that step.
-OWNED_FIELDS = ("manifest_uri", "run_uri", "resume_before_step", "remedies")
+# The script a run executes (`entry`) is the operator's entry argument: an override could run any code.
+OWNED_FIELDS = ("manifest_uri", "run_uri", "resume_before_step", "remedies", "entry")
 
 
 def owned_fields_in(overrides: dict[str, Any]) -> list[str]:
@@ -73,6 +75,11 @@ def check_overrides(overrides: dict[str, Any]) -> None:
                                      "run folder)",
                               f"remove '{field}' from job_config, and pass manifest_uri/run_uri to the operator "
                               f"instead")
+        if field == "entry":
+            raise ConfigError(field, "cannot be set in job_config: the training script is the operator's entry "
+                                     "argument (TrainingSpec.entry), picked from its scripts_dir when it has one",
+                              "remove 'entry' from job_config and pass entry={\"script\": ..., \"folder\": ...} "
+                              "to the operator")
         raise ConfigError(field, "cannot be set in job_config: the operator's retry sets it under remediation "
                                  "\"auto\" (what it changed and from which step it resumes)",
                           f"remove '{field}' from job_config; set remediation: \"auto\" to have retries remediate")
@@ -93,20 +100,28 @@ def job_overrides(value: Any) -> dict[str, Any]:
 
     if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
         return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            try:
-                value = ast.literal_eval(value.strip())
-            except (ValueError, SyntaxError):
-                raise ConfigError("job_config", f"rendered to {value[:200]!r}, which is neither JSON nor a "
-                                                "Python dict", "give a dict, or a template rendering to one "
-                                                "(e.g. '{{ params.job_overrides | tojson }}')") from None
+    value = rendered_literal("job_config", value, "dict", "{{ params.job_overrides | tojson }}")
     if not isinstance(value, Mapping):
         raise ConfigError("job_config", f"is {type(value).__name__} {value!r}, not an object",
                           "give a dict of config fields, e.g. {\"checkpoint\": {\"every_steps\": 20}}")
     return dict(value)
+
+
+def rendered_literal(name: str, value: Any, kind: str, example: str) -> Any:
+    """A dict or list argument as the task got it: itself, or the text a template rendered it to (JSON, or the
+    Python literal `{{ params.x }}` gives when the DAG does not render native objects)."""
+    from ringflow.training.formats.config import ConfigError
+
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        try:
+            return ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise ConfigError(name, f"rendered to {value[:200]!r}, which is neither JSON nor a Python {kind}",
+                              f"give a {kind}, or a template rendering to one (e.g. '{example}')") from None
 
 
 def rendered_number(name: str, value: Any, kind: type) -> Any:
@@ -150,9 +165,33 @@ def rendered_text(value: Any) -> str | None:
     return None if text in ("", "None") else text
 
 
+def entry_for(entry: Mapping[str, Any] | None, scripts_dir: str | None = None,
+              relative_to: str | None = None) -> dict[str, Any] | None:
+    """The job config's `entry` from the operator's (as it rendered): with `scripts_dir`, its folder is the name
+    of a script folder there (code_bundle.script_folder refuses any other, in one line); else a path, relative
+    to `relative_to` (the DAG file's folder) when not absolute. None: ringflow's own loop."""
+    from ringflow.training.formats.code_bundle import script_folder
+    from ringflow.training.formats.config import ConfigError
+
+    if entry is None or entry == {}:
+        return None
+    if not isinstance(entry, Mapping):
+        raise ConfigError("entry", f"is {entry!r}", 'give {"script": "train.py", "args": [...], "folder": ...}')
+    out = dict(entry)
+    if out.get("args") is not None:
+        out["args"] = rendered_literal("entry.args", out["args"], "list", "{{ params.script_args | tojson }}")
+    folder = rendered_text(out.get("folder"))
+    if scripts_dir is not None:
+        base = os.path.join(relative_to, scripts_dir) if relative_to else scripts_dir
+        out["folder"] = script_folder(base, folder or "", str(out.get("script")))
+    elif folder is not None:
+        out["folder"] = os.path.join(relative_to, folder) if relative_to else folder
+    return out
+
+
 def build_job_config(*, manifest_uri: str, run_uri: str, overrides: Any = None, epochs: Any = None,
                      batch_size: Any = None, learning_rate: Any = None, engine: Any = None,
-                     try_number: int = 1) -> dict[str, Any]:
+                     try_number: int = 1, entry: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The checked job config of one try: where it reads and writes (the operator's), epochs, batch size,
     learning rate and engine, then `overrides` on top. Injected faults (tests only) fire on the try they name
     (`on_try`, the first by default): a retry resumes from the last checkpoint and shows the recovery instead
@@ -162,6 +201,8 @@ def build_job_config(*, manifest_uri: str, run_uri: str, overrides: Any = None, 
     overrides = job_overrides(overrides)
     check_overrides(overrides)  # after rendering too: a template may have produced them
     base: dict[str, Any] = {"manifest_uri": manifest_uri, "run_uri": run_uri}
+    if entry is not None:
+        base["entry"] = dict(entry)  # checked by JobConfig (EntryConfig); pinned when a try launches
     for name, value, kind in (("epochs", epochs, int), ("batch_size", batch_size, int),
                               ("learning_rate", learning_rate, float)):
         value = rendered_number(name, value, kind)
@@ -200,6 +241,13 @@ class TrainOperator(BaseOperator):
     :param backend: where the job runs; local `horovodrun`/`torchrun`/TF worker processes by default, or
         ringflow.training.core.backends.kubernetes.backend.MPIJobBackend for Kubeflow MPIJobs (Horovod), or
         ringflow.training.core.backends.kubernetes.trainjob_backend.TrainJobBackend for Kubeflow Trainer TrainJobs.
+    :param entry: the user's own training script, run on every rank instead of ringflow's loop (templated):
+        {"script": "train.py", "args": [...], "folder": ...}. Each try packs the folder into the run folder and
+        hands the backend a job config with its sha256 pinned (formats/code_bundle.py), never the folder: every
+        rank checks the bundle before it runs anything. None: ringflow's own loop.
+    :param scripts_dir: the folder of script folders entry's folder is picked from (a trigger form's choice):
+        entry["folder"] is then the name of one of its subfolders, and any other is refused in one line.
+        Relative paths (scripts_dir, or entry's folder without it) are relative to the DAG file's folder.
     :param conn_id: Airflow connection (type aws) for s3:// URIs; None: no connection (connections.py).
     :param job_timeout: stop the job and fail the task when it runs longer.
     :param mlflow_conn_id: Airflow connection (type http) of an MLflow server: each attempt, whatever its
@@ -208,7 +256,7 @@ class TrainOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("manifest_uri", "run_uri", "store_uri", "job_config", "num_workers",
-                                      "min_workers", "epochs", "batch_size", "learning_rate", "engine")
+                                      "min_workers", "epochs", "batch_size", "learning_rate", "engine", "entry")
     template_fields_renderers = {"job_config": "json"}
     ui_color = "#f4a261"
     # Shown on the task in the UI; their URLs are computed when the task runs (links.py).
@@ -221,7 +269,8 @@ class TrainOperator(BaseOperator):
                  backend: Backend | None = None, controller: str = DEFAULT_CONTROLLER,
                  conn_id: str | None = DEFAULT_S3_CONN_ID, poll_interval: float = 2.0,
                  job_timeout: dt.timedelta | None = None, mlflow_conn_id: str | None = None,
-                 mlflow_experiment: str | None = None, **kwargs):
+                 mlflow_experiment: str | None = None, entry: Mapping[str, Any] | None = None,
+                 scripts_dir: str | None = None, **kwargs):
         super().__init__(**kwargs)
         if not run_uri and not store_uri:
             raise ValueError(f"task {self.task_id!r}: give run_uri (the run folder) or store_uri (the run folder "
@@ -230,6 +279,7 @@ class TrainOperator(BaseOperator):
         self.num_workers, self.epochs, self.batch_size, self.learning_rate = num_workers, epochs, batch_size, learning_rate
         self.min_workers = min_workers
         self.engine = engine
+        self.entry, self.scripts_dir = entry, scripts_dir
         self.job_config = job_config or {}
         if isinstance(self.job_config, dict):  # a plain dict is checked now, when the DAG is parsed
             check_overrides(self.job_config)
@@ -261,7 +311,25 @@ class TrainOperator(BaseOperator):
     def build_config(self, run_uri: str, try_number: int = 1) -> dict[str, Any]:
         return build_job_config(manifest_uri=self.manifest_uri, run_uri=run_uri, overrides=self.job_config,
                                 epochs=self.epochs, batch_size=self.batch_size, learning_rate=self.learning_rate,
-                                engine=self.engine, try_number=try_number)
+                                engine=self.engine, try_number=try_number,
+                                entry=entry_for(self.entry, self.scripts_dir, self._dag_folder()))
+
+    def _dag_folder(self) -> str | None:
+        fileloc = getattr(self.dag, "fileloc", None) if self.has_dag() else None
+        return os.path.dirname(fileloc) if fileloc else None
+
+    def pinned(self, config: Any) -> Any:
+        """`config` (a JobConfig) with its entry's folder packed into the run folder and its sha256 pinned
+        (formats/code_bundle.py): what the backend gets, on every backend, so no rank runs unpinned code."""
+        from ringflow.operators.connections import open_store_for
+        from ringflow.training.formats.code_bundle import bundle_key, pin_entry
+
+        if config.entry is None or config.entry.folder is None:
+            return config
+        pinned = pin_entry(config, open_store_for(self.run_uri, self.conn_id))
+        self.log.info("code bundle of %s pinned: %s/%s", config.entry.folder, self.run_uri.rstrip("/"),
+                      bundle_key(pinned.entry.bundle_sha256))
+        return pinned
 
     def execute(self, context) -> None:
         self._start(context, waited=False)
@@ -276,7 +344,7 @@ class TrainOperator(BaseOperator):
         self._set_run_links(None, plot_saved=False)
         try:
             plan = self.plan(ti.try_number)
-            config = plan.config.to_dict()
+            config = self.pinned(plan.config).to_dict()
             num_workers = worker_count(self.num_workers)
             backend = self._get_backend()
             # The engine is checked once, here, before anything is launched (formats/engines.py).

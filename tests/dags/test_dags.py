@@ -12,7 +12,8 @@ PIPELINE = ["validate", "shard", "train", "evaluate", "promote"]
 
 def test_dags_import_without_errors(dagbag):
     assert set(dagbag.dag_ids) == {"ringflow_retrain", "ringflow_retrain_on_asset", "ringflow_two_models",
-                                   "ringflow_images", "ringflow_sweep", "ringflow_retrain_approved"}
+                                   "ringflow_images", "ringflow_sweep", "ringflow_retrain_approved",
+                                   "ringflow_user_script"}
     for dag_id in ("ringflow_retrain", "ringflow_retrain_on_asset"):
         dag = dagbag.dags[dag_id]
         assert sorted(dag.task_ids) == sorted(f"digits.{step}" for step in PIPELINE)
@@ -318,3 +319,32 @@ def test_factory_with_approval_and_its_options(tmp_path):
     assert approve.assigned_users == [{"id": "alice", "name": "alice"}]
     with pytest.raises(ValueError, match="approval_timeout is"):  # refused before any task exists
         GateSpec(require_approval=True, approval_timeout=dt.timedelta(0))
+
+
+def test_airflow_never_parses_the_training_scripts_as_dag_files():
+    """dags/.airflowignore keeps scripts/ out of the DAG folder's files: a script runs on the ranks only."""
+    from airflow.utils.file import list_py_file_paths
+
+    from conftest import DAGS
+
+    files = list_py_file_paths(str(DAGS), safe_mode=False)
+    assert any(f.endswith("ringflow_user_script.py") for f in files)
+    assert not [f for f in files if "/scripts/" in f]
+
+
+def test_the_user_script_form_offers_only_the_script_folders_and_refuses_any_other_name(dagbag):
+    import copy
+
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    from conftest import DAGS
+
+    params = dagbag.dags["ringflow_user_script"].params
+    offered = params.get_param("script").schema["enum"]
+    assert "ddp_digits" in offered and params["script"] == "ddp_digits"
+    assert offered == sorted(p.parent.name for p in (DAGS / "scripts").glob("*/train.py"))
+    for name in ("../ddp_digits", "/tmp/evil", "ddp_digits/../../x", "not_a_script"):
+        refused = copy.deepcopy(params)
+        with pytest.raises(ParamValidationError):
+            refused.update({"script": name})
+            refused.validate()

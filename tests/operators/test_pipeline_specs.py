@@ -68,3 +68,30 @@ def dataclasses_frozen_error():
     import dataclasses
 
     return dataclasses.FrozenInstanceError
+
+
+@pytest.mark.parametrize("entry, scripts_dir, says", [
+    ({"script": "train.py", "folder": "nope"}, "SCRIPTS", "script 'nope' is not one of the scripts in .*: pick one"),
+    ({"script": "train.py", "folder": "../ddp_digits"}, "SCRIPTS", "not one of the scripts"),
+    ({"script": "train.py", "folder": "x", "bundle_sha256": "ab" * 32}, None, "TrainingSpec.entry is .* the launch pins"),
+    ({"folder": "x"}, None, r"TrainingSpec.entry is .*\(script required"),
+    ("train.py", None, "TrainingSpec.entry is 'train.py'"),
+    ({"script": "train.sh", "folder": "x"}, None, "config field 'entry.script'"),
+    ({"script": "train.py", "args": "--fast"}, None, "config field 'entry.args'"),
+    (None, "SCRIPTS", "TrainingSpec.scripts_dir is .* with an entry whose folder names one of them"),
+])
+def test_a_wrong_entry_is_refused_when_the_spec_is_built(tmp_path, entry, scripts_dir, says):
+    (tmp_path / "ddp_digits").mkdir()
+    (tmp_path / "ddp_digits" / "train.py").write_text("")
+    with pytest.raises(ValueError, match=says):
+        TrainingSpec(**TRAINING, entry=entry, scripts_dir=str(tmp_path) if scripts_dir else None)
+
+
+def test_an_entry_from_the_scripts_dir_or_a_template_is_taken(tmp_path):
+    (tmp_path / "ddp_digits").mkdir()
+    (tmp_path / "ddp_digits" / "train.py").write_text("")
+    picked = TrainingSpec(**TRAINING, entry={"script": "train.py", "folder": "ddp_digits", "args": ["--fast"]},
+                          scripts_dir=str(tmp_path))
+    assert picked.entry["folder"] == "ddp_digits"
+    TrainingSpec(**TRAINING, entry={"script": "train.py", "folder": "{{ params.script }}",
+                                    "args": "{{ params.script_args }}"}, scripts_dir=str(tmp_path))

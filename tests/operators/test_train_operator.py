@@ -207,7 +207,8 @@ def test_overrides_may_change_how_it_trains(tmp_path, digits_manifest):
     assert config["run_uri"] == str(tmp_path / "run") and config["checkpoint"]["every_steps"] == 7
     assert config["manifest_uri"] == digits_manifest and config["epochs"] == 2
     assert owned_fields_in({"checkpoint": {"keep_last": 2}, "health": {"uri": "x"}}) == []
-    everything = {"manifest_uri": "a", "run_uri": "b", "resume_before_step": 3, "remedies": []}
+    everything = {"manifest_uri": "a", "run_uri": "b", "resume_before_step": 3, "remedies": [],
+                  "entry": {"script": "train.py"}}
     assert owned_fields_in(everything) == list(OWNED_FIELDS)
 
 
@@ -302,3 +303,62 @@ def test_run_folder_comes_from_the_store_the_dag_run_and_the_task_group(tmp_path
     assert given.run_folder(context()) == "/runs/mine"
     with pytest.raises(ValueError, match="give run_uri .* or store_uri"):
         TrainOperator(task_id="neither", manifest_uri="/m.json")
+
+
+class RecordingBackend(LocalProcessBackend):
+    """The local backend that starts nothing: it keeps the job spec each launch was handed (its connections
+    given, so the operator keeps it instead of building the real one)."""
+
+    def __init__(self, **kwargs):
+        from ringflow.operators.connections import AirflowConnections
+
+        super().__init__(connections=AirflowConnections(), **kwargs)
+        self.launched = []
+
+    def find(self, labels):
+        return None
+
+    def launch(self, spec):
+        self.launched.append(spec)
+        return spec.name
+
+
+def scripts(tmp_path):
+    """A scripts folder with one script folder, ddp_digits, holding train.py."""
+    folder = tmp_path / "scripts" / "ddp_digits"
+    folder.mkdir(parents=True)
+    (folder / "train.py").write_text("print('training')\n")
+    return tmp_path / "scripts"
+
+
+def test_a_script_is_pinned_into_the_run_folder_and_the_backend_gets_its_sha256_never_the_folder(
+        tmp_path, digits_manifest):
+    backend = RecordingBackend(work_dir=str(tmp_path / "jobs"))
+    op = TrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"), backend=backend,
+                       engine="ddp", scripts_dir=str(scripts(tmp_path)),
+                       entry={"script": "train.py", "folder": "ddp_digits", "args": "['--epochs', '2']"})
+    with pytest.raises(TaskDeferred):
+        op.execute(context())
+
+    [spec] = backend.launched
+    entry = spec.config["entry"]
+    assert entry["folder"] is None and entry["script"] == "train.py" and entry["args"] == ["--epochs", "2"]
+    assert (tmp_path / "run" / "code" / f"{entry['bundle_sha256']}.tar.gz").is_file()
+
+
+@pytest.mark.parametrize("folder", ["../scripts/ddp_digits", "/etc", "not_there", ""])
+def test_a_script_not_in_the_scripts_dir_is_refused_in_one_line_before_anything_is_written(tmp_path, digits_manifest,
+                                                                                            folder):
+    backend = RecordingBackend(work_dir=str(tmp_path / "jobs"))
+    op = TrainOperator(task_id="train", manifest_uri=digits_manifest, run_uri=str(tmp_path / "run"), backend=backend,
+                       scripts_dir=str(scripts(tmp_path)), entry={"script": "train.py", "folder": folder})
+    with pytest.raises(AirflowFailException) as refused:
+        op.execute(context())
+    message = str(refused.value)
+    assert "\n" not in message and "is not one of the scripts in" in message and "ddp_digits" in message
+    assert backend.launched == [] and not (tmp_path / "run").exists()
+
+
+def test_the_script_comes_only_from_the_entry_argument_not_job_config(tmp_path, digits_manifest):
+    with pytest.raises(ConfigError, match="config field 'entry': cannot be set in job_config"):
+        operator(tmp_path, digits_manifest, job_config={"entry": {"script": "evil.py", "folder": "/tmp"}})

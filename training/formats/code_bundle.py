@@ -22,6 +22,9 @@ from ..store import ObjectNotFound, ObjectStore
 from .config import EntryConfig, JobConfig
 
 CODE_PREFIX = "code/"
+# The folder of training scripts a trigger form may pick from (one script per subfolder): where a DAG looks
+# when it does not say (its own scripts/ folder by default).
+SCRIPTS_DIR_ENV = "RINGFLOW_SCRIPTS_DIR"
 # A bundle is code, not data: a folder bigger than this is almost surely holding a dataset or a model by mistake.
 MAX_BUNDLE_BYTES = 64 * 2**20
 _SKIPPED_DIRS = {"__pycache__", ".git", ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache"}
@@ -72,6 +75,31 @@ def pack(folder: str) -> bytes:
 
 def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def scripts_dir(default: str) -> str:
+    """The configured scripts folder: $RINGFLOW_SCRIPTS_DIR, else `default`."""
+    return os.environ.get(SCRIPTS_DIR_ENV) or default
+
+
+def scripts_in(folder: str, script: str) -> list[str]:
+    """The script folders a form may offer: the subfolders of `folder` that hold `script` (hidden and cache
+    folders left out), sorted; none when `folder` does not exist."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(name for name in os.listdir(folder) if os.path.isfile(os.path.join(folder, name, script))
+                  and name not in _SKIPPED_DIRS and not name.startswith((".", "_")))
+
+
+def script_folder(folder: str, name: str, script: str) -> str:
+    """The path of script folder `name` in the scripts folder `folder`; BundleError for a name that is not one
+    of its subfolders holding `script` (a path, `..`, a name never there): a form picks a script, never a path."""
+    offered = scripts_in(folder, script)
+    if name not in offered:
+        raise BundleError(f"script {name!r} is not one of the scripts in {folder} ({', '.join(offered) or 'none'}): "
+                          f"pick one of them, or add its folder there with its {script} (${SCRIPTS_DIR_ENV} names "
+                          "the folder)")
+    return os.path.join(folder, name)
 
 
 def pin_entry(cfg: JobConfig, run_store: ObjectStore, relative_to: str | None = None) -> JobConfig:
