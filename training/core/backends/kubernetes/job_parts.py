@@ -2,6 +2,12 @@
 config as a ConfigMap mounted at /etc/ringflow, the store's endpoint and credentials (from a Secret, never
 in the manifest), the caller's environment, the labels that find() reattaches by, and the pod settings.
 
+A user's own training script (the config's entry) needs nothing more: its bundle travels in the run folder in
+the store, pinned by the launch (formats/code_bundle.py), and the pods run `python -m ringflow.training CONFIG`
+as for ringflow's loop, each rank fetching and checking the bundle; no volume. What the script imports beyond
+its folder (its requirements) is the image's business. A config whose entry still names a folder on the
+launching machine is refused (check_pinned).
+
 Pure functions over a JobSpec and the kind's settings (MPIJobSettings or TrainJobSettings: both have the
 fields read here).
 """
@@ -51,6 +57,17 @@ def check_env(spec: JobSpec, reserved: tuple[str, ...] = ()) -> None:
             )
         if name in managed:
             raise JobSpecError(f"env sets {name}, which the backend manages; remove it from the job spec")
+
+
+def check_pinned(spec: JobSpec) -> None:
+    """A user script's code reaches a cluster only as the bundle its launch pinned into the run folder (the pods
+    read it from the store, checked against the sha256 in the config: no volume): a config that still names a
+    folder on the launching machine would run nothing there, so it is refused before anything is created."""
+    entry = spec.config.get("entry")
+    if isinstance(entry, dict) and entry.get("folder") is not None:
+        raise JobSpecError(f"entry.folder {entry['folder']!r} is a folder on this machine, never packed: launch the "
+                           "job with the train operator or ringflow train, which pin its bundle into the run folder "
+                           "(code_bundle.pin_entry) and hand the cluster its sha256")
 
 
 def check_hostname(spec: JobSpec, longest: str, kind: str) -> None:

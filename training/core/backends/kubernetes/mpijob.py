@@ -91,6 +91,7 @@ def build_mpijob(spec: JobSpec, settings: MPIJobSettings) -> dict[str, Any]:
     _check_engine(spec)
     _check_name(spec)
     P.check_env(spec)
+    P.check_pinned(spec)
     labels = L.job_labels(spec.labels)
     command = mpirun_command(spec, settings)
     launcher = _container("launcher", command, settings, settings.launcher)

@@ -139,6 +139,7 @@ def build_trainjob(spec: JobSpec, settings: TrainJobSettings) -> dict[str, Any]:
     engine = engine_of(spec)
     _check_name(spec, engine)
     P.check_env(spec, RESERVED_ENV[_pod_launcher(engine)] + (ENGINE_ENV,) + RUNTIME_ENV)
+    P.check_pinned(spec)
     command = _command(spec, settings, engine)
     trainer = {
         "image": settings.image,
