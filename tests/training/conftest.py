@@ -27,11 +27,12 @@ class JobRunner:
             cfg[key] = cfg[key] | value if isinstance(value, dict) and isinstance(cfg.get(key), dict) else value
         return cfg
 
-    def run(self, cfg: dict, np: int = 2, controller: str = "gloo", timeout: float = 240):
+    def run(self, cfg: dict, np: int = 2, controller: str = "gloo", timeout: float = 240, args: tuple = ()):
+        """`ringflow train` on `cfg` (`args`: more of its flags): (exit code, output)."""
         path = self.root / f"{Path(cfg['run_uri']).name}-{len(list(self.root.glob('*.json')))}.json"
         path.write_text(json.dumps(cfg))
         proc = subprocess.run([sys.executable, "-m", "ringflow.training.core.cli", "train", str(path), "--np", str(np),
-                               "--controller", controller], capture_output=True, text=True, timeout=timeout,
+                               "--controller", controller, *args], capture_output=True, text=True, timeout=timeout,
                               env=os.environ | {"PYTHONUNBUFFERED": "1"})
         return proc.returncode, proc.stdout + proc.stderr
 
@@ -77,6 +78,28 @@ def jobs(digits_manifest, tmp_path) -> JobRunner:
 def module_jobs(digits_manifest, tmp_path_factory) -> JobRunner:
     """Jobs a whole test module shares: built once by a module-scoped fixture, read by several tests."""
     return JobRunner(digits_manifest, tmp_path_factory.mktemp("module-jobs"))
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(digits_manifest, tmp_path_factory):
+    """`uninterrupted(engine)`: (config, output) of the one plain 3-epoch, 2-worker run of a torch engine that
+    several modules check or compare with (Horovod's learning, DDP's likeness to it, kill-and-resume equality,
+    the cross-engine resume), run once, on first use. Nobody writes to it.
+
+    DDP's is started by `ringflow train --engine ddp` on a config that names no engine: the flag is proven on it
+    (test_ddp_training.py)."""
+    runner = JobRunner(digits_manifest, tmp_path_factory.mktemp("uninterrupted"))
+    done: dict[str, tuple[dict, str]] = {}
+
+    def run(engine: str) -> tuple[dict, str]:
+        if engine not in done:
+            cfg = runner.config(f"uninterrupted-{engine}", epochs=3)
+            code, out = runner.run(cfg, args=("--engine", engine) if engine != "horovod" else ())
+            assert code == 0, out
+            done[engine] = cfg, out
+        return done[engine]
+
+    return run
 
 
 class ProcessJanitor:

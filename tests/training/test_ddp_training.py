@@ -1,9 +1,6 @@
-"""2-process DDP runs on CPU under torchrun: the same training as Horovod's, and checkpoints that resume under the
-other engine. (Kill-and-resume equality, for both engines: test_resume.py.)"""
-import json
-import subprocess
-import sys
-
+"""2-process DDP runs on CPU under torchrun: the same training as Horovod's (the shared uninterrupted runs,
+tests/training/conftest.py, DDP's started by the --engine flag), and checkpoints that resume under the other
+engine. (Kill-and-resume equality: test_resume.py.)"""
 import pytest
 import torch
 
@@ -16,11 +13,12 @@ def assert_same_parameters(actual, expected):
         torch.testing.assert_close(actual[name], expected[name], rtol=1e-6, atol=1e-7)
 
 
-def test_ddp_trains_like_horovod_with_identical_replicas(jobs):
-    """Same partitions, order, scaled learning rate and averaging: the same parameters as Horovod's."""
-    ddp = jobs.config("learn-ddp", epochs=3, engine="ddp")
-    code, out = jobs.run(ddp)
-    assert code == 0, out
+def test_ddp_trains_like_horovod_with_identical_replicas(jobs, uninterrupted):
+    """Same partitions, order, scaled learning rate and averaging: the same parameters as Horovod's. The DDP run
+    is `ringflow train --engine ddp` on a config that names no engine: the flag overrides the config's default,
+    torchrun starts the ranks, DDP trains."""
+    (ddp, out), (horovod, _) = uninterrupted("ddp"), uninterrupted("horovod")
+    assert "engine" not in ddp
     steps = [r for r in jobs.health(ddp) if r["type"] == "step"]
     assert len(steps) == 3 * 22
     first, last = sum(s["loss"] for s in steps[:5]) / 5, sum(s["loss"] for s in steps[-5:]) / 5
@@ -35,21 +33,17 @@ def test_ddp_trains_like_horovod_with_identical_replicas(jobs):
     assert result.samples_per_sec_after_warmup > 0  # both ranks' rows and times gathered after the closing barrier
     assert "step=10 epoch=1/3 loss=" in out and "on 2 workers with ddp (lr 0.004 = 0.002 x 2)" in out
 
-    horovod = jobs.config("learn-horovod", epochs=3)
-    assert jobs.run(horovod)[0] == 0
     assert_same_parameters(jobs.final_parameters(ddp), jobs.final_parameters(horovod))
 
 
 # One direction: a checkpoint's format is the engines' shared code (formats/checkpoint.py, rank/training_state.py),
 # so what DDP writes and Horovod resumes proves the other way round too.
 @pytest.mark.parametrize("first, then", [("ddp", "horovod")])
-def test_a_checkpoint_resumes_under_the_other_engine(jobs, first, then):
+def test_a_checkpoint_resumes_under_the_other_engine(jobs, uninterrupted, first, then):
     """Killed at step 37 under one engine, resumed under the other from step 30 (model, optimizer, cursor; or 20
     when 30 was still uploading):
     it ends where an uninterrupted run of the first engine ends."""
-    reference = jobs.config(f"whole-{first}", epochs=3, engine=first)
-    code, out = jobs.run(reference)
-    assert code == 0, out
+    reference, _ = uninterrupted(first)
 
     switched = jobs.config(f"{first}-then-{then}", epochs=3, engine=first,
                            faults=[{"kind": "crash", "rank": 0, "step": 37}])
@@ -65,19 +59,6 @@ def test_a_checkpoint_resumes_under_the_other_engine(jobs, first, then):
     assert (result.resumed_from == "ckpt-000000030" and "resuming from checkpoint ckpt-000000030 (step 30, epoch 1, "
             "896 of 1408 rows of the epoch left)" in out) or (result.resumed_from == "ckpt-000000020" and "ckpt-000000020 (step 20" in out), out
     assert_same_parameters(jobs.final_parameters(switched), jobs.final_parameters(reference))
-
-
-def test_engine_flag_overrides_the_config(jobs):
-    """`ringflow train --engine ddp` on a config that says nothing: torchrun starts the ranks, DDP trains."""
-    cfg = jobs.config("flag", epochs=1)
-    path = jobs.root / "flag.json"
-    path.write_text(json.dumps(cfg))
-    proc = subprocess.run([sys.executable, "-m", "ringflow.training.core.cli", "train", str(path), "--np", "2",
-                           "--engine", "ddp"], capture_output=True, text=True, timeout=240)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
-    assert "on 2 workers with ddp" in out
-    assert jobs.result(cfg).succeeded
 
 
 def test_accumulated_passes_match_horovods(jobs):

@@ -1,5 +1,6 @@
-"""2-process Horovod runs on CPU: learning, identical replicas, a tampered checkpoint skipped on resume.
-(Kill-and-resume equality, for both engines: test_resume.py.)"""
+"""2-process Horovod runs on CPU: learning and identical replicas (with either controller), a plain mpirun's ranks.
+(Kill-and-resume equality: test_resume.py; a truncated checkpoint skipped on resume:
+rank/test_training_state.py, on the run that also skips a planted one.)"""
 import json
 import os
 import subprocess
@@ -12,10 +13,14 @@ pytestmark = pytest.mark.job
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_loss_falls_and_replicas_stay_identical(jobs, controller):
-    cfg = jobs.config(f"learn-{controller}", epochs=3)
-    code, out = jobs.run(cfg, controller=controller)
-    assert code == 0, out
+def test_loss_falls_and_replicas_stay_identical(jobs, uninterrupted, controller):
+    if controller == "gloo":  # the shared plain run (tests/training/conftest.py): gloo is `jobs.run`'s controller
+        cfg, out = uninterrupted("horovod")
+    else:
+        cfg = jobs.config(f"learn-{controller}", epochs=3)
+        code, out = jobs.run(cfg, controller=controller)
+        assert code == 0, out
+    assert [r["engine"] for r in jobs.health(cfg) if r["type"] == "start"] == ["horovod"]  # the default engine
     steps = [r for r in jobs.health(cfg) if r["type"] == "step"]
     assert len(steps) == 3 * 22
     first, last = sum(s["loss"] for s in steps[:5]) / 5, sum(s["loss"] for s in steps[-5:]) / 5
@@ -26,19 +31,6 @@ def test_loss_falls_and_replicas_stay_identical(jobs, controller):
     assert result.succeeded and result.world_size == 2
     assert result.samples_per_sec_after_warmup > 0  # both ranks' rows and times gathered after the closing barrier
     assert "step=10 epoch=1/3 loss=" in out and "samples/s=" in out
-
-
-def test_tampered_newest_checkpoint_is_skipped_on_resume(jobs):
-    cfg = jobs.config("tamper", epochs=1)
-    assert jobs.run(cfg)[0] == 0
-    newest = jobs.checkpoint_folder(cfg, jobs.checkpoints(cfg).names()[0])
-    state = newest / "state.pt"
-    state.write_bytes(state.read_bytes()[:-100])  # truncated, as by a crash mid-upload
-    cfg["epochs"] = 2
-    code, out = jobs.run(cfg)
-    assert code == 0, out
-    assert jobs.result(cfg).resumed_from != newest.name
-    assert newest.name in out  # the warning names what was skipped
 
 
 def test_plain_mpirun_ranks_take_the_horovod_knobs_from_the_config(jobs, tmp_path):

@@ -10,9 +10,8 @@ pytestmark = pytest.mark.job
 
 # TensorFlow's resume is tested with its rank.
 @pytest.mark.parametrize("engine", ["horovod"])
-def test_killed_worker_resumes_to_the_same_parameters(jobs, engine):
-    reference = jobs.config("uninterrupted", epochs=3, engine=engine)
-    assert jobs.run(reference)[0] == 0
+def test_killed_worker_resumes_to_the_same_parameters(jobs, uninterrupted, engine):
+    reference, _ = uninterrupted(engine)  # the shared plain run (tests/training/conftest.py)
 
     interrupted = jobs.config("interrupted", epochs=3, engine=engine, faults=[{"kind": "crash", "rank": 1, "step": 37}])
     code, out = jobs.run(interrupted)

@@ -1,4 +1,5 @@
-"""state.pt loads with weights_only: tensors and plain data only, so a planted pickle runs nothing."""
+"""state.pt loads with weights_only: tensors and plain data only, so a planted pickle runs nothing. Its job test
+is also where a real job's resume skips a truncated checkpoint and a rerun of a finished job keeps its verdict."""
 from __future__ import annotations
 
 import io
@@ -101,27 +102,55 @@ def test_a_plain_pickle_that_is_no_torch_file_is_refused(tmp_path):
 
 
 @pytest.mark.job
-def test_resume_refuses_a_planted_checkpoint_whose_manifest_was_fixed_up(jobs, tmp_path):
-    """The attack from the issue: a state.pt that runs a shell command, MANIFEST sha256 made to match."""
+def test_a_finished_run_reruns_unchanged_then_resumes_past_a_planted_and_a_truncated_checkpoint(jobs, tmp_path):
+    """One finished 1-epoch run (checkpoints 10, 20 and the final 22), three checks on it:
+
+    - a rerun of the finished job reports the same checkpoint and verdict (the promotion gate refuses a `null`
+      verdict) and writes no checkpoint again;
+    - the attack from the issue: a state.pt that runs a shell command, MANIFEST sha256 made to match, planted in
+      place of the newest published checkpoint (run.json names it, so the resume loads it first) ...
+    - ... and the next one truncated, as by a crash mid-upload: a run of 2 epochs skips both, like corrupt ones,
+      resumes from the step-10 checkpoint, says what it skipped and runs nothing planted."""
+    from run_folder_files import read_result
+
     cfg = jobs.config("planted", epochs=1)
-    assert jobs.run(cfg)[0] == 0
+    code, out = jobs.run(cfg)
+    assert code == 0, out
+    first = jobs.result(cfg)
+    # HEALTHY, or DEGRADED (sync-bound) on a loaded host: this tiny model's step is mostly all-reduce.
+    assert first.verdict is not None and first.verdict.status in ("HEALTHY", "DEGRADED"), first
+    final = jobs.checkpoint_folder(cfg, first.checkpoint) / "MANIFEST.json"
+    written = final.read_bytes()
+
+    code, out = jobs.run(cfg)
+    assert code == 0, out
+    again = jobs.result(cfg)
+    assert "already finished" in out
+    assert again.succeeded and again.checkpoint == first.checkpoint
+    assert again.verdict == first.verdict and again.attempt != first.attempt
+    assert final.read_bytes() == written
+    starts = [r for r in jobs.health(cfg) if r["type"] == "start"]
+    assert len(starts) == 2 and starts[1]["finished_already"] and starts[1]["attempt"] == again.attempt
+
     published = jobs.checkpoints(cfg)
     newest = published.latest_valid()
-    # Planted in place of the newest published checkpoint (run.json names it, so the resume loads it).
-    name = published.names()[0]
-    checkpoints = CheckpointStore(LocalFolderStore(cfg["run_uri"]), prefix=published.prefix_of(name), keep_last=None)
+    planted, truncated = published.names()[:2]
+    assert planted == first.checkpoint == newest.manifest.name
+    checkpoints = CheckpointStore(LocalFolderStore(cfg["run_uri"]), prefix=published.prefix_of(planted),
+                                  keep_last=None)
     marker = tmp_path / "pwned"
-    assert checkpoints.save(newest.step, {STATE_FILE: _planted_state(marker)}, dict(newest.manifest.meta)) == name
+    assert checkpoints.save(newest.step, {STATE_FILE: _planted_state(marker)}, dict(newest.manifest.meta)) == planted
+    state = jobs.checkpoint_folder(cfg, truncated) / STATE_FILE
+    state.write_bytes(state.read_bytes()[:-100])
     cfg["epochs"] = 2
     code, out = jobs.run(cfg)
-    # Skipped like a corrupt checkpoint: the job resumes from the newest safe one (or the start) and says why.
     assert code == 0, out
     assert "refused to load" in out and "weights_only" not in out
     assert not marker.exists()
-    from run_folder_files import read_result
-
+    assert truncated in out  # the warning names what was skipped
     result = read_result(LocalFolderStore(cfg["run_uri"]))
-    assert result.succeeded and result.skipped_checkpoints[0].name == name and result.resumed_from != name
+    assert result.succeeded and result.resumed_from == published.names()[2] == "ckpt-000000010"
+    assert [s.name for s in result.skipped_checkpoints] == [planted, truncated]
     assert "refused to load" in result.skipped_checkpoints[0].reason
 
 
