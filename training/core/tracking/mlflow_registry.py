@@ -11,7 +11,9 @@ and a rollback finds the version to point the alias at. MLflow's aliases, not it
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import logging
+import os
 import tempfile
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -22,6 +24,7 @@ from ...store import split_uri
 from . import served_model
 from .mlflow_runs import client_for, ensure_run
 from .settings import TrackingSettings, tracking_env
+from ...rank.script_state import promoted_script
 from ...rank.training_state import STATE_FILE
 
 if TYPE_CHECKING:
@@ -32,6 +35,7 @@ log = logging.getLogger(__name__)
 
 TAG_STORE_VERSION = "ringflow.version"
 MODEL_ARTIFACT = "model"
+SCRIPT_FILE = "script.json"  # beside a user script's state file in its MLflow model artifact
 REGISTRATION_WAIT_SECONDS = 300
 
 
@@ -79,6 +83,34 @@ def model_data(folder: str, *, run_folder: RunFolder, checkpoint: str,
     return served_model.load(folder)
 
 
+def _register_script_model(folder: str, run_id: str, model_name: str, files: Mapping[str, bytes],
+                            script: Mapping[str, Any]) -> int:
+    """A user script's promoted checkpoint as an MLflow model version: its state file and SCRIPT_FILE (what
+    MODEL.json's "script" says: the script, its bundle, engine, how to load it) under the run's `model`
+    artifact. Not a pyfunc: the model's class is the script's, which ringflow cannot build. The version's number."""
+    import mlflow
+
+    os.makedirs(f"{folder}/{MODEL_ARTIFACT}")
+    with open(f"{folder}/{MODEL_ARTIFACT}/{script['state_file']}", "wb") as fh:
+        fh.write(files[script["state_file"]])
+    with open(f"{folder}/{MODEL_ARTIFACT}/{SCRIPT_FILE}", "w") as fh:
+        json.dump(script, fh, indent=1, sort_keys=True)
+    from mlflow.exceptions import MlflowException
+
+    with mlflow.start_run(run_id=run_id) as run:
+        mlflow.log_artifacts(f"{folder}/{MODEL_ARTIFACT}", MODEL_ARTIFACT)
+        source = f"{run.info.artifact_uri.rstrip('/')}/{MODEL_ARTIFACT}"
+    client = mlflow.MlflowClient()
+    try:
+        client.get_registered_model(model_name)
+    except MlflowException:
+        client.create_registered_model(model_name)
+    # Artifacts, not a logged model (MLflow's register_model wants an MLmodel): a version of the folder itself.
+    version = client.create_model_version(model_name, source, run_id=run_id,
+                                          await_creation_for=REGISTRATION_WAIT_SECONDS)
+    return int(version.version)
+
+
 def register_promotion(settings: TrackingSettings, *, experiment: str, run_uri: str, run_folder: RunFolder,
                        checkpoint: str, model_name: str, store_version: int,
                        open_store: Callable[[str], ObjectStore], metrics: Mapping[str, Any] | None = None) -> int:
@@ -92,15 +124,21 @@ def register_promotion(settings: TrackingSettings, *, experiment: str, run_uri: 
         if existing is None:
             run = ensure_run(client, experiment, run_uri)
             source = {"run_uri": run_uri, "checkpoint": checkpoint, "ringflow_version": store_version}
+            head = run_folder.checkpoints().read_manifest(checkpoint)
+            script = promoted_script(head.meta, head.files, run_uri)
             with tempfile.TemporaryDirectory(prefix="ringflow-mlflow-model-") as tmp:
-                model = model_data(f"{tmp}/data", run_folder=run_folder, checkpoint=checkpoint,
-                                   open_store=open_store, source=source)
-                with mlflow.start_run(run_id=run.info.run_id):
-                    info = mlflow.pyfunc.log_model(
-                        name=MODEL_ARTIFACT, loader_module=served_model.__name__, data_path=f"{tmp}/data",
-                        pip_requirements=_requirements(), signature=served_model.signature_for(model.schema),
-                        registered_model_name=model_name, await_registration_for=REGISTRATION_WAIT_SECONDS)
-            number = int(info.registered_model_version)
+                if script is not None:  # a user script's model: its state file and how to load it, no pyfunc
+                    files = run_folder.checkpoints().load(checkpoint).files  # its sha256 checked on the way
+                    number = _register_script_model(tmp, run.info.run_id, model_name, files, script)
+                else:
+                    model = model_data(f"{tmp}/data", run_folder=run_folder, checkpoint=checkpoint,
+                                       open_store=open_store, source=source)
+                    with mlflow.start_run(run_id=run.info.run_id):
+                        info = mlflow.pyfunc.log_model(
+                            name=MODEL_ARTIFACT, loader_module=served_model.__name__, data_path=f"{tmp}/data",
+                            pip_requirements=_requirements(), signature=served_model.signature_for(model.schema),
+                            registered_model_name=model_name, await_registration_for=REGISTRATION_WAIT_SECONDS)
+                    number = int(info.registered_model_version)
             tags = {TAG_STORE_VERSION: str(store_version), "ringflow.run_uri": run_uri,
                     "ringflow.checkpoint": checkpoint,
                     **{f"eval.{k}": str(v) for k, v in (metrics or {}).items()}}
