@@ -33,6 +33,10 @@ def test_nan_gradient_on_one_rank_is_nonfinite(jobs, engine):
     assert verdict["status"] == "NONFINITE"
     assert verdict["evidence"]["step"] == 12 and verdict["evidence"]["ranks"] == [1]
     assert "health verdict NONFINITE" in out
+    # An injected NaN is no property of the data: replayed from the step-10 checkpoint, the step is finite.
+    replay = verdict["evidence"]["replay"]
+    assert replay["reproducible"] is False and replay["rows"] == [] and replay["step"] == 12, replay
+    assert replay["checkpoint_step"] == 10 and replay["reason"].startswith("transient:")
 
 
 @pytest.mark.parametrize("engine, every_step, detected_at", [("horovod", True, 12), ("ddp", False, 20)])
