@@ -15,6 +15,7 @@ import gzip
 import hashlib
 import io
 import os
+import shutil
 import tarfile
 import tempfile
 
@@ -104,10 +105,13 @@ def script_folder(folder: str, name: str, script: str) -> str:
 
 def pin_entry(cfg: JobConfig, run_store: ObjectStore, relative_to: str | None = None) -> JobConfig:
     """`cfg` with its entry's folder packed into the run folder and its sha256 pinned (the folder dropped); `cfg`
-    unchanged when it has no folder to pack (ringflow's loop, a path in the image, or pinned already).
+    unchanged when it has no folder to pack (ringflow's loop, a path in the image, or pinned already: then its
+    bundle is checked here, so a swapped one is refused before any rank starts).
     relative_to: the folder a relative entry.folder is relative to (the config file's); else the working one."""
     entry = cfg.entry
     if entry is None or entry.folder is None:
+        if entry is not None and entry.bundle_sha256 is not None:
+            read_bundle(entry, run_store)  # pinned already: refused here, before any rank starts, if not that code
         return cfg
     folder = os.path.join(relative_to, entry.folder) if relative_to else entry.folder
     script = os.path.join(folder, entry.script)
@@ -128,13 +132,9 @@ def _stored_sha256(store: ObjectStore, key: str) -> str | None:
         return None
 
 
-def fetch_bundle(entry: EntryConfig, run_store: ObjectStore, into: str | None = None) -> str:
-    """The pinned bundle read from the run folder, checked against its sha256 and unpacked into a new folder
-    (under `into`, else the temp folder); that folder. BundleError, before anything of it runs, for a bundle
-    missing or not the pinned one (planted, swapped, changed after the launch), or an entry never pinned."""
-    if entry.folder is not None:
-        raise BundleError(f"entry.folder {entry.folder!r} was never packed: launch the job with ringflow train or "
-                          "the train operator, which pin the code's bundle")
+def read_bundle(entry: EntryConfig, run_store: ObjectStore) -> bytes:
+    """The pinned bundle's bytes, read from the run folder and checked against the sha256 the config pinned.
+    BundleError for a bundle missing or not the pinned one (planted, swapped, changed after it was pinned)."""
     digest = entry.bundle_sha256
     try:
         data = run_store.get_bytes(bundle_key(digest))
@@ -146,7 +146,24 @@ def fetch_bundle(entry: EntryConfig, run_store: ObjectStore, into: str | None = 
         raise BundleError(f"the code bundle {run_store.uri}/{bundle_key(digest)} has sha256 {got[:12]}..., not the "
                           f"{digest[:12]}... the job config pinned: it was changed after the launch; refused, "
                           "nothing of it ran. Launch the job again to pin the code as it is now")
+    return data
+
+
+def fetch_bundle(entry: EntryConfig, run_store: ObjectStore, into: str | None = None) -> str:
+    """The pinned bundle read from the run folder, checked against its sha256 (read_bundle) and unpacked into a
+    new folder (under `into`, else the temp folder); that folder. BundleError, before anything of it runs, for a
+    bundle missing or not the pinned one, or an entry never pinned."""
+    if entry.folder is not None:
+        raise BundleError(f"entry.folder {entry.folder!r} was never packed: launch the job with ringflow train or "
+                          "the train operator, which pin the code's bundle")
+    data = read_bundle(entry, run_store)
     folder = tempfile.mkdtemp(prefix="ringflow-code-", dir=into)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(folder, filter="data")  # no links out, no absolute paths, no devices
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            tar.extractall(folder, filter="data")  # no links out, no absolute paths, no devices
+    except tarfile.TarError as exc:  # pinned, yet not a bundle pack() made: nothing of it runs
+        shutil.rmtree(folder, ignore_errors=True)
+        raise BundleError(f"the code bundle {run_store.uri}/{bundle_key(entry.bundle_sha256)} is not a plain "
+                          f"folder's pack ({exc}); refused, nothing of it ran. Launch the job again from the "
+                          "script's folder to pin a bundle ringflow packed") from None
     return folder

@@ -62,6 +62,12 @@ class DatasetShard:
         return self._batches.batches_per_epoch
 
     @property
+    def row_ids(self):
+        """The (file index in the manifest, row in that file) of each row of the batch last served: a numpy
+        int64 array of shape (rows, 2), the same ids whatever the epoch or world size (none for an empty batch)."""
+        return self._batches.row_ids
+
+    @property
     def schema(self):
         """The manifest's schema: features, target, input_shape, num_outputs, task."""
         return self._batches.schema

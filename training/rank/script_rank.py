@@ -85,6 +85,8 @@ class ScriptEngine:
     def start(cls, cfg: JobConfig, engine: str) -> "ScriptEngine":
         if engine == "horovod":  # the knobs ringflow's Horovod engine sets, read by the script's hvd.init()
             os.environ.update(cfg.horovod.environment())
+        if engine == "tensorflow":
+            use_legacy_keras(os.environ)
         return cls(engine, launcher_rank(os.environ) or 0, launcher_world_size(os.environ) or 1)
 
 
@@ -98,6 +100,7 @@ class ScriptRun(RankRun):
         self.eval_metrics: dict[str, float] | None = None
         self.final: str | None = None
         self._handed: tuple[int, Any] | None = None   # (step, state) handed last and not yet written
+        self._last_handed: tuple[int, Any] | None = None  # (step, state) handed last, written or not
         self._written_step: int | None = None
         self._last_written = time.monotonic()
         self._last_report: float | None = None
@@ -238,7 +241,7 @@ class ScriptRun(RankRun):
     def _hand(self, step: int, state: Any) -> None:
         if self.writer is None:
             return
-        self._handed = (step, state)
+        self._handed = self._last_handed = (step, state)
         cadence = self.cfg.checkpoint
         since = step - (self._written_step or 0)
         if since >= cadence.cadence_steps and time.monotonic() - self._last_written >= cadence.floor_seconds:
@@ -334,6 +337,10 @@ class ScriptRun(RankRun):
             self.liveness.stop()
             return int(exit_code)
         if self.writer is not None:
+            if self._handed is None and self._last_handed is not None:
+                # The last state handed over was written already, as a checkpoint the cadence made due: written
+                # again (the same step) as the final one, with the run's verdict and eval metrics in its meta.
+                self._handed = self._last_handed
             if self._handed is not None:
                 self._write(final=True)
             self.writer.wait()
@@ -346,8 +353,20 @@ class ScriptRun(RankRun):
         return result.exit_code
 
     def _newest_checkpoint(self) -> str | None:
-        names = self.published().names()
-        return names[-1] if names else None
+        names = self.published().names()  # newest first
+        return names[0] if names else None
+
+
+def use_legacy_keras(environ) -> None:
+    """`tf.keras` as tf-keras (Keras 2) for a TensorFlow script rank, where tf-keras is installed: Keras 3's
+    model.fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585), tf-keras's works. Set here,
+    before the script runs, because TensorFlow reads TF_USE_LEGACY_KERAS once, when it is first imported (a
+    script cannot be sure none of its imports did that first); a script that imports `keras` itself still gets
+    Keras 3. The environment's own value wins (TF_USE_LEGACY_KERAS=0: Keras 3's tf.keras)."""
+    import importlib.util
+
+    if importlib.util.find_spec("tf_keras") is not None:
+        environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 
 def _is_number(value: Any) -> bool:
