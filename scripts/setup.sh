@@ -117,6 +117,13 @@ if ! "$py" -c "import horovod.torch" 2>/dev/null; then
   "$py" -m pip install --quiet "$cache"/wheels/horovod-"$HOROVOD_VERSION"-*.whl
 fi
 [ -n "${side_pids[tensorflow]:-}" ] && wait_side tensorflow
+# tf-keras for users' Keras scripts (versions.env): --no-deps, since it requires the `tensorflow` wheel, which would
+# be installed over tensorflow-cpu's files. Checked on its own, so an existing TF venv gets it without a rebuild.
+if ! "$tf_venv/bin/python" -c "import tf_keras, sys; sys.exit(tf_keras.__version__ != '$TF_KERAS_VERSION')" \
+    2>/dev/null; then
+  echo "[setup] installing tf-keras $TF_KERAS_VERSION in $tf_venv"
+  "$tf_venv/bin/python" -m pip install --quiet --no-deps "tf-keras==$TF_KERAS_VERSION"
+fi
 # Editable, as in $venv: the ranks run this checkout's code. After the main venv's editable install, not beside
 # it: both build from the same source tree.
 "$tf_venv/bin/python" -m pip install --quiet --no-deps -e .
