@@ -1,5 +1,6 @@
 """The whole ringflow_retrain DAG on an S3 store: `RINGFLOW_STORE=s3://...` and the Airflow connection
-`ringflow_s3`, against moto's server on 127.0.0.1 with credentials enforced.
+`ringflow_s3`, against moto's server on 127.0.0.1 with credentials enforced, reached through a fault-injecting
+proxy (tests/s3_fault_proxy.py).
 
 The connection holds the only credentials anything in the run has: a user allowed on this one bucket and
 nothing else, so a process that reached the bucket any other way (keys from a job spec, an XCom, the test's
@@ -7,10 +8,10 @@ environment) would be refused. Shards, checkpoints, health records, result/eval,
 promoted model all land in the bucket; nothing lands in a local folder; the secret key is in no file the
 run leaves behind (job folder, Airflow's database, logs).
 
-Then the same DAG through a fault-injecting proxy (tests/s3_fault_proxy.py): 5xx answers, reset connections
-and slow answers during shard reads, checkpoint uploads and the promotion copy are retried by the store and
-lose nothing (the train task does not even retry); a checkpoint upload that fails for good fails the job, and
-the task's retry resumes from the previous checkpoint.
+The same run meets transient faults: 5xx answers, reset connections and slow answers during shard reads,
+checkpoint uploads and the promotion are retried by the store and lose nothing (the train task does not even
+retry). A checkpoint upload that fails for good, and the next try resuming from the previous checkpoint, is a
+job's test (tests/training/test_s3_checkpoint_outage.py): the task's retry itself is the failure policy's.
 """
 from __future__ import annotations
 
@@ -74,10 +75,10 @@ def bucket_user(server, bucket: str, name: str) -> tuple[str, str]:
     return key["AccessKeyId"], key["SecretAccessKey"]
 
 
-def connection_env(endpoint: str, access_key: str, secret_key: str) -> dict[str, str]:
+def connection_env(endpoint: str, access_key: str, secret_key: str, config_kwargs: dict) -> dict[str, str]:
     """The `ringflow_s3` connection in the environment-variable form (JSON) Airflow reads."""
     conn = {"conn_type": "aws", "login": access_key, "password": secret_key,
-            "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+            "extra": {"endpoint_url": endpoint, "region_name": "us-east-1", "config_kwargs": config_kwargs}}
     return {"AIRFLOW_CONN_RINGFLOW_S3": json.dumps(conn)}
 
 
@@ -180,100 +181,16 @@ def test_scoped_user_reaches_its_bucket_only(s3_server_with_auth):
             call()
 
 
-@pytest.mark.pipeline
-def test_pipeline_script_promotes_through_s3_with_the_connection_only(s3_server_with_auth, clean_env, tmp_path):
-    """scripts/run-pipeline.sh as a team runs it, on a fresh AIRFLOW_HOME, with an s3:// store."""
-    server = s3_server_with_auth
-    bucket = server.new_bucket("rf-pipeline")
-    access, secret = bucket_user(server, bucket, f"user-{bucket}")
-    home, jobs = tmp_path / "airflow", tmp_path / "jobs"
-    model = "digits-s3"
-    env = {k: v for k, v in clean_env.items() if not k.startswith("AIRFLOW")} | {
-        "AIRFLOW_HOME": str(home), "RINGFLOW_STORE": f"s3://{bucket}/{STORE_PREFIX}",
-        "RINGFLOW_LOCAL_JOBS": str(jobs), "RINGFLOW_VENV": sys.prefix,
-    } | connection_env(server.endpoint, access, secret)
-
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "run-pipeline.sh"), json.dumps(CONF | {"model_name": model})],
-                          env=env, capture_output=True, text=True, timeout=540, cwd=tmp_path)
-    out = proc.stdout + proc.stderr
-    logs = "\n".join(p.read_text(errors="replace")[-4000:] for p in (home / "logs").glob("pipeline-*.log"))
-    assert proc.returncode == 0, out[-4000:] + logs
-    assert f"model '{model}' version 1 is in production" in out, out[-3000:]
-
-    pointer = check_bucket(server, bucket, model)
-    assert f"s3://{bucket}/{STORE_PREFIX}/models/{model}/production.json" in out
-    assert pointer["run_uri"] in out
-
-    # Nothing written to a local store: not the default folder, not a folder named after the URI.
-    assert not (home / "ringflow-data").exists()
-    for where in (tmp_path, REPO):
-        assert not list(where.glob("s3*")), list(where.glob("s3*"))
-    job_dirs = list(jobs.iterdir())
-    assert len(job_dirs) == 1, job_dirs
-    assert {p.name for p in job_dirs[0].iterdir()} <= {"job.json", "labels.json", "output.log", "pid", "exit_code",
-                                                        "processes.json"}
-    # The job's spec holds URIs only; its keys came in its environment, from the connection.
-    job = json.loads((job_dirs[0] / "job.json").read_text())
-    assert job["run_uri"] == pointer["run_uri"] and job["manifest_uri"].startswith(f"s3://{bucket}/")
-    assert secret not in out
-    assert files_holding(jobs, secret) == []
-    # Airflow's database (XComs, rendered templates, trigger state; with its WAL file) and logs: they hold
-    # the run, not the secret.
-    assert any(pathlib.Path(p).name.startswith("airflow.db") for p in files_holding(home, pointer["run_uri"]))
-    assert files_holding(home, secret) == []
-    assert access not in (job_dirs[0] / "job.json").read_text()
-
-
-# -- transient faults ---------------------------------------------------------------------------------------
-
-# The connection's client settings for the fault runs: a read timeout well below the injected delays, so a
-# slow answer is given up on and retried; they reach the training processes with the credentials.
+# The connection's client settings: a read timeout well below the injected delays, so a slow answer is given up on
+# and retried; they reach the training processes with the credentials.
 FAULT_TUNING = {"connect_timeout": 5, "read_timeout": 2, "retries": {"total_max_attempts": 5}}
 DELAY_SECONDS = 5
 
 
-@pytest.fixture
-def proxied_store(s3_server_with_auth, clean_env, airflow_db, monkeypatch, tmp_path):
-    """A fresh bucket behind a FaultProxy, its own user, the ringflow_s3 connection pointing at the proxy
-    and RINGFLOW_STORE at the bucket; returns (proxy, bucket, secret, parsed DagBag)."""
-    from airflow.dag_processing.dagbag import DagBag
-    from s3_fault_proxy import FaultProxy
-
-    server = s3_server_with_auth
-    bucket = server.new_bucket("rf-faults")
-    access, secret = bucket_user(server, bucket, f"user-{bucket}")
-    with FaultProxy(server.endpoint) as proxy:
-        conn = json.loads(connection_env(proxy.endpoint, access, secret)["AIRFLOW_CONN_RINGFLOW_S3"])
-        conn["extra"]["config_kwargs"] = FAULT_TUNING
-        monkeypatch.setenv("AIRFLOW_CONN_RINGFLOW_S3", json.dumps(conn))
-        monkeypatch.setenv("RINGFLOW_STORE", f"s3://{bucket}/{STORE_PREFIX}")
-        monkeypatch.setenv("RINGFLOW_LOCAL_JOBS", str(tmp_path / "jobs"))
-        bag = DagBag(str(REPO / "dags"))
-        assert not bag.import_errors, bag.import_errors
-        yield proxy, bucket, secret, bag
-
-
-def failure(out: str) -> str:
-    """The task log from the first traceback on (what a failed run's assertion shows)."""
-    start = out.find("Traceback")
-    return out[start:start + 5000] if start >= 0 else out[-5000:]
-
-
-def run_dag(dag, conf: dict):
-    dr = dag.test(run_conf=conf)
-    tis = {ti.task_id.split(".", 1)[1]: ti for ti in dr.get_task_instances()}
-    return dr, tis
-
-
-@pytest.mark.pipeline
-def test_transient_s3_faults_are_retried_and_lose_nothing(proxied_store, s3_server_with_auth, capfd):
-    from ringflow.training.core.registry.model_registry import ModelRegistry
-    from ringflow.training.store import open_store
-
-    proxy, bucket, secret, bag = proxied_store
-    model = "digits-faults"
+def transient_faults(proxy, model: str) -> dict:
+    """One fault of each kind on each part of a run that reads or writes the store: {what: rule}."""
     ckpt = r"/runs/.*/checkpoints/{}/{}$"
-    rules = {
+    return {
         # Shard reads: each training rank reads its partition once; the evaluate task reads the eval split.
         "503 on rank 0's partition": proxy.fail("GET", r"/shards/digits/.*/part-00000\.parquet$", times=2),
         "reset reading rank 1's partition": proxy.reset("GET", r"/shards/digits/.*/part-00001\.parquet$"),
@@ -290,10 +207,33 @@ def test_transient_s3_faults_are_retried_and_lose_nothing(proxied_store, s3_serv
         "reset on the pointer write": proxy.reset("PUT", rf"/models/{model}/production\.json$"),
     }
 
-    dr, tis = run_dag(bag.dags[DAG_ID], CONF | {"model_name": model})
-    out = "".join(capfd.readouterr())
-    assert dr.state == "success", f"{ {step: str(tis[step].state) for step in STEPS} }\n{failure(out)}"
-    assert tis["train"].try_number == 1  # the store's own retries absorbed every fault; the task never retried
+
+@pytest.mark.pipeline
+def test_pipeline_script_promotes_through_s3_with_the_connection_only(s3_server_with_auth, clean_env, tmp_path):
+    """scripts/run-pipeline.sh as a team runs it, on a fresh AIRFLOW_HOME, with an s3:// store behind the proxy."""
+    from s3_fault_proxy import FaultProxy
+
+    from ringflow.training.core.registry.model_registry import ModelRegistry
+
+    server = s3_server_with_auth
+    bucket = server.new_bucket("rf-pipeline")
+    access, secret = bucket_user(server, bucket, f"user-{bucket}")
+    home, jobs = tmp_path / "airflow", tmp_path / "jobs"
+    model = "digits-s3"
+    with FaultProxy(server.endpoint) as proxy:
+        env = {k: v for k, v in clean_env.items() if not k.startswith("AIRFLOW")} | {
+            "AIRFLOW_HOME": str(home), "RINGFLOW_STORE": f"s3://{bucket}/{STORE_PREFIX}",
+            "RINGFLOW_LOCAL_JOBS": str(jobs), "RINGFLOW_VENV": sys.prefix,
+        } | connection_env(proxy.endpoint, access, secret, FAULT_TUNING)
+        rules = transient_faults(proxy, model)
+
+        proc = subprocess.run(["bash", str(REPO / "scripts" / "run-pipeline.sh"),
+                               json.dumps(CONF | {"model_name": model})],
+                              env=env, capture_output=True, text=True, timeout=540, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    logs = "\n".join(p.read_text(errors="replace")[-4000:] for p in (home / "logs").glob("pipeline-*.log"))
+    assert proc.returncode == 0, out[-4000:] + logs
+    assert f"model '{model}' version 1 is in production" in out, out[-3000:]
 
     assert proxy.pending() == []  # every fault was served ...
     for what, rule in rules.items():
@@ -306,63 +246,29 @@ def test_transient_s3_faults_are_retried_and_lose_nothing(proxied_store, s3_serv
                    and (200 <= e.status < 300 or (conditional and e.status == 412))
                    for e in log[last_fault + 1:]), (what, log)
 
-    pointer = check_bucket(s3_server_with_auth, bucket, model)  # nothing lost, nothing extra
-    result = read_result(open_store(pointer["run_uri"], s3=s3_server_with_auth.settings()))
-    assert result.resumed_from is None
-    registry = ModelRegistry(open_store(f"s3://{bucket}/{STORE_PREFIX}", s3=s3_server_with_auth.settings()))
+    pointer = check_bucket(server, bucket, model)  # nothing lost, nothing extra
+    assert f"s3://{bucket}/{STORE_PREFIX}/models/{model}/production.json" in out
+    assert pointer["run_uri"] in out
+    assert read_result(open_store(pointer["run_uri"], s3=server.settings())).resumed_from is None
+    registry = ModelRegistry(open_store(f"s3://{bucket}/{STORE_PREFIX}", s3=server.settings()))
     assert [p.version for p in registry.history(model)] == [1]  # the retried pointer write promoted once
-    # The job had the secret in its environment only: not in its folder, the task log or Airflow's database.
+
+    # Nothing written to a local store: not the default folder, not a folder named after the URI.
+    assert not (home / "ringflow-data").exists()
+    for where in (tmp_path, REPO):
+        assert not list(where.glob("s3*")), list(where.glob("s3*"))
+    job_dirs = list(jobs.iterdir())
+    # One job, of the train task's first try: the store's own retries absorbed every fault.
+    assert len(job_dirs) == 1 and job_dirs[0].name.endswith("-t1"), job_dirs
+    assert {p.name for p in job_dirs[0].iterdir()} <= {"job.json", "labels.json", "output.log", "pid", "exit_code",
+                                                        "processes.json"}
+    # The job's spec holds URIs only; its keys came in its environment, from the connection.
+    job = json.loads((job_dirs[0] / "job.json").read_text())
+    assert job["run_uri"] == pointer["run_uri"] and job["manifest_uri"].startswith(f"s3://{bucket}/")
     assert secret not in out
-    assert files_holding(pathlib.Path(os.environ["RINGFLOW_LOCAL_JOBS"]), secret) == []
-    home = pathlib.Path(os.environ["AIRFLOW_HOME"])
+    assert files_holding(jobs, secret) == []
+    # Airflow's database (XComs, rendered templates, trigger state; with its WAL file) and logs: they hold
+    # the run, not the secret.
     assert any(pathlib.Path(p).name.startswith("airflow.db") for p in files_holding(home, pointer["run_uri"]))
     assert files_holding(home, secret) == []
-
-
-@pytest.mark.pipeline
-def test_checkpoint_upload_failing_for_good_resumes_from_the_previous_checkpoint(proxied_store, s3_server_with_auth,
-                                                                                 tmp_path, capfd):
-    """Every attempt to upload ckpt-40 fails while the first job runs: that job stops with STORE_UNAVAILABLE
-    (the background writer's failure, not a crash), and the task's retry resumes from ckpt-20, the last
-    complete checkpoint, losing only the steps after it."""
-    import datetime as dt
-    import threading
-
-    proxy, bucket, _, bag = proxied_store
-    model = "digits-ckpt-lost"
-    dag = bag.dags[DAG_ID]
-    dag.get_task("digits.train").retry_delay = dt.timedelta(seconds=1)
-    proxy.fail("PUT", r"/runs/.*/checkpoints/ckpt-000000040/state\.pt$", times=None)
-
-    first_job_ended, stop = threading.Event(), threading.Event()
-
-    def heal_when_the_first_job_ends():  # the outage lasts exactly as long as the first try's job
-        while not stop.wait(0.2):
-            jobs = tmp_path / "jobs"  # it exits, or the trigger stops it once it has stopped itself
-            if list(jobs.glob("*-t1/exit_code")) or list(jobs.glob("*-t1/deleted")):
-                proxy.clear()
-                first_job_ended.set()
-                return
-
-    healer = threading.Thread(target=heal_when_the_first_job_ends, daemon=True)
-    healer.start()
-    try:
-        dr, tis = run_dag(dag, CONF | {"model_name": model})
-    finally:
-        stop.set()
-        healer.join(timeout=5)
-    out = "".join(capfd.readouterr())
-    assert first_job_ended.is_set(), failure(out)
-    assert dr.state == "success", f"{ {step: str(tis[step].state) for step in STEPS} }\n{failure(out)}"
-    assert tis["train"].try_number == 2
-
-    lost = proxy.requests("PUT", r"/checkpoints/ckpt-000000040/state\.pt$")
-    attempts = [e for e in lost if e.fault == "fail"]
-    assert len(attempts) == FAULT_TUNING["retries"]["total_max_attempts"], lost  # retried, then given up
-    assert lost[-1].fault is None and 200 <= (lost[-1].status or 0) < 300  # the retried task uploaded it
-    first_log = next((tmp_path / "jobs").glob("*-t1/output.log")).read_text(errors="replace")
-    assert "ckpt-000000040" in first_log and "STORE_UNAVAILABLE" in first_log, first_log[-3000:]
-
-    pointer = check_bucket(s3_server_with_auth, bucket, model)
-    result = read_result(open_store(pointer["run_uri"], s3=s3_server_with_auth.settings()))
-    assert result.resumed_from == "ckpt-000000020" and result.step == 44
+    assert access not in (job_dirs[0] / "job.json").read_text()
