@@ -27,30 +27,26 @@ def run_fault(jobs, engine, name, fault, health=None):
     return code, out, jobs.result(cfg).verdict.to_dict()
 
 
-def test_nan_gradient_on_one_rank_is_nonfinite(jobs, engine):
-    code, out, verdict = run_fault(jobs, engine, "nan", {"kind": "nan_gradient", "rank": 1, "step": 12})
-    assert code == exit_codes.BY_VERDICT["NONFINITE"], out
-    assert verdict["status"] == "NONFINITE"
-    assert verdict["evidence"]["step"] == 12 and verdict["evidence"]["ranks"] == [1]
-    assert "health verdict NONFINITE" in out
-    # An injected NaN is no property of the data: replayed from the step-10 checkpoint, the step is finite.
-    replay = verdict["evidence"]["replay"]
-    assert replay["reproducible"] is False and replay["rows"] == [] and replay["step"] == 12, replay
-    assert replay["checkpoint_step"] == 10 and replay["reason"].startswith("transient:")
-
-
+# Measured every 10th step, on one engine with the every-step NaN check and on the other without (the catch is the
+# engines' shared code: one setting on each engine).
 @pytest.mark.parametrize("engine, every_step, detected_at", [("horovod", True, 12), ("ddp", False, 20)])
-def test_nan_between_measurements_never_reaches_a_checkpoint(jobs, engine, every_step, detected_at):
-    """Measured every 10th step: the NaN from step 12 is found at step 20 (a measurement and checkpoint
-    step), before that checkpoint is written. Checked every step: found at step 12, never applied."""
-    code, out, verdict = run_fault(jobs, engine, f"nan-{every_step}", {"kind": "nan_gradient", "rank": 1, "step": 12},
+def test_nan_gradient_on_one_rank_is_nonfinite_and_never_reaches_a_checkpoint(jobs, engine, every_step, detected_at):
+    """Rank 1's gradient is NaN at step 12. Measured every 10th step, the NaN is found at step 20 (a measurement
+    and checkpoint step), before that checkpoint is written; checked every step, found at step 12, never
+    applied. Either way the verdict names where it began (rank 1, step 12), and the replay of that step from
+    the step-10 checkpoint is finite: an injected NaN is no property of the data (transient)."""
+    name = f"nan-{every_step}"
+    code, out, verdict = run_fault(jobs, engine, name, {"kind": "nan_gradient", "rank": 1, "step": 12},
                                    health={"every_steps": 10, "checksum_every_steps": 50,
                                            "nonfinite_every_step": every_step})
     assert code == exit_codes.BY_VERDICT["NONFINITE"], out
-    # Either way the verdict names where it began: rank 1's loss at step 12.
     assert verdict["status"] == "NONFINITE" and verdict["evidence"]["step"] == 12, verdict
     assert verdict["evidence"]["ranks"] == [1] and verdict["evidence"]["detected_at_step"] == detected_at
-    cfg = jobs.config(f"nan-{every_step}-{engine}")
+    assert "health verdict NONFINITE" in out
+    replay = verdict["evidence"]["replay"]
+    assert replay["reproducible"] is False and replay["rows"] == [] and replay["step"] == 12, replay
+    assert replay["checkpoint_step"] == 10 and replay["reason"].startswith("transient:")
+    cfg = jobs.config(f"{name}-{engine}")
     parameters = jobs.final_parameters(cfg)  # the newest valid checkpoint
     assert jobs.result(cfg).checkpoint is None
     assert all(torch.isfinite(t).all() for t in parameters.values())

@@ -1,7 +1,8 @@
 """Replay of a non-finite step in real jobs (horovodrun and torchrun, 2 ranks): rows whose loss overflows are
 named as the data (file and row), and a run that skips the named rows trains HEALTHY past that step and records
 them. The jobs run once per module; each test reads. (An injected NaN gradient replays finite, as transient: on the
-NaN job of tests/training/test_health_faults.py::test_nan_gradient_on_one_rank_is_nonfinite, each engine.)"""
+NaN job of tests/training/test_health_faults.py::test_nan_gradient_on_one_rank_is_nonfinite_and_never_reaches_a_checkpoint,
+each engine.)"""
 import pytest
 
 from ringflow.training.formats import exit_codes
