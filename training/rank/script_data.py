@@ -51,6 +51,7 @@ class DatasetShard:
         self._batches, self._seed, self._epochs, self._fmt = batches, seed, epochs, fmt
         self.cursor = cursor
         self._on_batch = on_batch
+        self.served_empty = False  # whether the batch served last held no rows
 
     @property
     def rows(self) -> int:
@@ -84,6 +85,7 @@ class DatasetShard:
         start = self.cursor
         for index, x, y in self._batches.batches(self._seed, start):
             self.cursor = Cursor(start.epoch, index + 1, start.remaining)
+            self.served_empty = len(y) == 0
             self._on_batch()
             yield self._convert(x), self._convert(y)
         self.cursor = Cursor(start.epoch + 1)

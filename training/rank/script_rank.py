@@ -198,6 +198,11 @@ class ScriptRun(RankRun):
         step = self.step
         self.metrics = {k: float(v) for k, v in metrics.items() if _is_number(v)}
         loss = self.metrics.get("loss", math.nan if "loss" in metrics else None)
+        if loss is not None and not math.isfinite(loss) and self._shard is not None and self._shard.served_empty:
+            # The mean loss of a batch of no rows (an uneven deal's last batch on this rank) is 0/0, not a
+            # diverging model: not measured.
+            loss = None
+            self.metrics.pop("loss", None)
         self.last_loss = loss if loss is not None else self.last_loss
         self._fire_faults(step)
         self.progress.beat(step)
