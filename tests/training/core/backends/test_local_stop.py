@@ -97,12 +97,24 @@ def test_delete_kills_a_rank_that_ignores_sigterm_behind_a_frozen_mpirun(tmp_pat
     """Rank 0 hangs and ignores SIGTERM, and mpirun, frozen, can neither forward a signal nor kill it: the
     grace period passes and a SIGKILL ends it. (The rank that hangs: rank 1, waiting for it in an
     all-reduce, may end on its own once its peer is gone.) With the tracking the backend picks: each kind's
-    kill of a process in any state is tested in processes/test_stop_processes.py."""
+    kill of a process in any state is tested in processes/test_stop_processes.py.
+
+    First, on the same job: the job ended (its exit code is written), but a process of it is still there (rank 1,
+    frozen): the status is running, and names it."""
     backend = LocalProcessBackend(work_dir=str(tmp_path / "jobs"), stop_grace_seconds=1)
     job_id, job_dir = start_hanging_job(backend, tmp_path, digits_manifest, "rf-stubborn", ignore_sigterm_rank=0)
     found = processes_of(job_dir)
-    stubborn = rank_pids(tmp_path)[0]
+    stubborn, lingers = rank_pids(tmp_path)
     assert ignores_sigterm(stubborn)
+
+    rank1 = proc.read(lingers)
+    proc.send(rank1, signal.SIGSTOP)
+    assert wait_for(lambda: proc.read(rank1.pid).state == "T", timeout=10)
+    (job_dir / "exit_code").write_text("0\n")  # as if the launcher had ended
+    status = backend.status(job_id)
+    assert status.state == "running" and f"pid {rank1.pid} (T stopped)" in status.reason, status
+    (job_dir / "exit_code").unlink()  # it had not: on to the stop
+
     (mpirun,) = [p for p in found if p.name == "mpirun"]
     proc.send(mpirun, signal.SIGSTOP)
 
@@ -135,18 +147,3 @@ def test_a_stray_left_by_a_clean_exit_is_killed_and_reported(tmp_path, digits_ma
     report = next((line for line in log.splitlines() if "outlived the job's launcher" in line), "")
     assert f"killed: pid {stray.pid} " in report, log[-2000:]
     assert not processes_of(job_dir)
-
-
-def test_status_is_not_finished_while_a_process_of_the_job_lives(tmp_path, digits_manifest, janitor):
-    """The job ended (its exit code is written), but a process of it is still there: running, and named."""
-    backend = LocalProcessBackend(work_dir=str(tmp_path / "jobs"), stop_grace_seconds=1)
-    job_id, job_dir = start_hanging_job(backend, tmp_path, digits_manifest, "rf-lingers")
-    rank1 = proc.read(rank_pids(tmp_path)[1])
-    proc.send(rank1, signal.SIGSTOP)
-    assert wait_for(lambda: proc.read(rank1.pid).state == "T", timeout=10)
-    (job_dir / "exit_code").write_text("0\n")  # as if the launcher had ended
-
-    status = backend.status(job_id)
-    assert status.state == "running" and f"pid {rank1.pid} (T stopped)" in status.reason, status
-    backend.delete(job_id)
-    assert backend.status(job_id).finished
