@@ -87,46 +87,35 @@ def test_tensorflow_engine_from_the_form_trains_in_the_tf_venv_and_promotes(airf
     assert pointer["metrics"]["accuracy"] > 0.5
 
 
-def test_broken_dataset_fails_at_validate_and_writes_nothing(airflow_db, dagbag, store, tmp_path):
+def test_broken_dataset_fails_at_validate_and_writes_nothing(airflow_db, dagbag, store, tmp_path, capfd):
+    """A CSV that fails the digits suite (a target that is no digit, a pixel out of range) and also holds data the
+    suite does not check but training cannot use (NaN cells and a stray "n/a" in feature columns the suite does
+    not name): refused at validate, with the columns, counts and rows of both, before any shard, run folder or
+    model is written. (Untrainable data alone fails validate too: tests/operators/test_validate.py.)"""
     from ringflow.training.formats.datasets import load_builtin
 
     df = load_builtin("digits")
     df.loc[[3, 14, 15], "target"] = 12  # not a digit
     df.loc[[7], "pixel_4_4"] = 99.0  # out of the 0..16 range
+    df.loc[[3, 14], "pixel_1_1"] = float("nan")
+    df["pixel_6_6"] = df["pixel_6_6"].astype(object)
+    df.loc[15, "pixel_6_6"] = "n/a"
     broken = tmp_path / "incoming" / "digits-broken.csv"
     broken.parent.mkdir()
     df.to_csv(broken, index=False)
 
     dr, tis = run(dagbag.dags[DAG_ID], {"epochs": 2, "dataset_uri": str(broken), "model_name": "digits-broken"})
+    out = capfd.readouterr().out
     assert dr.state == "failed"
     assert states(tis) == {"validate": "failed", "shard": "upstream_failed", "train": "upstream_failed",
                            "evaluate": "upstream_failed", "promote": "upstream_failed"}
+    assert "expect_column_values_to_be_in_set(column='target'" in out and "at rows [3, 14, 15]" in out
+    assert "expect_column_values_to_be_between(column='pixel_4_4'" in out and "at rows [7]" in out
+    assert "feature column 'pixel_1_1': 2 of 1797 rows" in out and "at rows [3, 14]" in out
+    assert "feature column 'pixel_6_6': 1 of 1797 rows" in out and "at rows [15]" in out
     assert not (store / "shards").exists()
     assert not (store / "runs").exists()
     assert not (store / "models").exists()
-
-
-def test_data_the_suite_does_not_check_but_training_cannot_use_fails_at_validate(airflow_db, dagbag, store,
-                                                                                 tmp_path, capfd):
-    """NaN cells and a stray "n/a" in feature columns the digits suite does not name: refused at validate,
-    with the columns, counts and rows, before any shard or run folder is written."""
-    from ringflow.training.formats.datasets import load_builtin
-
-    df = load_builtin("digits")
-    df.loc[[3, 14], "pixel_1_1"] = float("nan")
-    df["pixel_6_6"] = df["pixel_6_6"].astype(object)
-    df.loc[15, "pixel_6_6"] = "n/a"
-    data = tmp_path / "incoming" / "digits-gaps.csv"
-    data.parent.mkdir()
-    df.to_csv(data, index=False)
-
-    dr, tis = run(dagbag.dags[DAG_ID], {"epochs": 2, "dataset_uri": str(data), "model_name": "digits-gaps"})
-    out = capfd.readouterr().out
-    assert states(tis) == {"validate": "failed", "shard": "upstream_failed", "train": "upstream_failed",
-                           "evaluate": "upstream_failed", "promote": "upstream_failed"}
-    assert "feature column 'pixel_1_1': 2 of 1797 rows" in out and "at rows [3, 14]" in out
-    assert "feature column 'pixel_6_6': 1 of 1797 rows" in out and "at rows [15]" in out
-    assert not (store / "shards").exists() and not (store / "runs").exists()
 
 
 def test_remediation_walks_a_chain_of_faults_to_a_healthy_promoted_model(airflow_db, dagbag, store, capfd):
