@@ -1,4 +1,4 @@
-"""2-process Horovod runs on CPU: learning and identical replicas (with either controller), a plain mpirun's ranks.
+"""2-process Horovod runs on CPU: learning and identical replicas, a plain mpirun's ranks.
 (Kill-and-resume equality: test_resume.py; a truncated checkpoint skipped on resume:
 rank/test_training_state.py, on the run that also skips a planted one.)"""
 import json
@@ -12,14 +12,10 @@ import pytest
 pytestmark = pytest.mark.job
 
 
-@pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_loss_falls_and_replicas_stay_identical(jobs, uninterrupted, controller):
-    if controller == "gloo":  # the shared plain run (tests/training/conftest.py): gloo is `jobs.run`'s controller
-        cfg, out = uninterrupted("horovod")
-    else:
-        cfg = jobs.config(f"learn-{controller}", epochs=3)
-        code, out = jobs.run(cfg, controller=controller)
-        assert code == 0, out
+def test_loss_falls_and_replicas_stay_identical(jobs, uninterrupted):
+    """On the shared plain run (tests/training/conftest.py), under Horovod's Gloo controller. Its MPI controller
+    trains to the same parameters with identical replicas: test_resume.py, whose interrupted run uses it."""
+    cfg, out = uninterrupted("horovod")
     assert [r["engine"] for r in jobs.health(cfg) if r["type"] == "start"] == ["horovod"]  # the default engine
     steps = [r for r in jobs.health(cfg) if r["type"] == "step"]
     assert len(steps) == 3 * 22
