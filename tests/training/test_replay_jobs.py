@@ -1,8 +1,12 @@
-"""Replay of a non-finite step in real jobs (horovodrun and torchrun, 2 ranks): rows whose loss overflows are
-named as the data (file and row), and a run that skips the named rows trains HEALTHY past that step and records
-them. The jobs run once per module; each test reads. (An injected NaN gradient replays finite, as transient: on the
-NaN job of tests/training/test_health_faults.py::test_nan_gradient_on_one_rank_is_nonfinite_and_never_reaches_a_checkpoint,
-each engine.)"""
+"""Replay of a non-finite step in real jobs (torchrun, 2 ranks): rows whose loss overflows are named as the data
+(file and row), and a run that skips the named rows trains HEALTHY past that step and records them. The jobs run
+once per module; each test reads.
+
+Under DDP only: the replay (rank/replay.py) and its exchange of reports (through the run folder,
+rank/replay_exchange.py) are the engines' shared code; each engine's catch of a non-finite step, its replay and
+that exchange run on both engines in tests/training/test_health_faults.py::
+test_nan_gradient_on_one_rank_is_nonfinite_and_never_reaches_a_checkpoint (an injected NaN gradient replays
+finite, as transient)."""
 import pytest
 
 from ringflow.training.formats import exit_codes
@@ -32,16 +36,16 @@ def config(jobs, name, **more):
 
 @pytest.fixture(scope="module")
 def bad_rows_runs(bad_jobs):
-    """The bad-rows dataset under each torch engine: (code, output, result) by engine."""
+    """The bad-rows dataset under DDP: (code, output, result) by engine."""
     runs = {}
-    for engine in ("horovod", "ddp"):
+    for engine in ("ddp",):
         cfg = config(bad_jobs, f"bad-{engine}", engine=engine)
         code, out = bad_jobs.run(cfg)
         runs[engine] = code, out, bad_jobs.result(cfg)
     return runs
 
 
-@pytest.mark.parametrize("engine", ["horovod", "ddp"])
+@pytest.mark.parametrize("engine", ["ddp"])
 def test_rows_that_overflow_the_loss_are_named_as_the_data(bad_rows_runs, bad_shards, engine):
     code, out, result = bad_rows_runs[engine]
     assert code == exit_codes.BY_VERDICT["NONFINITE"], out
