@@ -1,6 +1,6 @@
 """2-process DDP runs on CPU under torchrun: the same training as Horovod's (the shared uninterrupted runs,
-tests/training/conftest.py, DDP's started by the --engine flag), and checkpoints that resume under the other
-engine. (Kill-and-resume equality: test_resume.py.)"""
+tests/training/conftest.py, DDP's started by the --engine flag), with accumulated passes too. (Kill-and-resume
+equality, a DDP checkpoint resumed under Horovod: test_resume.py.)"""
 import pytest
 import torch
 
@@ -34,31 +34,6 @@ def test_ddp_trains_like_horovod_with_identical_replicas(jobs, uninterrupted):
     assert "step=10 epoch=1/3 loss=" in out and "on 2 workers with ddp (lr 0.004 = 0.002 x 2)" in out
 
     assert_same_parameters(jobs.final_parameters(ddp), jobs.final_parameters(horovod))
-
-
-# One direction: a checkpoint's format is the engines' shared code (formats/checkpoint.py, rank/training_state.py),
-# so what DDP writes and Horovod resumes proves the other way round too.
-@pytest.mark.parametrize("first, then", [("ddp", "horovod")])
-def test_a_checkpoint_resumes_under_the_other_engine(jobs, uninterrupted, first, then):
-    """Killed at step 37 under one engine, resumed under the other from step 30 (model, optimizer, cursor; or 20
-    when 30 was still uploading):
-    it ends where an uninterrupted run of the first engine ends."""
-    reference, _ = uninterrupted(first)
-
-    switched = jobs.config(f"{first}-then-{then}", epochs=3, engine=first,
-                           faults=[{"kind": "crash", "rank": 0, "step": 37}])
-    code, out = jobs.run(switched)
-    assert code != 0 and "SIGKILL at step 37" in out
-    del switched["faults"]
-    switched["engine"] = then
-    code, out = jobs.run(switched)
-    assert code == 0, out
-    result = jobs.result(switched)
-    # The newest checkpoint published before the kill: 30, or 20 when 30's background upload was not through.
-    assert result.succeeded and result.step == 66
-    assert (result.resumed_from == "ckpt-000000030" and "resuming from checkpoint ckpt-000000030 (step 30, epoch 1, "
-            "896 of 1408 rows of the epoch left)" in out) or (result.resumed_from == "ckpt-000000020" and "ckpt-000000020 (step 20" in out), out
-    assert_same_parameters(jobs.final_parameters(switched), jobs.final_parameters(reference))
 
 
 def test_accumulated_passes_match_horovods(jobs):
