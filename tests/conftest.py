@@ -216,3 +216,13 @@ def tf_python() -> str:
         if os.environ.get("RINGFLOW_REQUIRE_TF"):
             raise
         pytest.skip(f"no TF venv ({exc}); RINGFLOW_REQUIRE_TF is unset")
+
+
+@pytest.fixture(autouse=True)
+def no_attempt_id_from_another_test(monkeypatch):
+    """A rank started in this process (RankStart.begin) names its attempt in os.environ, as a rank process
+    does; removed here for every test, so no later `ringflow train` child inherits an earlier test's attempt
+    id (two runs of one config would then be one attempt)."""
+    from ringflow.training.rank.worker_env import ATTEMPT_ENV
+
+    monkeypatch.delenv(ATTEMPT_ENV, raising=False)

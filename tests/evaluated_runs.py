@@ -66,7 +66,7 @@ def make_script_run(run_folder, manifest_uri: str, eval_metrics=None, *, seed: i
 
     import torch
 
-    from ringflow.training.rank.script_state import BUNDLE_META, EVAL_META, SCRIPT_META, TORCH_FILE
+    from ringflow.training.formats.script_checkpoint import BUNDLE_META, EVAL_META, SCRIPT_META, TORCH_FILE
 
     torch.manual_seed(seed)
     model = torch.nn.Linear(64, 10)

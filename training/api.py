@@ -47,7 +47,7 @@ def in_job() -> bool:
 
 
 def get_context():
-    """This worker's place in the job (rank/script_rank.py's Context)."""
+    """This worker's place in the job (rank/script_context.py's Context)."""
     if _run is None:
         return _standalone_context()
     return _run.context()
@@ -91,7 +91,7 @@ def report_eval(metrics: Mapping[str, Any]) -> None:
 
 
 def _standalone_context():
-    from .rank.script_rank import Context
+    from .rank.script_context import Context
     from .rank.worker_env import launcher_local_rank, launcher_rank, launcher_world_size
 
     return Context(rank=launcher_rank(os.environ) or 0, world_size=launcher_world_size(os.environ) or 1,

@@ -5,9 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 
 PIPELINE = ["validate", "shard", "train", "evaluate", "promote"]
+DAGS = Path(__file__).resolve().parents[2] / "dags"  # the repository's DAG folder
 
 
 def test_dags_import_without_errors(dagbag):
@@ -325,8 +328,6 @@ def test_airflow_never_parses_the_training_scripts_as_dag_files():
     """dags/.airflowignore keeps scripts/ out of the DAG folder's files: a script runs on the ranks only."""
     from airflow.utils.file import list_py_file_paths
 
-    from conftest import DAGS
-
     files = list_py_file_paths(str(DAGS), safe_mode=False)
     assert any(f.endswith("ringflow_user_script.py") for f in files)
     assert not [f for f in files if "/scripts/" in f]
@@ -336,8 +337,6 @@ def test_the_user_script_form_offers_only_the_script_folders_and_refuses_any_oth
     import copy
 
     from airflow.sdk.definitions.param import ParamValidationError
-
-    from conftest import DAGS
 
     params = dagbag.dags["ringflow_user_script"].params
     offered = params.get_param("script").schema["enum"]

@@ -18,7 +18,7 @@ def test_the_ddp_example_script_trains_from_the_form_and_is_promoted_to_version_
     import torch
 
     from ringflow.training.core.runs import store_layout
-    from ringflow.training.rank.script_state import TORCH_FILE
+    from ringflow.training.formats.script_checkpoint import TORCH_FILE
 
     dr = dagbag.dags[DAG_ID].test(run_conf={"epochs": 2, "model_name": "digits-ddp-script"})
     states = {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}

@@ -21,7 +21,8 @@ import torch
 from ringflow.training.formats import exit_codes
 from ringflow.training.formats.checkpoint import step_of
 from ringflow.training.formats.manifest import load_manifest
-from ringflow.training.rank.script_state import STATE_FILES, load_state
+from ringflow.training.formats.script_checkpoint import STATE_FILES
+from ringflow.training.rank.script_state import load_state
 from run_folder_files import read_result
 from ringflow.training.store import LocalFolderStore
 

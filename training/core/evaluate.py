@@ -25,7 +25,7 @@ from ..rank.models import build_model
 from .sharding import read_partition
 from ..formats.manifest import load_manifest
 from ..rank.training_state import STATE_FILE, TrainingState
-from ..rank.script_state import EVAL_META, SCRIPT_META
+from ..formats.script_checkpoint import EVAL_META, SCRIPT_META
 from ..formats.eval_result import EvalResult
 from ..formats.checkpoint import CheckpointCorrupt, CheckpointManifest
 from ..formats.weights_npz import MODEL_FILE, from_npz

@@ -37,9 +37,11 @@ from .checkpoint_writer import AsyncCheckpointWriter, WrittenCheckpoint
 from .partition_batches import Cursor, to_arrays
 from .rank_run import RankRun, run_rank
 from .rank_start import RankStart, store_call
+from .script_context import Context
 from .script_data import FORMATS, DatasetShard, default_format, open_batches
 from .script_gather import gatherer
-from .script_state import BUNDLE_META, EVAL_META, SCRIPT_META, STATE_FILES, ScriptState, load_state
+from ..formats.script_checkpoint import BUNDLE_META, EVAL_META, SCRIPT_META, STATE_FILES
+from .script_state import ScriptState, load_state
 from .worker_env import launcher_local_rank, launcher_rank, launcher_world_size
 
 # How often a script that has not reported yet is marked alive: a script that never calls report() (its own
@@ -55,22 +57,6 @@ class StopRun(BaseException):
     def __init__(self, verdict: Verdict):
         super().__init__(verdict.reason)
         self.verdict = verdict
-
-
-@dataclasses.dataclass(frozen=True)
-class Context:
-    """What the script may ask about its place in the job (training/api.py's get_context)."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    device: str
-    run_uri: str
-    attempt: str
-    engine: str
-    config: JobConfig
-    code_dir: str | None        # the unpacked bundle (None: code from the image)
-    resumed_from: str | None    # the checkpoint this attempt resumed from
 
 
 @dataclasses.dataclass(frozen=True)

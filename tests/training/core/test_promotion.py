@@ -10,7 +10,7 @@ from ringflow.training.core.gate import build_gate
 from ringflow.training.core.promotion import promote_run
 from ringflow.training.core.registry.model_registry import ModelRegistry
 from ringflow.training.formats.run_folder import RunFolder
-from ringflow.training.rank.script_state import HOW_TO_LOAD, TORCH_FILE
+from ringflow.training.formats.script_checkpoint import HOW_TO_LOAD, TORCH_FILE
 from ringflow.training.store import LocalFolderStore
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from ringflow.training.formats.checkpoint import CheckpointCorrupt
-from ringflow.training.rank.script_state import NUMPY_FILE, TORCH_FILE, ScriptState, StateError, load_state
+from ringflow.training.formats.script_checkpoint import NUMPY_FILE, TORCH_FILE
+from ringflow.training.rank.script_state import ScriptState, StateError, load_state
 
 
 def round_trip(state):

@@ -51,7 +51,7 @@ from typing import Any, Callable
 from ...formats.checkpoint import MANIFEST_NAME as CHECKPOINT_MANIFEST
 from ...formats.checkpoint import CheckpointCorrupt, CheckpointManifest
 from ...formats.run_folder import RunFolder
-from ...rank.script_state import promoted_script
+from ...formats.script_checkpoint import promoted_script
 from ...store.base import ObjectNotFound, ObjectStore, PreconditionFailed, join_key
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from ...store import split_uri
 from . import served_model
 from .mlflow_runs import client_for, ensure_run
 from .settings import TrackingSettings, tracking_env
-from ...rank.script_state import promoted_script
+from ...formats.script_checkpoint import promoted_script
 from ...rank.training_state import STATE_FILE
 
 if TYPE_CHECKING:

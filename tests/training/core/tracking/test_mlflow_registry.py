@@ -11,7 +11,7 @@ from evaluated_runs import make_script_run
 from ringflow.training.core.tracking.mlflow_registry import SCRIPT_FILE, register_promotion
 from ringflow.training.core.tracking.settings import TrackingSettings
 from ringflow.training.formats.run_folder import RunFolder
-from ringflow.training.rank.script_state import TORCH_FILE
+from ringflow.training.formats.script_checkpoint import TORCH_FILE
 from ringflow.training.store import LocalFolderStore, open_store
 
 pytestmark = [pytest.mark.job, pytest.mark.timeout(300)]
