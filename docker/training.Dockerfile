@@ -94,6 +94,9 @@ RUN --mount=type=secret,id=ca_bundle \
 # too: TensorFlow on GPUs is not covered.
 ARG TENSORFLOW=1
 ARG TENSORFLOW_VERSION=2.21.0
+# tf-keras for users' Keras scripts (model.fit under MultiWorkerMirroredStrategy, README "Your own training
+# script"): --no-deps, since it requires the `tensorflow` wheel, which would replace tensorflow-cpu.
+ARG TF_KERAS_VERSION=2.21.0
 COPY docker/requirements_without_torch.py /src/docker/requirements_without_torch.py
 RUN --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
@@ -103,8 +106,8 @@ RUN --mount=type=secret,id=ca_bundle \
       && python /src/docker/requirements_without_torch.py --core /src/pyproject.toml > /tmp/tf-requirements.txt \
       && /opt/tensorflow/bin/pip install --find-links /wheelhouse "tensorflow-cpu==${TENSORFLOW_VERSION}" \
            -r /tmp/tf-requirements.txt \
-      && /opt/tensorflow/bin/pip install --no-deps /src \
-      && /opt/tensorflow/bin/python -c "import tensorflow, ringflow.training.core.backends.kubernetes.tf_pod"; \
+      && /opt/tensorflow/bin/pip install --no-deps /src "tf-keras==${TF_KERAS_VERSION}" \
+      && /opt/tensorflow/bin/python -c "import tensorflow, tf_keras, ringflow.training.core.backends.kubernetes.tf_pod"; \
     fi
 
 FROM ${BASE_IMAGE}

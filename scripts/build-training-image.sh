@@ -86,6 +86,7 @@ buildah bud --isolation chroot --layers --format docker --force-rm \
   -f docker/training.Dockerfile --ignorefile docker/training.Dockerfile.dockerignore \
   --build-arg "BASE_IMAGE=$base_image" --build-arg "PYTHON_VERSION=$PYTHON_VERSION" \
   --build-arg "TORCH_VERSION=$TORCH_VERSION" --build-arg "HOROVOD_VERSION=$HOROVOD_VERSION" \
-  --build-arg "TENSORFLOW_VERSION=$TENSORFLOW_VERSION" --build-arg "TENSORFLOW=$tensorflow" \
+  --build-arg "TENSORFLOW_VERSION=$TENSORFLOW_VERSION" --build-arg "TF_KERAS_VERSION=$TF_KERAS_VERSION" \
+  --build-arg "TENSORFLOW=$tensorflow" \
   "${secret[@]}" -t "$tag" .
 log "built $tag"

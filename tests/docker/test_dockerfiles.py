@@ -246,7 +246,8 @@ def test_the_training_image_has_the_tensorflow_venv_the_trainjob_settings_name()
     venv = TrainJobSettings(image="r/ringflow-training:0.1.0").tensorflow_python.removesuffix("/bin/python")
     assert venv == "/opt/tensorflow" and f"-m venv {venv}" in tf_run
     assert '"tensorflow-cpu==${TENSORFLOW_VERSION}"' in tf_run and "--core" in tf_run
-    assert "pip install --no-deps /src" in tf_run and "import tensorflow, ringflow.training.core.backends" in tf_run
+    assert "pip install --no-deps /src" in tf_run and "import tensorflow, tf_keras, ringflow.training.core.backends" in tf_run
+    assert defaults["TF_KERAS_VERSION"] == versions_env()["TF_KERAS_VERSION"] and '"tf-keras==${TF_KERAS_VERSION}"' in tf_run
     # The TF venv's requirements: ringflow's core ones, never torch, Horovod, Airflow or the Kubernetes client.
     reqs = subprocess.run([sys.executable, str(DOCKER / "requirements_without_torch.py"), "--core",
                            str(ROOT / "pyproject.toml")], capture_output=True, text=True, check=True).stdout.split()
@@ -258,7 +259,7 @@ def test_the_training_image_has_the_tensorflow_venv_the_trainjob_settings_name()
 def test_the_build_script_passes_versions_env_and_the_secret():
     script = (ROOT / "scripts/build-training-image.sh").read_text()
     assert "source versions.env" in script
-    for key in ("PYTHON_VERSION", "TORCH_VERSION", "HOROVOD_VERSION", "TENSORFLOW_VERSION"):
+    for key in ("PYTHON_VERSION", "TORCH_VERSION", "HOROVOD_VERSION", "TENSORFLOW_VERSION", "TF_KERAS_VERSION"):
         assert f'--build-arg "{key}=${key}"' in script, key
     assert '--build-arg "BASE_IMAGE=$base_image"' in script
     assert '--secret "id=ca_bundle,src=$ca_bundle"' in script
