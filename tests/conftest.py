@@ -219,10 +219,14 @@ def tf_python() -> str:
 
 
 @pytest.fixture(autouse=True)
-def no_attempt_id_from_another_test(monkeypatch):
+def no_attempt_id_from_another_test():
     """A rank started in this process (RankStart.begin) names its attempt in os.environ, as a rank process
-    does; removed here for every test, so no later `ringflow train` child inherits an earlier test's attempt
-    id (two runs of one config would then be one attempt)."""
+    does; removed before and after every test, so no later `ringflow train` child inherits an earlier test's
+    attempt id (two runs of one config would then be one attempt) — module-scoped fixtures included, which
+    run before this one. Not through monkeypatch: an autouse monkeypatch would be undone after every other
+    fixture's teardown, and a test's patches would then outlive the fixtures that restore state."""
     from ringflow.training.rank.worker_env import ATTEMPT_ENV
 
-    monkeypatch.delenv(ATTEMPT_ENV, raising=False)
+    os.environ.pop(ATTEMPT_ENV, None)
+    yield
+    os.environ.pop(ATTEMPT_ENV, None)
