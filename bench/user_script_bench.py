@@ -35,10 +35,11 @@ def script_args(engine: str, manifest: str, epochs: int) -> list[str]:
 
 
 def measured(output: str, what: str) -> float:
-    lines = [line for line in output.splitlines() if line.startswith("BENCH ")]
+    # horovodrun prefixes each rank's line ("[1,0]<stdout>:BENCH {...}")
+    lines = [line.partition("BENCH ")[2] for line in output.splitlines() if "BENCH {" in line]
     if not lines:
         raise SystemExit(f"{what} printed no BENCH line:\n{output[-3000:]}")
-    return json.loads(lines[-1][len("BENCH "):])["samples_per_sec"]
+    return json.loads(lines[-1])["samples_per_sec"]
 
 
 def run_ringflow(engine: str, manifest: str, root: Path, np_: int, epochs: int, n: int) -> float:

@@ -38,6 +38,14 @@ from ..store.base import ObjectStore
 SHUFFLE_WINDOW = 4
 # Files a window's store operation names one by one (more are counted).
 NAMED_FILES = 3
+# A stream whose decoded rows take at most this is decoded once and kept, not streamed each epoch: about the
+# memory two windows of the shard step's ~4 MiB row groups hold while streaming.
+KEEP_DECODED_BYTES = 32 * 2**20
+
+
+def decoded_row_bytes(schema: ShardSchema) -> int:
+    """Bytes of one decoded row: its float32 features and its target (8 bytes, int64 or float64)."""
+    return int(np.prod(schema.input_shape or (schema.num_features,))) * 4 + 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,10 +191,14 @@ class PartitionBatches:
         self.row_ids: np.ndarray = np.zeros((0, 2), dtype=np.int64)
         self.placement = placement
         self._columns = [*manifest.schema.features, manifest.schema.target]
-        # A stream of one window is decoded once and kept (on its first load): streaming holds that much
-        # in memory anyway, and decoding it again each epoch took ~9 % of a small model's training time, on
-        # the critical path at every epoch start (bench/results/throughput.md). Larger ones stream.
-        self._keep_decoded = len(self.group_rows) <= window
+        # A stream of one window, or one whose decoded rows take at most KEEP_DECODED_BYTES, is decoded once and
+        # kept (on its first load): streaming holds about that much in memory anyway (a window and the next one
+        # loading), and decoding it again each epoch took ~9 % of a small model's training time on the critical
+        # path at every epoch start (bench/results/throughput.md), and a third of a user script's, whose loader
+        # thread has no idle core to run on beside two ranks on two (bench/results/user_script.md). Larger
+        # ones stream.
+        self._keep_decoded = (len(self.group_rows) <= window
+                              or self.stream_rows * decoded_row_bytes(manifest.schema) <= KEEP_DECODED_BYTES)
         self._decoded: tuple[Any, Any] | None = None
         self._group_start = np.concatenate([[0], np.cumsum(self.group_rows)[:-1]]).astype(np.int64)
         check_skip_rows(skip_rows, manifest, store.uri)

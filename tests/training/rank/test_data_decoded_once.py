@@ -1,10 +1,12 @@
-"""A partition of at most one shuffle window is decoded once and kept (data.PartitionData): every epoch
-serves exactly what streaming it would, and a larger partition still streams. The next epoch's first
+"""A stream of at most one shuffle window, or of few decoded bytes (partition_batches.KEEP_DECODED_BYTES), is
+decoded once and kept (data.PartitionData): every epoch serves exactly what streaming it would, and a larger
+stream still streams. The next epoch's first
 window loads while an epoch's last one is served."""
 import pytest
 import torch
 
 from ringflow.training.rank import data as data_module
+from ringflow.training.rank import partition_batches
 from ringflow.training.core import sharding
 from ringflow.training.rank.data import Cursor, PartitionData
 from ringflow.training.formats.datasets import load_builtin
@@ -52,8 +54,25 @@ def test_a_partition_of_one_window_is_decoded_once_and_serves_what_streaming_doe
     assert not torch.equal(runs[0][2][0][1], runs[1][2][0][1])  # each epoch its own order
 
 
+def test_a_small_stream_of_many_windows_is_decoded_once(digits_in_small_row_groups, monkeypatch):
+    """44 row groups, 11 windows of 4, but 1,437 rows of 264 bytes: under KEEP_DECODED_BYTES, kept."""
+    store, manifest = digits_in_small_row_groups
+    decodes = []
+    real = data_module.to_tensors
+    monkeypatch.setattr(data_module, "to_tensors", lambda table, schema: (decodes.append(len(table)), real(table, schema))[1])
+    kept = PartitionData(store, manifest, rank=0, world_size=2, batch_size=16, window=4)
+    assert kept._keep_decoded
+    runs = [served(kept, epoch) for epoch in range(3)]
+    assert decodes == [kept.stream_rows]  # the whole stream, once
+    monkeypatch.setattr(partition_batches, "KEEP_DECODED_BYTES", 0)
+    streamed = PartitionData(store, manifest, rank=0, world_size=2, batch_size=16, window=4)
+    assert not streamed._keep_decoded
+    assert all(same(run, served(streamed, epoch)) for epoch, run in enumerate(runs))
+
+
 def test_a_partition_larger_than_a_window_streams_and_loads_the_next_epoch_ahead(digits_in_small_row_groups,
                                                                                    monkeypatch):
+    monkeypatch.setattr(partition_batches, "KEEP_DECODED_BYTES", 0)  # a stream too large to keep decoded
     store, manifest = digits_in_small_row_groups
     data = PartitionData(store, manifest, rank=0, world_size=2, batch_size=16, window=4)
     decodes = []

@@ -9,6 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from ringflow.training.rank import partition_batches
 import torch
 
 from ringflow.training.core import sharding
@@ -134,7 +136,8 @@ class CountingStore:
         return self.inner.get_range(key, start, length, progress=progress)
 
 
-def test_a_rank_reads_only_the_windows_its_run_touches(shards):
+def test_a_rank_reads_only_the_windows_its_run_touches(shards, monkeypatch):
+    monkeypatch.setattr(partition_batches, "KEEP_DECODED_BYTES", 0)  # a stream too large to keep decoded
     store, manifest = shards
     counting = CountingStore(store)
     data = PartitionData(counting, manifest, rank=1, world_size=3, batch_size=BATCH, window=4)
