@@ -25,7 +25,7 @@ with DAG(
     tags=["ringflow", "horovod", "images"],
     doc_md=__doc__,
     params={
-        "num_workers": Param(2, type="integer", minimum=1, maximum=16, title="Horovod workers"),
+        "num_workers": Param(2, type="integer", minimum=1, maximum=16, title="Workers"),
         "epochs": Param(5, type="integer", minimum=1, maximum=1000, title="Epochs"),
     },
 ):

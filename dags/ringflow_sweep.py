@@ -30,7 +30,7 @@ with DAG(
     doc_md=__doc__,
     params={
         "model_name": Param("digits-mlp", type="string", pattern=MODEL_NAME_PATTERN, title="Model name"),
-        "num_workers": Param(2, type="integer", minimum=1, maximum=16, title="Horovod workers (each candidate)"),
+        "num_workers": Param(2, type="integer", minimum=1, maximum=16, title="Workers (each candidate)"),
         "epochs": Param(5, type="integer", minimum=1, maximum=1000, title="Epochs (default of each candidate)"),
         "configurations": Param([{"learning_rate": 0.01}, {"learning_rate": 0.002},
                                  {"learning_rate": 0.002, "model": {"kind": "mlp", "hidden": [128, 64]}}],

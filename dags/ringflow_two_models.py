@@ -26,7 +26,7 @@ with DAG(
     tags=["ringflow", "horovod"],
     doc_md=__doc__,
     params={
-        "num_workers": Param(2, type="integer", minimum=1, maximum=16, title="Horovod workers (each model)"),
+        "num_workers": Param(2, type="integer", minimum=1, maximum=16, title="Workers (each model)"),
         "epochs": Param(5, type="integer", minimum=1, maximum=1000, title="Epochs"),
     },
 ):

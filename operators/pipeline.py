@@ -51,7 +51,7 @@ from ringflow.operators.promote import PromoteModelOperator
 from ringflow.operators.shard import ShardDatasetOperator
 from ringflow.operators.train import TrainOperator
 from ringflow.operators.validate import ValidateDatasetOperator
-from ringflow.training.core.backends.kubernetes.backend import backend_from_env
+from ringflow.training.core.backends.kubernetes.mpijob_backend import backend_from_env
 from ringflow.training.formats.config import PRECISIONS
 from ringflow.training.formats.engines import TABLE as ENGINE_TABLE
 from ringflow.training.core.runs import store_layout

@@ -239,7 +239,7 @@ class TrainOperator(BaseOperator):
         `remediation: "auto"` a retry runs with the remedy for the verdict the last try failed on
         (training/core/remediation.py; remedies.jsonl in the run folder).
     :param backend: where the job runs; local `horovodrun`/`torchrun`/TF worker processes by default, or
-        ringflow.training.core.backends.kubernetes.backend.MPIJobBackend for Kubeflow MPIJobs (Horovod), or
+        ringflow.training.core.backends.kubernetes.mpijob_backend.MPIJobBackend for Kubeflow MPIJobs (Horovod), or
         ringflow.training.core.backends.kubernetes.trainjob_backend.TrainJobBackend for Kubeflow Trainer TrainJobs.
     :param entry: the user's own training script, run on every rank instead of ringflow's loop (templated):
         {"script": "train.py", "args": [...], "folder": ...}. Each try packs the folder into the run folder and

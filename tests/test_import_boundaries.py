@@ -176,7 +176,7 @@ def test_wheel_installs_only_under_ringflow(tmp_path):
     assert tops == {"ringflow", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
     names = zipfile.ZipFile(wheel).namelist()
     assert "ringflow/training/rank/worker.py" in names and "ringflow/operators/train.py" in names
-    assert "ringflow/training/core/backends/kubernetes/backend.py" in names
+    assert "ringflow/training/core/backends/kubernetes/mpijob_backend.py" in names
     assert {"ringflow/training/core/runs/store_layout.py", "ringflow/training/core/registry/model_registry.py",
             "ringflow/training/formats/config.py"} <= set(names)
 

@@ -347,7 +347,7 @@ def test_airflow_values_wire_the_deployment():
 
 
 def test_airflow_values_configure_a_valid_mpijob_backend():
-    from ringflow.training.core.backends.kubernetes.backend import backend_from_env
+    from ringflow.training.core.backends.kubernetes.mpijob_backend import backend_from_env
 
     values = yaml.safe_load((DEPLOY / "airflow-values.yaml").read_text())
     env = {e["name"]: e["value"] for e in values["env"]}
@@ -360,7 +360,7 @@ def test_airflow_values_configure_a_valid_mpijob_backend():
 
 def test_airflow_values_settings_also_configure_the_trainjob_backend():
     # The values' comment says: rename the variable to RINGFLOW_TRAINJOB_SETTINGS to run TrainJobs instead.
-    from ringflow.training.core.backends.kubernetes.backend import backend_from_env
+    from ringflow.training.core.backends.kubernetes.mpijob_backend import backend_from_env
 
     values = yaml.safe_load((DEPLOY / "airflow-values.yaml").read_text())
     env = {e["name"]: e["value"] for e in values["env"]}

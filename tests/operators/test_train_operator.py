@@ -68,7 +68,7 @@ def test_an_unknown_engine_fails_in_execute_before_launch(tmp_path, digits_manif
 def test_preflight_runs_for_mpijobs_too(tmp_path, digits_manifest):
     """The same check before an MPIJob is submitted: nothing reaches the cluster."""
     from ringflow.operators.connections import AirflowConnections
-    from ringflow.training.core.backends.kubernetes.backend import MPIJobBackend
+    from ringflow.training.core.backends.kubernetes.mpijob_backend import MPIJobBackend
 
     backend = MPIJobBackend({"image": "registry/ringflow-training:0.1.0"}, kubeconfig_path="/nonexistent",
                             connections=AirflowConnections())  # kept as is: the operator rebuilds one without
@@ -131,7 +131,7 @@ def test_an_engine_the_backend_cannot_run_fails_without_retry_before_launch(tmp_
     """Checked once when the task starts: before, an MPIJob backend refused DDP only in launch(), outside the
     no-retry block, so the task was retried into the same refusal."""
     from ringflow.operators.connections import AirflowConnections
-    from ringflow.training.core.backends.kubernetes.backend import MPIJobBackend
+    from ringflow.training.core.backends.kubernetes.mpijob_backend import MPIJobBackend
 
     backend = MPIJobBackend({"image": "registry/ringflow-training:0.1.0"}, kubeconfig_path="/nonexistent",
                             connections=AirflowConnections())

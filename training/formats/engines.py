@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-# The backend kinds (backends/base.py's registry), named for what each creates.
+# The backend kinds (backends/base.py's _BACKEND_CLASSES: each kind's class), named for what each creates.
 LOCAL, MPIJOB, TRAINJOB = "local", "mpijob", "trainjob"
 # The engines' names (the config's `engine`), each spelled here only.
 HOROVOD, DDP, TENSORFLOW = "horovod", "ddp", "tensorflow"

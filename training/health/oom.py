@@ -2,7 +2,7 @@
 
     rank raises it (rank_run.py)      torch OOM, TensorFlow ResourceExhaustedError, MemoryError
     the launcher sees it (oom_watch)  the kernel's OOM killer SIGKILLed a local rank in its memory cgroup
-    the cluster says it (outcome.py)  a pod's container terminated with reason OOMKilled
+    the cluster says it (mpijob_outcome.py)  a pod's container terminated with reason OOMKilled
 
 Each becomes `oom_verdict(MemoryEvidence, JobShape)`: verdict OOM, naming the rank, the step, the memory it
 had and the advice (oom_advice.py). Torch-free and TensorFlow-free: an exception is classified by its type's

@@ -118,10 +118,11 @@ class Backend(abc.ABC):
         await asyncio.to_thread(self.delete, job_id)
 
 
-# Each kind is named for what it creates (formats/engines.py names them, with the engines each can run).
-_REGISTRY: dict[str, str] = {
+# The class of each backend kind ("module:class", imported when asked for), the kind named for what it creates
+# (formats/engines.py names the kinds, with the engines each can run).
+_BACKEND_CLASSES: dict[str, str] = {
     LOCAL: "ringflow.training.core.backends.local:LocalProcessBackend",
-    MPIJOB: "ringflow.training.core.backends.kubernetes.backend:MPIJobBackend",
+    MPIJOB: "ringflow.training.core.backends.kubernetes.mpijob_backend:MPIJobBackend",
     TRAINJOB: "ringflow.training.core.backends.kubernetes.trainjob_backend:TrainJobBackend",
 }
 
@@ -132,8 +133,8 @@ def backend_from_dict(kind: str, kwargs: dict[str, Any], connections: Connection
     import importlib
 
     try:
-        module_name, class_name = _REGISTRY[kind].split(":")
+        module_name, class_name = _BACKEND_CLASSES[kind].split(":")
     except KeyError:
-        raise ValueError(f"unknown backend kind {kind!r}; use one of {sorted(_REGISTRY)}") from None
+        raise ValueError(f"unknown backend kind {kind!r}; use one of {sorted(_BACKEND_CLASSES)}") from None
     cls = getattr(importlib.import_module(module_name), class_name)
     return cls(**kwargs, connections=connections)

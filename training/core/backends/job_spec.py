@@ -1,4 +1,4 @@
-"""What the train operator asks a backend to run: one Horovod job, described in plain JSON-able data."""
+"""What the train operator asks a backend to run: one data-parallel training job (any engine), described in plain JSON-able data."""
 from __future__ import annotations
 
 import dataclasses

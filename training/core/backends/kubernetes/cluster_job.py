@@ -1,7 +1,7 @@
 """What both Kubernetes backends share: one training run = one job object of a Kubernetes operator plus a
 ConfigMap with its config; reattach by labels, foreground delete that waits for the pods, log cursors.
 
-The MPIJob backend (backend.py) and the TrainJob backend (trainjob_backend.py) each define only what differs
+The MPIJob backend (mpijob_backend.py) and the TrainJob backend (trainjob_backend.py) each define only what differs
 below ClusterJobBackend's line; both import this module, and neither imports the other's.
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
-# Which engine a TrainJob runs (horovod or ddp): how to read its pods, without asking for its runtime.
+# Which engine a TrainJob runs (formats/engines.py: ENGINES): how to read its pods, without asking for its runtime.
 ENGINE_ANNOTATION = "ringflow/engine"
 
 _VALUE_OK = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")

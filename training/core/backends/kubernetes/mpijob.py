@@ -76,7 +76,7 @@ def _template(labels: dict[str, str], pod_spec: dict[str, Any]) -> dict[str, Any
 
 def _container(name: str, command: list[str], settings: MPIJobSettings, resources: Any) -> dict[str, Any]:
     """What the launcher's and the workers' containers share: the image, the command, the resources, the job
-    config mounted, and the last lines of the log as the termination message (outcome.py reads ssh/ORTE errors
+    config mounted, and the last lines of the log as the termination message (mpijob_outcome.py reads ssh/ORTE errors
     from the launcher's)."""
     return {"name": name, "image": settings.image, "imagePullPolicy": settings.image_pull_policy,
             "command": command[:1], "args": command[1:], "resources": resources.to_k8s(),

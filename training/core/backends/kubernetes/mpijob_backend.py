@@ -18,7 +18,7 @@ from ..job_spec import JobSpec
 from . import labels as L
 from .cluster_job import ClusterJobBackend, newest_pod
 from .mpijob import API_VERSION, KIND, MPIJobSettings, build_mpijob
-from .outcome import MPIJOB_WORDS, outcome_from_status
+from .mpijob_outcome import MPIJOB_WORDS, outcome_from_status
 from .trainjob_backend import TrainJobBackend
 from ringflow.training.formats.engines import MPIJOB
 

@@ -1,4 +1,4 @@
-"""What state a training TrainJob is in, and why it failed, in the same words as for an MPIJob (outcome.py).
+"""What state a training TrainJob is in, and why it failed, in the same words as for an MPIJob (mpijob_outcome.py).
 
 One pure function over the TrainJob (its conditions, its engine annotation) and the pods of its JobSet (as
 the API returns them). Kubeflow Trainer v2.3.0 sets only Suspended, Complete and Failed on a TrainJob (the
@@ -13,7 +13,7 @@ from typing import Any
 
 from ..base import JobState, JobStatus
 from . import labels as L
-from .outcome import (MPIJOB_ROLES, JobWords, PodRoles, ended, pod_name,
+from .mpijob_outcome import (MPIJOB_ROLES, JobWords, PodRoles, ended, pod_name,
                                                            read_pods, restarting_in_place, tf_roles, torch_roles,
                                                            true_conditions, waiting_or_running)
 from .jobset_names import TRAINER_PORT

@@ -27,7 +27,7 @@ def settings_dict():
 
 @pytest.fixture
 def backend(cluster, settings_dict):
-    from ringflow.training.core.backends.kubernetes.backend import MPIJobBackend
+    from ringflow.training.core.backends.kubernetes.mpijob_backend import MPIJobBackend
 
     # Tiny backoff and delete poll: retries and waits are tested for happening, not for their timing.
     return MPIJobBackend(settings_dict, kubeconfig_path=str(cluster.kubeconfig), backoff_s=0.01, delete_poll_s=0.05)

@@ -1,7 +1,7 @@
 """What a deleted job's wait names as still there (cluster_job.still_there), and the wait's settings."""
 import pytest
 
-from ringflow.training.core.backends.kubernetes.backend import MPIJobBackend
+from ringflow.training.core.backends.kubernetes.mpijob_backend import MPIJobBackend
 from ringflow.training.core.backends.kubernetes.cluster_job import still_there
 
 DELETING = {"metadata": {"name": "j", "deletionTimestamp": "2030-01-01T00:00:00Z",

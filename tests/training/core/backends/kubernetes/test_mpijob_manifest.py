@@ -179,7 +179,7 @@ def test_only_the_horovod_engine_runs_as_an_mpijob(config, refused):
 
 
 def test_backend_from_env():
-    from ringflow.training.core.backends.kubernetes.backend import backend_from_env
+    from ringflow.training.core.backends.kubernetes.mpijob_backend import backend_from_env
 
     assert backend_from_env({}) is None
     backend = backend_from_env({"RINGFLOW_MPIJOB_SETTINGS": json.dumps({"image": IMAGE})})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ringflow.training.core.backends.base import JobState
-from ringflow.training.core.backends.kubernetes.outcome import outcome_from_status, quantity_bytes
+from ringflow.training.core.backends.kubernetes.mpijob_outcome import outcome_from_status, quantity_bytes
 
 PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED = JobState
 

@@ -15,7 +15,7 @@ import strict_schema
 from test_mpijob_manifest import IMAGE, LABELS, _check_snapshot, spec
 from ringflow.training.core.backends.job_spec import JobSpecError
 from ringflow.training.core.backends.kubernetes import labels as L
-from ringflow.training.core.backends.kubernetes.backend import backend_from_env
+from ringflow.training.core.backends.kubernetes.mpijob_backend import backend_from_env
 from ringflow.training.core.backends.kubernetes.job_parts import build_configmap
 from ringflow.training.core.backends.kubernetes.settings import SettingsError, TrainJobSettings
 from ringflow.training.core.backends.kubernetes.trainjob import PATCH_MANAGER, build_trainjob
@@ -208,7 +208,7 @@ def test_settings_round_trip_through_json_and_the_configmap_is_the_mpijobs():
 
 
 def test_backend_from_env_picks_the_job_kind():
-    from ringflow.training.core.backends.kubernetes.backend import MPIJobBackend
+    from ringflow.training.core.backends.kubernetes.mpijob_backend import MPIJobBackend
     from ringflow.training.core.backends.kubernetes.trainjob_backend import TrainJobBackend
 
     chosen = backend_from_env({"RINGFLOW_TRAINJOB_SETTINGS": json.dumps({"image": IMAGE}), "RINGFLOW_K8S_CONN_ID": "k"})
