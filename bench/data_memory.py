@@ -78,7 +78,7 @@ def child(step: str, data: Path, out: Path, features: int) -> dict:
         from ringflow.operators.shard import ShardDatasetOperator
 
         started = time.perf_counter()
-        result = ShardDatasetOperator(task_id="shard", dataset_uri=str(data), output_uri=str(out), num_workers=2,
+        result = ShardDatasetOperator(task_id="shard", dataset_uri=str(data), output_uri=str(out), num_partitions=2,
                                       batch_size=64).execute({})
         assert not result["reused"], result
         return {"seconds": time.perf_counter() - started, "rows_per_partition": result["rows_per_partition"]}

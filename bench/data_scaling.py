@@ -93,7 +93,7 @@ def child(step: str, data: Path, shards: Path, features: int, batch: int) -> dic
         from ringflow.operators.shard import shard_dataset
         baseline = rss_mb()
         started = time.perf_counter()
-        result = shard_dataset(str(data), str(shards), num_workers=2, batch_size=batch)
+        result = shard_dataset(str(data), str(shards), num_partitions=2, batch_size=batch)
         (shards / "manifest_uri").write_text(result["manifest_uri"])
         extra = {"rows_per_partition": result["rows_per_partition"]}
     elif step in ("rank", "rank_throughput"):

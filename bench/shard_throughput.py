@@ -53,7 +53,7 @@ def shard(src: Path, out: Path, workers: int, batch: int) -> tuple[float, dict]:
     from ringflow.operators.shard import shard_dataset
 
     started = time.perf_counter()
-    result = shard_dataset(str(src), str(out), num_workers=workers, batch_size=batch)
+    result = shard_dataset(str(src), str(out), num_partitions=workers, batch_size=batch)
     return time.perf_counter() - started, result
 
 

@@ -77,7 +77,7 @@ def write_dataset(path: Path, rows: int) -> int:
 def shard(env: dict[str, str], dataset: Path, out: Path) -> float:
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "ringflow.training.core.cli", "shard", str(dataset), str(out),
-                    "--workers", "2", "--batch-size", str(BATCH), "--eval-fraction", "0.0"],
+                    "--partitions", "2", "--batch-size", str(BATCH), "--eval-fraction", "0.0"],
                    env=env, check=True, capture_output=True)
     return time.perf_counter() - started
 

@@ -25,7 +25,7 @@ What flows between the tasks (XCom):
 Every part is usable on its own, outside the group, with the same arguments:
     ValidateDatasetOperator(task_id=..., dataset_uri=..., suite=...)                      validate.py
     ShardDatasetOperator(task_id=..., dataset_uri=..., output_uri=store_layout.shards_root(store),
-                         num_workers=2, batch_size=32)        -> XCom {"manifest_uri", ...}   shard.py
+                         num_partitions=2, batch_size=32)     -> XCom {"manifest_uri", ...}   shard.py
     TrainOperator(task_id=..., manifest_uri=..., store_uri=store, epochs=5)
                                                               -> XCom {"run_uri", ...}        train.py
     EvaluateModelOperator(task_id=..., run_uri=...)           -> XCom {"metrics", ...}        evaluate.py
@@ -102,7 +102,7 @@ def pipeline_tasks(*, data: DataSpec, training: TrainingSpec, model_name: Any, g
                                        suite=data.suite if data.suite is not None else default_suite_for(data.target),
                                        target=data.target, conn_id=conn_id)
     shard = ShardDatasetOperator(task_id="shard", dataset_uri=data.dataset_uri,
-                                 output_uri=store_layout.shards_root(store), num_workers=training.num_workers,
+                                 output_uri=store_layout.shards_root(store), num_partitions=training.num_workers,
                                  batch_size=training.batch_size, seed=data.seed, eval_fraction=data.eval_fraction,
                                  target=data.target, conn_id=conn_id)
     train = train_operator(training, tracking, store_uri=store, conn_id=conn_id, shard_task_id=shard.task_id,

@@ -1,4 +1,5 @@
-"""Split a validated dataset into per-worker partitions (ringflow.training.core.sharding) at a deterministic place.
+"""Split a validated dataset into partition files (ringflow.training.core.sharding) at a deterministic place;
+any number of workers trains on them.
 
 The folder is `<output_uri>/<dataset>/w<N>-b<B>-<hash>/` (store_layout.shard_uri), the hash covering the
 dataset's content fingerprint (datasets.ContentHash, computed while the one streaming read of the data goes by)
@@ -37,18 +38,18 @@ def _summary(manifest, manifest_uri: str, shard_uri: str, reused: bool) -> dict[
     }
 
 
-def shard_dataset(dataset_uri: str, output_uri: str, *, num_workers: int, batch_size: int, seed: int = 0,
+def shard_dataset(dataset_uri: str, output_uri: str, *, num_partitions: int, batch_size: int, seed: int = 0,
                   eval_fraction: float = 0.2, target: str = "target", conn_id: str | None = DEFAULT_S3_CONN_ID,
                   logger: logging.Logger | None = None) -> dict[str, Any]:
-    """Shard `dataset_uri` for `num_workers` workers under `output_uri` (the shards root). Returns the
-    summary the operator pushes to XCom; `manifest_uri` is what the train task needs."""
+    """Shard `dataset_uri` into `num_partitions` partition files under `output_uri` (the shards root). Returns
+    the summary the operator pushes to XCom; `manifest_uri` is what the train task needs."""
     from ringflow.training.formats.datasets import open_dataset
     from ringflow.training.core.sharding import shard
 
     logger = logger or log
-    num_workers, batch_size, seed = int(num_workers), int(batch_size), int(seed)
+    num_partitions, batch_size, seed = int(num_partitions), int(batch_size), int(seed)
     eval_fraction = float(eval_fraction)
-    params = {"num_partitions": num_workers, "batch_size": batch_size, "seed": seed,
+    params = {"num_partitions": num_partitions, "batch_size": batch_size, "seed": seed,
               "eval_fraction": eval_fraction}
     chosen: dict[str, str] = {}
 
@@ -59,9 +60,9 @@ def shard_dataset(dataset_uri: str, output_uri: str, *, num_workers: int, batch_
         return open_store_for(chosen["folder"], conn_id)
 
     logger.info("sharding %s into %d partitions of whole %d-row minibatches under %s (streamed)",
-                dataset_uri, num_workers, batch_size, output_uri)
+                dataset_uri, num_partitions, batch_size, output_uri)
     with open_dataset(dataset_uri, lambda parent: open_store_for(parent, conn_id)) as dataset:
-        result = shard(dataset, destination, target=target, num_partitions=num_workers, batch_size=batch_size,
+        result = shard(dataset, destination, target=target, num_partitions=num_partitions, batch_size=batch_size,
                        seed=seed, eval_fraction=eval_fraction, source_uri=dataset_uri)
     manifest, folder = result.manifest, chosen["folder"]
     manifest_uri = store_layout.manifest_uri(folder)
@@ -74,16 +75,17 @@ def shard_dataset(dataset_uri: str, output_uri: str, *, num_workers: int, batch_
                 manifest.num_partitions, per_part, manifest.minibatches_per_partition,
                 manifest.eval.rows if manifest.eval else 0)
     if manifest.remainder_rows:
-        logger.info("%d training rows did not fill a whole %d-row minibatch on every one of the %d workers: "
-                    "they were moved to the eval split (not dropped), so every worker takes the same number "
-                    "of synchronous steps", manifest.remainder_rows, batch_size, num_workers)
+        logger.info("%d training rows did not fill a whole %d-row minibatch in every one of the %d partitions: "
+                    "they were moved to the eval split (not dropped), so every partition holds the same number "
+                    "of minibatches", manifest.remainder_rows, batch_size, num_partitions)
     else:
-        logger.info("no remainder: the training rows fill whole minibatches on every worker")
+        logger.info("no remainder: the training rows fill whole minibatches in every partition")
     return _summary(manifest, manifest_uri, folder, reused=False)
 
 
 class ShardDatasetOperator(BaseOperator):
-    """Shard `dataset_uri` for `num_workers` Horovod workers into a deterministic folder under `output_uri`.
+    """Shard `dataset_uri` into `num_partitions` partition files in a deterministic folder under `output_uri`
+    (storage only: a run trains on them with any number of workers).
 
     output_uri: the shards root, e.g. `<store>/shards` (store_layout.shards_root); the operator picks the
     folder below it from the data and the parameters. Numbers may be templates (`"{{ params.epochs }}"`):
@@ -92,19 +94,25 @@ class ShardDatasetOperator(BaseOperator):
     "minibatches_per_partition", "batch_size", "eval_rows", "remainder_rows", "fingerprint", "reused"}`.
     """
 
-    template_fields: Sequence[str] = ("dataset_uri", "output_uri", "num_workers", "batch_size", "seed",
+    template_fields: Sequence[str] = ("dataset_uri", "output_uri", "num_partitions", "batch_size", "seed",
                                       "eval_fraction", "target", "conn_id")
     ui_color = "#e8f0fe"
 
-    def __init__(self, *, dataset_uri: str, output_uri: str, num_workers: int | str, batch_size: int | str,
-                 seed: int | str = 0, eval_fraction: float | str = 0.2, target: str = "target",
-                 conn_id: str | None = DEFAULT_S3_CONN_ID, **kwargs: Any) -> None:
+    def __init__(self, *, dataset_uri: str, output_uri: str, num_partitions: int | str | None = None,
+                 batch_size: int | str, seed: int | str = 0, eval_fraction: float | str = 0.2,
+                 target: str = "target", conn_id: str | None = DEFAULT_S3_CONN_ID, **kwargs: Any) -> None:
+        if "num_workers" in kwargs:  # the old name: refused when the DAG file is parsed, with the new one
+            raise TypeError(f"ShardDatasetOperator: num_workers is now num_partitions (the number of partition "
+                            f"files; any number of workers trains on them): pass "
+                            f"num_partitions={kwargs['num_workers']!r}")
+        if num_partitions is None:
+            raise TypeError("ShardDatasetOperator needs num_partitions: the number of partition files to write")
         super().__init__(**kwargs)
         self.dataset_uri, self.output_uri = dataset_uri, output_uri
-        self.num_workers, self.batch_size, self.seed = num_workers, batch_size, seed
+        self.num_partitions, self.batch_size, self.seed = num_partitions, batch_size, seed
         self.eval_fraction, self.target, self.conn_id = eval_fraction, target, conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
-        return shard_dataset(self.dataset_uri, self.output_uri, num_workers=self.num_workers,
+        return shard_dataset(self.dataset_uri, self.output_uri, num_partitions=self.num_partitions,
                              batch_size=self.batch_size, seed=self.seed, eval_fraction=self.eval_fraction,
                              target=self.target, conn_id=self.conn_id, logger=self.log)

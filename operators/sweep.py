@@ -173,7 +173,7 @@ def ringflow_sweep(group_id: str, *, data: DataSpec, training: TrainingSpec, mod
                                            suite=data.suite if data.suite is not None else default_suite_for(data.target),
                                            target=data.target, conn_id=conn_id)
         shard = ShardDatasetOperator(task_id="shard", dataset_uri=data.dataset_uri,
-                                     output_uri=store_layout.shards_root(store), num_workers=training.num_workers,
+                                     output_uri=store_layout.shards_root(store), num_partitions=training.num_workers,
                                      batch_size=training.batch_size, seed=data.seed,
                                      eval_fraction=data.eval_fraction, target=data.target, conn_id=conn_id)
 

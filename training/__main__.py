@@ -1,6 +1,7 @@
 """`python -m ringflow.training CONFIG`: the per-rank entry point that horovodrun/mpirun start."""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -8,13 +9,26 @@ from .formats import exit_codes
 from .formats.config import ConfigError, load_job_config
 
 
+def job_config(text: str) -> str:
+    """A job config that is there: a file (a path or file:// URI), or an s3:// URI (read, and checked, below)."""
+    path = text[len("file://"):] if text.startswith("file://") else text
+    if not text.startswith("s3://") and not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file: give the job config's path, file:// or s3:// URI")
+    return text
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ringflow.training",
+                                description="one training rank, as a launcher starts it (horovodrun, torchrun, "
+                                            "ringflow's TF_CONFIG workers, a cluster job's pods)")
+    p.add_argument("config", type=job_config, help="the job config JSON (path, file:// or s3://)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m ringflow.training JOB_CONFIG(.json | file:// | s3://)", file=sys.stderr)
-        return exit_codes.CONFIG
+    args = parser().parse_args(argv)  # a bad argument: usage and one error line, exit 2 (exit_codes.CONFIG)
     try:
-        cfg = load_job_config(argv[0])
+        cfg = load_job_config(args.config)
     except ConfigError as exc:
         print(f"[ringflow] {exc}", file=sys.stderr)
         return exit_codes.CONFIG

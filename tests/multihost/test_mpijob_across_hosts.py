@@ -87,7 +87,7 @@ def cluster(image_root, tmp_path_factory):
         for i in range(WORKERS):
             c.add_host(op.worker_hostname(JOB, i), [op.worker_fqdn(JOB, i, NAMESPACE)])
         shard = c.hosts[0].run(["ringflow", "shard", "builtin:digits", f"{STORE_MOUNT}/shards",
-                                "--workers", str(WORKERS), "--batch-size", "32", "--target", "target"], timeout=300)
+                                "--partitions", str(WORKERS), "--batch-size", "32", "--target", "target"], timeout=300)
         assert shard.returncode == 0, shard.stdout + shard.stderr
         yield c
 

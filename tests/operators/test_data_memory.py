@@ -52,7 +52,7 @@ def _run_limited(code: str) -> dict:
 def test_the_shard_task_shards_it_inside_512_mib(big_row_groups, tmp_path):
     result = _run_limited(
         "import json\nfrom ringflow.operators.shard import shard_dataset\n"
-        f"print(json.dumps(shard_dataset({big_row_groups!r}, {str(tmp_path / 'shards')!r}, num_workers=2, "
+        f"print(json.dumps(shard_dataset({big_row_groups!r}, {str(tmp_path / 'shards')!r}, num_partitions=2, "
         "batch_size=64)))")
     assert result["partitions"] * result["rows_per_partition"] + result["eval_rows"] == ROWS
 

@@ -16,7 +16,7 @@ from ringflow.operators.shard import shard_dataset
 def test_scores_the_final_checkpoint_and_writes_eval_json(tmp_path):
     from ringflow.training.store import LocalFolderStore
 
-    shards = shard_dataset("builtin:digits", str(tmp_path / "shards"), num_workers=2, batch_size=32)
+    shards = shard_dataset("builtin:digits", str(tmp_path / "shards"), num_partitions=2, batch_size=32)
     run = tmp_path / "runs" / "r1"
     checkpoint = make_run(LocalFolderStore(run), shards["manifest_uri"], steps=60)
 
@@ -31,7 +31,7 @@ def test_scores_the_final_checkpoint_and_writes_eval_json(tmp_path):
 def test_regression_metrics_and_an_explicit_checkpoint(tmp_path):
     from ringflow.training.store import LocalFolderStore
 
-    shards = shard_dataset("builtin:diabetes", str(tmp_path / "shards"), num_workers=2, batch_size=16)
+    shards = shard_dataset("builtin:diabetes", str(tmp_path / "shards"), num_partitions=2, batch_size=16)
     run = tmp_path / "run"
     checkpoint = make_run(LocalFolderStore(run), shards["manifest_uri"], steps=5)
     result = EvaluateModelOperator(task_id="evaluate", run_uri=str(run), checkpoint=checkpoint).execute({})
@@ -65,7 +65,7 @@ def test_s3_run_is_read_with_the_connection_settings_alone(s3_server, s3_connect
     from ringflow.operators.connections import open_store_for, s3_settings_from_connection
 
     bucket = s3_server.new_bucket()
-    shards = shard_dataset("builtin:wine", f"s3://{bucket}/ml/shards", num_workers=2, batch_size=8,
+    shards = shard_dataset("builtin:wine", f"s3://{bucket}/ml/shards", num_partitions=2, batch_size=8,
                            conn_id=s3_connection)
     run_uri = f"s3://{bucket}/ml/runs/dag/run-1"
     make_run(open_store_for(run_uri, s3_connection), shards["manifest_uri"], steps=20,

@@ -19,7 +19,7 @@ def _files(folder: pathlib.Path) -> dict[str, float]:
 def test_shards_builtin_dataset_into_a_deterministic_folder(tmp_path, caplog):
     root = tmp_path / "shards"
     with caplog.at_level(logging.INFO):
-        first = shard_dataset("builtin:digits", str(root), num_workers=2, batch_size=32)
+        first = shard_dataset("builtin:digits", str(root), num_partitions=2, batch_size=32)
     folder = pathlib.Path(first["shard_uri"])
     assert folder.parent == root / "digits"
     assert first["manifest_uri"] == str(folder / "manifest.json")
@@ -31,7 +31,7 @@ def test_shards_builtin_dataset_into_a_deterministic_folder(tmp_path, caplog):
     assert "moved to the eval split" in caplog.text
 
     before = _files(folder)
-    again = shard_dataset("builtin:digits", str(root), num_workers=2, batch_size=32)
+    again = shard_dataset("builtin:digits", str(root), num_partitions=2, batch_size=32)
     assert again == {**first, "reused": True}
     assert _files(folder) == before  # nothing rewritten
 
@@ -43,11 +43,11 @@ def test_other_parameters_or_data_get_another_folder(tmp_path):
     data = tmp_path / "wine.parquet"
     df = load_builtin("wine")
     df.to_parquet(data)
-    base = shard_dataset(str(data), str(root), num_workers=2, batch_size=16)
-    other_batch = shard_dataset(str(data), str(root), num_workers=2, batch_size=8)
-    other_seed = shard_dataset(str(data), str(root), num_workers=2, batch_size=16, seed=1)
+    base = shard_dataset(str(data), str(root), num_partitions=2, batch_size=16)
+    other_batch = shard_dataset(str(data), str(root), num_partitions=2, batch_size=8)
+    other_seed = shard_dataset(str(data), str(root), num_partitions=2, batch_size=16, seed=1)
     df.iloc[:150].to_parquet(data)  # the same path, new content
-    new_data = shard_dataset(str(data), str(root), num_workers=2, batch_size=16)
+    new_data = shard_dataset(str(data), str(root), num_partitions=2, batch_size=16)
     uris = {r["manifest_uri"] for r in (base, other_batch, other_seed, new_data)}
     assert len(uris) == 4
     assert all(pathlib.Path(u).parent.parent == root / "wine" for u in uris)
@@ -58,7 +58,7 @@ def test_csv_and_file_uri(tmp_path):
 
     data = tmp_path / "diabetes.csv"
     load_builtin("diabetes").to_csv(data, index=False)
-    result = shard_dataset(f"file://{data}", f"file://{tmp_path}/shards", num_workers=3, batch_size=10,
+    result = shard_dataset(f"file://{data}", f"file://{tmp_path}/shards", num_partitions=3, batch_size=10,
                            eval_fraction=0.1)
     assert result["manifest_uri"].startswith(f"file://{tmp_path}/shards/diabetes/w3-b10-")
     assert result["partitions"] == 3 and result["rows_per_partition"] == 130
@@ -68,10 +68,10 @@ def test_csv_and_file_uri(tmp_path):
 def test_operator_converts_rendered_templates(tmp_path):
     """Templates render to strings unless the DAG renders native objects: numbers are converted."""
     op = ShardDatasetOperator(task_id="shard", dataset_uri="builtin:wine", output_uri=str(tmp_path),
-                              num_workers="2", batch_size="16", seed="0", eval_fraction="0.25")
+                              num_partitions="2", batch_size="16", seed="0", eval_fraction="0.25")
     result = op.execute({})
     assert result["partitions"] == 2 and result["batch_size"] == 16
-    assert set(ShardDatasetOperator.template_fields) >= {"dataset_uri", "output_uri", "num_workers", "batch_size"}
+    assert set(ShardDatasetOperator.template_fields) >= {"dataset_uri", "output_uri", "num_partitions", "batch_size"}
 
 
 @pytest.mark.parametrize("kwargs, error", [
@@ -81,7 +81,7 @@ def test_operator_converts_rendered_templates(tmp_path):
     ({"dataset_uri": "builtin:mnist"}, "unknown built-in dataset"),
 ])
 def test_bad_requests_fail_with_what_to_change(tmp_path, kwargs, error):
-    args = {"num_workers": 2, "batch_size": 16, **kwargs}
+    args = {"num_partitions": 2, "batch_size": 16, **kwargs}
     with pytest.raises(ValueError, match=error):
         shard_dataset(args.pop("dataset_uri"), str(tmp_path / "shards"), **args)
     assert not (tmp_path / "shards").exists() or not any((tmp_path / "shards").rglob("manifest.json"))
@@ -98,14 +98,14 @@ def test_s3_through_the_airflow_connection(s3_server, s3_connection, tmp_path):
     client.upload_file(str(path), bucket, "datasets/digits.parquet")
     assert "AWS_ACCESS_KEY_ID" not in os.environ  # only the connection holds credentials
 
-    result = shard_dataset(f"s3://{bucket}/datasets/digits.parquet", f"s3://{bucket}/ml/shards", num_workers=2,
+    result = shard_dataset(f"s3://{bucket}/datasets/digits.parquet", f"s3://{bucket}/ml/shards", num_partitions=2,
                            batch_size=32, conn_id=s3_connection)
     assert result["manifest_uri"].startswith(f"s3://{bucket}/ml/shards/digits/w2-b32-")
     keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="ml/shards/")["Contents"]}
     prefix = result["manifest_uri"][len(f"s3://{bucket}/"):].rsplit("/", 1)[0]
     assert keys == {f"{prefix}/{n}" for n in ("manifest.json", "part-00000.parquet", "part-00001.parquet",
                                               "eval.parquet")}
-    again = shard_dataset(f"s3://{bucket}/datasets/digits.parquet", f"s3://{bucket}/ml/shards", num_workers=2,
+    again = shard_dataset(f"s3://{bucket}/datasets/digits.parquet", f"s3://{bucket}/ml/shards", num_partitions=2,
                           batch_size=32)  # no conn_id: the default connection, ringflow_s3
     assert again["reused"] and again["manifest_uri"] == result["manifest_uri"]
 
@@ -123,8 +123,19 @@ def test_data_training_cannot_use_is_refused_and_nothing_is_written(tmp_path, co
     data = tmp_path / "digits.csv"
     df.to_csv(data, index=False)
     root = tmp_path / "shards"
-    op = ShardDatasetOperator(task_id="shard", dataset_uri=str(data), output_uri=str(root), num_workers=2,
+    op = ShardDatasetOperator(task_id="shard", dataset_uri=str(data), output_uri=str(root), num_partitions=2,
                               batch_size=32)
     with pytest.raises(UntrainableData, match=rf"column '{column}': 2 of 1797 rows .* at rows \[5, 6\]"):
         op.execute({})
     assert not root.exists() or not any(root.rglob("*"))
+
+
+def test_the_old_num_workers_is_refused_when_the_dag_is_parsed():
+    """num_workers was the number of partition files: the old spelling fails at parse time, naming the new one."""
+    with pytest.raises(TypeError) as raised:
+        ShardDatasetOperator(task_id="shard", dataset_uri="builtin:wine", output_uri="/tmp/x", num_workers=3,
+                             batch_size=16)
+    assert str(raised.value) == ("ShardDatasetOperator: num_workers is now num_partitions (the number of partition "
+                                 "files; any number of workers trains on them): pass num_partitions=3")
+    with pytest.raises(TypeError, match="needs num_partitions"):
+        ShardDatasetOperator(task_id="shard", dataset_uri="builtin:wine", output_uri="/tmp/x", batch_size=16)

@@ -110,7 +110,7 @@ def shuffled_positions(rows: np.ndarray, num_rows: int, seed: int) -> np.ndarray
 
 
 class TooFewRows(ManifestError):
-    """The dataset cannot fill one minibatch on each worker (or has no rows at all)."""
+    """The dataset cannot fill one minibatch in each partition (or has no rows at all)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +132,7 @@ class ShardPlan:
         if self.batches == 0:
             raise TooFewRows(
                 f"{self.rows - self.eval_rows} training rows cannot fill one minibatch of {self.batch_size} on "
-                f"each of {self.partitions} workers; lower batch_size or the worker count, or use more data")
+                f"each of {self.partitions} partitions; lower batch_size or the number of partitions, or use more data")
 
     @property
     def eval_rows(self) -> int:

@@ -136,7 +136,7 @@ def test_cli_shard_exits_non_zero_with_the_message_and_writes_nothing(digits, tm
     data = tmp_path / "digits.parquet"
     damaged(digits, damage, column).to_parquet(data)
     out = tmp_path / "shards"
-    code = cli.main(["shard", str(data), str(out), "--workers", "2", "--batch-size", "32"])
+    code = cli.main(["shard", str(data), str(out), "--partitions", "2", "--batch-size", "32"])
     captured = capsys.readouterr()
     assert code != 0
     assert f"column {column!r}" in captured.err and "cannot be trained on" in captured.err
@@ -150,7 +150,7 @@ def test_cli_shard_of_a_csv_with_n_a_in_a_feature(digits, tmp_path, capsys):
     _na_string(df, "pixel_6_6")
     data = tmp_path / "digits.csv"
     df.to_csv(data, index=False)
-    code = cli.main(["shard", str(data), str(tmp_path / "shards"), "--workers", "2", "--batch-size", "32"])
+    code = cli.main(["shard", str(data), str(tmp_path / "shards"), "--partitions", "2", "--batch-size", "32"])
     assert code != 0
     assert "feature column 'pixel_6_6': 1 of 1797 rows (0.06%) is not a finite number (1 null/NaN)" in \
         capsys.readouterr().err

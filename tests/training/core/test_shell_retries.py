@@ -1,6 +1,6 @@
 """`ringflow train --retries N [--remediation auto]` (training/core/local_retries.py): the train task's tries from
 a shell. What comes after each try is core/attempts.py's (its table: test_attempts.py); here one real run
-shows the loop end to end, and a bad count is refused in one line."""
+shows the loop end to end (a bad count is refused in one line: test_shell_commands.py's table)."""
 import json
 import os
 import subprocess
@@ -8,17 +8,7 @@ import sys
 
 import pytest
 
-from ringflow.training.core import cli
 from ringflow.training.formats.run_folder import RunFolder
-
-
-@pytest.mark.parametrize("value", ["-1", "two", "1.5"])
-def test_a_bad_retry_count_is_refused_in_one_line(capsys, value):
-    with pytest.raises(SystemExit) as exited:
-        cli.main(["train", "job.json", "--retries", value])
-    err = capsys.readouterr().err
-    assert exited.value.code == 2 and "Traceback" not in err
-    assert f"argument --retries: '{value}': give a whole number >= 0" in err.splitlines()[-1], err
 
 
 @pytest.mark.job
