@@ -19,7 +19,7 @@ the training thread, the wait for the previous upload, the background write, and
     .venv/bin/python -m bench.checkpoint_overhead [--jobs 3] [--blocks 17] [--batch 16] [--out NAME]
                                                   [--results-dir DIR]
 
-Results: bench/results/<out>.json and .md (linked from the README).
+Results: bench/results/<out>.json and .md (linked from docs/benchmarks.md).
 """
 from __future__ import annotations
 

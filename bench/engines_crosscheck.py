@@ -11,7 +11,7 @@ drifting load on this shared machine hits all three alike; the host's load avera
 
     .venv/bin/python -m bench.engines_crosscheck [--repeats 2] [--epochs 4] [--out NAME] [--results-dir DIR]
 
-Results: bench/results/<out>.json and <out>.md, with the command (linked from the README).
+Results: bench/results/<out>.json and <out>.md, with the command (linked from docs/benchmarks.md).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ blocks on either side (off), under the same load.
 (bench/throughput.py also measures the monitor's cost, for both engines at np=1 and np=2, in its in-job
 comparison with a plain loop.)
 
-Results: bench/results/health_overhead.json and .md (linked from the README).
+Results: bench/results/health_overhead.json and .md (linked from docs/benchmarks.md).
 """
 from __future__ import annotations
 

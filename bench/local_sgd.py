@@ -14,7 +14,7 @@ Configurations are interleaved in each repeat; throughput is each job's own samp
 
     .venv/bin/python -m bench.local_sgd [--repeats 3] [--epochs 2] [--results-dir DIR] [--out NAME]
 
-Results: bench/results/<out>.json and <out>.md, with the command (linked from the README).
+Results: bench/results/<out>.json and <out>.md, with the command (linked from docs/benchmarks.md).
 """
 from __future__ import annotations
 

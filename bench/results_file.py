@@ -1,4 +1,4 @@
-"""Where a benchmark's results go: <name>.json and <name>.md in bench/results/ (the README links them), or in
+"""Where a benchmark's results go: <name>.json and <name>.md in bench/results/ (docs/benchmarks.md links them), or in
 the folder --results-dir names (a trial run), each with the command that made them."""
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ shared, so absolute figures vary run to run and only the ratios are meant to be 
     .venv/bin/python -m bench.sharding_order [--rows 400000] [--repeats 4] [--baseline REV] [--out NAME]
                                              [--results-dir DIR]
 
-Results: bench/results/<out>.json and <out>.md, with the command (linked from the README).
+Results: bench/results/<out>.json and <out>.md, with the command (linked from docs/benchmarks.md).
 """
 from __future__ import annotations
 

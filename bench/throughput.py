@@ -19,7 +19,7 @@
                                          [--alternatives] [--skip-table] [--skip-loop] [--out NAME]
                                          [--results-dir DIR]
 
-Results: bench/results/<out>.json and <out>.md, with the command (linked from the README).
+Results: bench/results/<out>.json and <out>.md, with the command (linked from docs/benchmarks.md).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A real `mlflow server` for the tests: SQLite in a temporary folder, artifacts proxied by the server into a
-bucket of the test S3 server (--artifacts-destination s3://..., the MinIO set-up of the README), on a free
+bucket of the test S3 server (--artifacts-destination s3://..., the MinIO set-up of docs/guides/mlflow.md), on a free
 port of 127.0.0.1. The `mlflow_server` fixture (tests/conftest.py) starts one per session.
 
 The server runs from its own venv (scripts/setup.sh: $VENV/mlflow-server, or $RINGFLOW_MLFLOW_VENV): the full

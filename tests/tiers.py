@@ -1,4 +1,4 @@
-"""The suite's tiers: what a test needs to run, one marker each (README "Tests"; `make test` runs them all).
+"""The suite's tiers: what a test needs to run, one marker each (docs/contributing.md "Tests"; `make test` runs them all).
 
     pure      nothing outside the test's own process: tables, pure functions, in-process fakes and files
     job       processes of its own: a training job (horovodrun, torchrun, TF workers), a `ringflow` command, a

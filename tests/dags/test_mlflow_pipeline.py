@@ -14,7 +14,7 @@ CONN_ID = "ringflow_mlflow"
 
 
 DAG_ID, MODEL = "ringflow_tracked_dag", "digits-dag-tracked"
-# The DAG a team writes (README, "MLflow tracking and registry"); dag.test() finds a DAG in its folder.
+# The DAG a team writes (docs/guides/mlflow.md); dag.test() finds a DAG in its folder.
 DAG_FILE = f"""
 from airflow.sdk import DAG
 

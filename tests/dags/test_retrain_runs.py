@@ -119,7 +119,7 @@ def test_broken_dataset_fails_at_validate_and_writes_nothing(airflow_db, dagbag,
 
 
 def test_remediation_walks_a_chain_of_faults_to_a_healthy_promoted_model(airflow_db, dagbag, store, capfd):
-    """`remediation: "auto"`, one run, four tries (README: the fault table): try 1 meets a NaN (NONFINITE; the
+    """`remediation: "auto"`, one run, four tries (docs/guides/fault-table.md): try 1 meets a NaN (NONFINITE; the
     injected NaN is not in the data, so the step's replay is finite: a transient fault, retried unchanged,
     resumed before the NaN's step), try 2 an OOM above a per-worker batch of 16
     (the batch halved, twice the backward passes: the same global batch), try 3 a crashed worker (no verdict:

@@ -1,6 +1,6 @@
-"""`remediation: "auto"` end to end for the two faults the chain-of-faults DAG run does not walk (README: the
-fault table): a sync-bound try and a store outage, each injected in a real 2-worker job of 1 epoch on the local
-backend, the train task driven as Airflow drives it (execute, the trigger's one event, execute_complete; the
+"""`remediation: "auto"` end to end for the two faults the chain-of-faults DAG run does not walk
+(docs/guides/fault-table.md): a sync-bound try and a store outage, each injected in a real 2-worker job of 1
+epoch on the local backend, the train task driven as Airflow drives it (execute, the trigger's one event, execute_complete; the
 retry's execute with try_number 2), each run converging to HEALTHY and promoted. No whole-DAG run: CI time.
 
 Both runs keep their run folders in one S3 bucket (the S3 test server, moto) behind a fault proxy

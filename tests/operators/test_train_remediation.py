@@ -1,8 +1,7 @@
 """`remediation: "auto"` in the train operator: a failed try's verdict gets the remediation policy's change,
 kept in the run folder's remedies.jsonl; the retry launches with it (the config the ranks get, the nodes it
 keeps off, a wait deferred without a worker slot), or the task fails without retry when no remedy is left.
-The launch is recorded, not run: the rank side of each change is tested where the ranks run (README: the
-fault table)."""
+The launch is recorded, not run: the rank side of each change is tested where the ranks run (docs/guides/fault-table.md)."""
 import json
 
 import pytest

@@ -1,4 +1,4 @@
-"""A TensorFlow model factory (README "Your own TF model") one of whose workers runs out of memory for real at a
+"""A TensorFlow model factory (docs/guides/engines.md, "Your own TF model") one of whose workers runs out of memory for real at a
 chosen step (imported by the TF workers through PYTHONPATH; used by test_out_of_memory.py).
 
 The forward runs inside the worker's tf.function, so Python in it runs only when traced: the worker that is to

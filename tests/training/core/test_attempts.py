@@ -1,6 +1,6 @@
 """What comes after a try (training/core/attempts.py): one row per case the train operator's execute_complete
-decided with its own loop before, and `ringflow train --retries` now decides the same (README: Failure policy,
-Job config `remediation`)."""
+decided with its own loop before, and `ringflow train --retries` now decides the same (docs/guides/reliability.md:
+Failure policy; docs/guides/job-config.md: `remediation`)."""
 import json
 
 import pytest

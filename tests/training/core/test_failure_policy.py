@@ -1,5 +1,6 @@
 """The one failure policy: one row per case the launcher, the backends, the trigger and the operator decided
-one by one before (README: Failure policy)."""
+one by one before (docs/guides/reliability.md "Failure policy"; docs/reference/failure-policy.md is
+generated from ROWS)."""
 import json
 
 import pytest

@@ -1,5 +1,5 @@
 """What one poll of the trigger counts as (training/core/observe.py): one row per fact the trigger made up
-itself before (README: Failure policy); the trigger only polls and reports (tests/operators/test_trigger.py)."""
+itself before (docs/guides/reliability.md: Failure policy); the trigger only polls and reports (tests/operators/test_trigger.py)."""
 import pytest
 
 from ringflow.training.core.backends.base import JobState, JobStatus

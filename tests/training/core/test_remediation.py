@@ -1,4 +1,4 @@
-"""The remediation policy: one row per verdict kind and per bound (README: Job config, `remediation`)."""
+"""The remediation policy: one row per verdict kind and per bound (docs/guides/job-config.md, `remediation`)."""
 import json
 
 import pytest
