@@ -333,9 +333,9 @@ def exit_codes_page() -> str:
            "| code | name | meaning |", "|---|---|---|"]
     for code_ in sorted(X.MEANING):
         out.append(f"| {code_} | {code(names.get(code_, ''))} | {cell(X.meaning(code_))} |")
-    out += ["", "Any other status is reported as `exit code N`. The `ringflow` shell commands other than `train` "
-            "use the first three: 0 done, 1 the step ran and said no (data the suite refuses, a promotion the "
-            "gate refuses), 2 bad input (one line on stderr naming the problem and the fix).", ""]
+    out += ["", "Any other status is reported as `exit code N`. The other `ringflow` commands exit 2 on bad input "
+            "(one line on stderr naming the problem and the fix) and 1 when the step ran and said no (data the "
+            "suite refuses, a promotion the gate refuses): [The shell](../guides/shell.md).", ""]
     return "\n".join(out)
 
 

@@ -130,6 +130,17 @@ def test_the_readme_is_short_and_its_script_is_the_real_file():
         assert (ROOT / target).exists() or target.startswith("docs/reference/"), target
 
 
+def test_the_readmes_dag_parses_into_the_pipeline():
+    """The README's smallest DAG is real code: it builds the five steps when its file is parsed."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## Your own DAG.*?```python\n(.*?)```", readme, re.S).group(1)
+    block = re.sub(r"^with (DAG\(.*\)):$", r"with \1 as dag:", block, flags=re.M)
+    namespace: dict = {}
+    exec(compile(block, "README.md (Your own DAG)", "exec"), namespace)
+    steps = {task_id.split(".")[-1] for task_id in namespace["dag"].task_ids}
+    assert {"validate", "shard", "train", "evaluate", "promote"} <= steps, steps
+
+
 def test_every_benchmark_results_file_is_on_the_benchmarks_page(reference):
     """docs/benchmarks.md's generated table lists each bench/results file (linked: strict mode checks it)."""
     table = reference.results_table()
