@@ -329,19 +329,20 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("dataset", type=dataset,
                    help="builtin:digits (or digits_images, diabetes, wine), or a .parquet/.csv path or URI")
     s.add_argument("out", type=new_or_existing_folder, help="folder or s3:// URI for the partitions and manifest.json")
-    s.add_argument("--partitions", type=positive_number, required=True,
+    s.add_argument("--partitions", type=positive_number, required=True, metavar="N",
                    help="partition files to write (storage only: a run trains on them with any number of workers)")
-    s.add_argument("--workers", action=RenamedOption, now="--partitions N (the number of partition files to write)")
-    s.add_argument("--batch-size", type=positive_number, required=True,
+    s.add_argument("--workers", action=RenamedOption, nargs="?",
+                   now="--partitions N (the number of partition files to write)")
+    s.add_argument("--batch-size", type=positive_number, required=True, metavar="B",
                    help="rows per minibatch; every partition holds whole minibatches")
     s.add_argument("--target", type=name, default="target", help="the target column")
-    s.add_argument("--seed", type=whole_number, default=0, help="the shuffle's seed (default 0)")
+    s.add_argument("--seed", type=whole_number, default=0, metavar="S", help="the shuffle's seed (default 0)")
     s.add_argument("--eval-fraction", type=fraction, default=0.2,
                    help="the share of rows held out for evaluation (default 0.2)")
     s.set_defaults(func=cmd_shard)
     t = sub.add_parser("train", help=f"run a job config on this machine (engines: {', '.join(ENGINES)})")
     t.add_argument("config", type=existing_file, help="job config JSON (path, file:// or s3://)")
-    t.add_argument("--np", type=positive_number, default=2, help="number of worker processes (default 2)")
+    t.add_argument("--np", type=positive_number, default=2, metavar="N", help="number of worker processes (default 2)")
     t.add_argument("--engine", choices=ENGINES, default=None,
                    help=f"{_engines_help()}. Default: the config's `engine` ({DEFAULT_ENGINE} if it names none)")
     without = [n for n, e in TABLE.items() if not e.controllers]
@@ -351,7 +352,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--verify-shards", action="store_true",
                    help="before launching, read every shard and check each row group's sha256 (default: sizes and "
                         "footers only; the ranks check every row group as they read it)")
-    t.add_argument("--retries", type=whole_number, default=0,
+    t.add_argument("--retries", type=whole_number, default=0, metavar="N",
                    help="tries after a failed one, each as the failure policy and core/attempts.py say (a retry "
                         "resumes from the last checkpoint; default 0)")
     t.add_argument("--remediation", choices=REMEDIATIONS, default=None,

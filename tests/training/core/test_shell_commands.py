@@ -176,6 +176,7 @@ BAD_ARGUMENTS = [
     ((*TRAIN, "--remediation", "maybe"), "argument --remediation: invalid choice: 'maybe'"),
     (("shard", "builtin:digits", "FOLDER/out", "--workers", "2", "--batch-size", "32"),
      "--workers is now --partitions N (the number of partition files to write)"),
+    ((*SHARD, "--workers"), "--workers is now --partitions N"),
     ((*SHARD, "--batch-size", "32"), "the following arguments are required: --partitions"),
     ((*SHARD, "--partitions", "0", "--batch-size", "32"), "argument --partitions: '0': give a whole number >= 1"),
     ((*SHARD, "--partitions", "2", "--batch-size", "-8"), "argument --batch-size: '-8': give a whole number >= 1"),
