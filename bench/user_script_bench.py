@@ -17,6 +17,7 @@ if not __package__:
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -35,11 +36,11 @@ def script_args(engine: str, manifest: str, epochs: int) -> list[str]:
 
 
 def measured(output: str, what: str) -> float:
-    # horovodrun prefixes each rank's line ("[1,0]<stdout>:BENCH {...}")
-    lines = [line.partition("BENCH ")[2] for line in output.splitlines() if "BENCH {" in line]
-    if not lines:
+    # horovodrun prefixes each rank's line ("[1,0]<stdout>:BENCH {...}") and may run another's into it
+    found = re.findall(r"BENCH (\{[^{}]*\})", output)
+    if not found:
         raise SystemExit(f"{what} printed no BENCH line:\n{output[-3000:]}")
-    return json.loads(lines[-1])["samples_per_sec"]
+    return json.loads(found[-1])["samples_per_sec"]
 
 
 def run_ringflow(engine: str, manifest: str, root: Path, np_: int, epochs: int, n: int) -> float:

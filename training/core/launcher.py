@@ -4,12 +4,14 @@ ringflow itself: one process per worker, started with the TF venv's interpreter 
 (workers on 127.0.0.1 ports chosen here)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import sys
 import threading
 import uuid
@@ -31,6 +33,7 @@ from ..rank.engines import ENGINE_ENV, engine_name
 from ..formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, TABLE, EngineError, engine_spec
 from ..formats.tf_config import tf_worker_env
 from .preflight import preflight
+from .elastic_hosts import elastic_command
 from ..rank.worker_env import ATTEMPT_ENV
 
 
@@ -194,7 +197,8 @@ def run_attempt(config_path: str, num_workers: int, controller: str = DEFAULT_CO
         except FileNotFoundError as exc:
             raise EngineError(str(exc)) from exc
     oom = OomWatch(JobShape.of(cfg, num_workers, engine), lambda: _heartbeat_step(cfg))
-    with start_tracking(f"train-{os.getpid()}", mode_from_env()) as tracker, _StopOnSignal(tracker, grace):
+    with (start_tracking(f"train-{os.getpid()}", mode_from_env()) as tracker, _StopOnSignal(tracker, grace),
+          contextlib.ExitStack() as stack):
         try:
             def on_job_line(line: str) -> None:
                 oom.feed(line)  # a rank's memory line or printed OOM verdict
@@ -204,9 +208,13 @@ def run_attempt(config_path: str, num_workers: int, controller: str = DEFAULT_CO
                 if tf_workers is not None:
                     launcher_code = _run_tf_workers(tracker, tf_workers, env, on_job_line, grace)
                 else:
-                    proc = tracker.spawn(launch_command(engine, config_path, num_workers, controller), env=env,
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                         start_new_session=True)
+                    command = launch_command(engine, config_path, num_workers, controller)
+                    if cfg.elastic is not None:  # each worker a host of its own (elastic_hosts.py)
+                        slots = stack.enter_context(tempfile.TemporaryDirectory(prefix="ringflow-elastic-"))
+                        command, slots_env = elastic_command(command, cfg.elastic, num_workers, slots)
+                        env = env | slots_env
+                    proc = tracker.spawn(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         text=True, start_new_session=True)
                     assert proc.stdout is not None
                     for line in proc.stdout:
                         on_job_line(line.rstrip("\n"))

@@ -12,7 +12,7 @@ import re
 from typing import Any, Mapping
 
 # The data-parallel engines and their facts: the one table (formats/engines.py).
-from .engines import DDP, DEFAULT_ENGINE, ENGINES, TENSORFLOW
+from .engines import DDP, DEFAULT_ENGINE, ENGINES, HOROVOD, TENSORFLOW
 from .engines import TABLE as ENGINE_TABLE
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -212,12 +212,14 @@ class HorovodConfig:
         _require(isinstance(self.mpi_yield_when_idle, bool), "horovod.mpi_yield_when_idle",
                  f"is {self.mpi_yield_when_idle!r}", "use true or false")
 
-    def environment(self) -> dict[str, str]:
-        """The env vars Horovod and Open MPI read at init (hvd.init); each rank sets them before it."""
-        env = {
-            "HOROVOD_FUSION_THRESHOLD": str(int(self.fusion_threshold_mb * 1024 * 1024)),
-            "HOROVOD_CYCLE_TIME": str(self.cycle_time_ms),
-        }
+    def environment(self, elastic: bool = False) -> dict[str, str]:
+        """The env vars Horovod and Open MPI read at init (hvd.init); each rank sets them before it.
+        elastic: without the cycle time, which Horovod 0.28.1 then keeps at its default: with both it and the
+        fusion threshold set, every survivor's hvd.init() after a worker's death segfaults (tried here,
+        3 workers, one SIGKILLed; either one alone re-inits)."""
+        env = {"HOROVOD_FUSION_THRESHOLD": str(int(self.fusion_threshold_mb * 1024 * 1024))}
+        if not elastic:
+            env["HOROVOD_CYCLE_TIME"] = str(self.cycle_time_ms)
         if self.mpi_yield_when_idle:
             env["OMPI_MCA_mpi_yield_when_idle"] = "1"
         return env
@@ -264,6 +266,52 @@ class DdpConfig:
                  f"is {self.local_sgd!r}", 'give an object like {"period": 4, "warmup_steps": 0}, or leave it out')
 
 
+@dataclasses.dataclass(frozen=True)
+class ElasticConfig:
+    """Recovery inside the job (engine "horovod", ringflow's own loop; rank/elastic.py): the job runs under
+    Horovod's elastic mode, and when a worker dies the survivors go back to their last in-memory commit, deal
+    the epoch's unseen rows among themselves and go on, without a retry. Fewer than `min_workers` left ends
+    the job as before (the task's retry resumes from the last checkpoint).
+
+    min_workers: the fewest workers the job trains on. max_workers: the most (a worker that comes back, or a
+    new slot, joins up to it); None: the launch's worker count. commit_every_steps: every this many steps each
+    rank copies the training state into its own memory (model, optimizer, the global cursor, the step): what
+    the survivors go back to, so what a death costs at most in steps redone. rejoin_seconds: how long a slot
+    whose worker died stays out before a new worker is started on it (Horovod's blacklist cooldown); None:
+    never (the job goes on with the survivors). peer_timeout_seconds: how long a collective waits for a peer
+    before it fails (Gloo's timeout; Horovod's default is 30 s): a worker whose peer died notices at once only
+    when it was talking to that peer; the others wait this long, so it bounds the recovery. A step on which one
+    rank lags the others by more than this fails as if a worker had died (the survivors go back to the commit
+    and all of them go on).
+    """
+
+    min_workers: int = 1
+    max_workers: int | None = None
+    commit_every_steps: int = 10
+    rejoin_seconds: float | None = None
+    peer_timeout_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        _positive_int(self, "min_workers", "elastic.min_workers")
+        if self.max_workers is not None:
+            _positive_int(self, "max_workers", "elastic.max_workers")
+            _require(self.max_workers >= self.min_workers, "elastic.max_workers",
+                     f"is {self.max_workers}, below min_workers {self.min_workers}",
+                     "give max_workers >= min_workers (or leave it out: the launch's worker count)")
+        _positive_int(self, "commit_every_steps", "elastic.commit_every_steps")
+        if self.rejoin_seconds is not None:
+            _positive_number(self, "rejoin_seconds", "elastic.rejoin_seconds")
+        _positive_number(self, "peer_timeout_seconds", "elastic.peer_timeout_seconds")
+
+    def environment(self) -> dict[str, str]:
+        """What every worker sets before hvd.init()."""
+        return {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(1, round(self.peer_timeout_seconds)))}
+
+    def bounds(self, num_workers: int) -> tuple[int, int]:
+        """(fewest, most) workers of a launch of `num_workers`."""
+        return self.min_workers, self.max_workers if self.max_workers is not None else num_workers
+
+
 # The collective implementations TensorFlow offers on CPUs (tf.distribute.experimental.CommunicationImplementation):
 # "ring" (gRPC ring all-reduce) or "auto" (TensorFlow picks: ring on CPUs, NCCL on GPUs).
 TF_COMMUNICATIONS = ("ring", "auto")
@@ -302,6 +350,13 @@ def check_engine_fits(cfg: "JobConfig", engine: str) -> None:
         _require(cfg.precision != "fp16", "ddp.local_sgd", 'is set with "precision": "fp16"',
                  'use "bf16" or "fp32" with local SGD (fp16\'s loss scaling skips steps on each rank alone, which '
                  "would put the ranks' averaging steps out of line), or remove ddp.local_sgd")
+    if cfg.elastic is not None:
+        _require(engine == HOROVOD, "elastic", f"is set, but the engine is {engine!r}",
+                 f'use "engine": "{HOROVOD}" for recovery inside the job (Horovod elastic), or remove elastic: '
+                 "under DDP and TensorFlow a worker's death ends the job and the retry resumes from the last checkpoint")
+        _require(cfg.entry is None, "elastic", "is set with an entry script",
+                 "remove elastic: recovery inside the job runs ringflow's own loop (a script's own Horovod elastic "
+                 "code runs as it is under entry)")
     if engine == TENSORFLOW:
         _require(cfg.precision == "fp32", "precision", f'is {cfg.precision!r} with engine "{TENSORFLOW}"',
                  f'use "fp32": the TensorFlow engine trains in fp32 on CPUs, or use engine {others} for bf16/fp16')
@@ -484,6 +539,8 @@ class JobConfig:
     skip_rows: tuple[RowRef, ...] = ()
     # The user's own training code (EntryConfig), run on every rank instead of ringflow's loop; None: ringflow's.
     entry: EntryConfig | None = None
+    # Recovery inside the job (Horovod elastic): see ElasticConfig. None: a worker's death ends the job.
+    elastic: ElasticConfig | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.manifest_uri, str) and self.manifest_uri.endswith(".json"), "manifest_uri",
@@ -540,9 +597,9 @@ class JobConfig:
 _NESTED = {(JobConfig, "checkpoint"): CheckpointConfig, (JobConfig, "model"): ModelConfig,
            (JobConfig, "health"): HealthConfig, (JobConfig, "horovod"): HorovodConfig, (JobConfig, "ddp"): DdpConfig,
            (JobConfig, "tensorflow"): TensorflowConfig, (DdpConfig, "local_sgd"): LocalSgdConfig,
-           (JobConfig, "entry"): EntryConfig}
+           (JobConfig, "entry"): EntryConfig, (JobConfig, "elastic"): ElasticConfig}
 # Of them, those whose null means "off".
-_OPTIONAL = {(DdpConfig, "local_sgd"), (JobConfig, "entry")}
+_OPTIONAL = {(DdpConfig, "local_sgd"), (JobConfig, "entry"), (JobConfig, "elastic")}
 
 
 def _build(cls: type, doc: Mapping[str, Any], path: str) -> Any:

@@ -12,6 +12,7 @@
 
 `world_size_changes`: every resume of this run on another number of workers so far, oldest first
 (rank/world_size_change.py: the accumulation and learning-rate factor each chose); empty when none.
+`membership_changes`: an elastic job's changes of workers inside this attempt (rank/elastic.py), oldest first.
 
 `remedies`: what the operator's retries changed before this attempt (`remediation: "auto"`,
 training/core/remediation.py), oldest first, as the ranks got it in their config: the result says what
@@ -92,6 +93,10 @@ class RunResult:
     # last report() (training/api.py).
     script: str | None = None
     metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # Each time the workers of an elastic job changed without a retry (rank/elastic.py's Membership), oldest
+    # first: who left or joined, the world sizes, the commit the survivors went back to, the steps redone and
+    # how long the recovery took.
+    membership_changes: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -136,6 +141,7 @@ class RunResult:
         doc["verdict"] = self.verdict.to_dict() if self.verdict else None
         doc["skipped_checkpoints"] = [dataclasses.asdict(s) for s in self.skipped_checkpoints]
         doc["world_size_changes"] = [dict(c) for c in self.world_size_changes]
+        doc["membership_changes"] = [dict(c) for c in self.membership_changes]
         doc["remedies"] = [dict(r) for r in self.remedies]
         doc["skipped_rows"] = [dataclasses.asdict(r) for r in self.skipped_rows]
         doc["metrics"] = dict(self.metrics)
@@ -169,7 +175,8 @@ class RunResult:
                        world_size_changes=tuple(dict(c) for c in doc.get("world_size_changes") or ()),
                        remedies=tuple(dict(r) for r in doc.get("remedies") or ()),
                        skipped_rows=tuple(RowRef(str(r["file"]), int(r["row"])) for r in doc.get("skipped_rows") or ()),
-                       script=doc.get("script"), metrics=dict(doc.get("metrics") or {}))
+                       script=doc.get("script"), metrics=dict(doc.get("metrics") or {}),
+                       membership_changes=tuple(dict(c) for c in doc.get("membership_changes") or ()))
         except ResultError as exc:
             raise ResultError(f"{where}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:

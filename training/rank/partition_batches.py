@@ -214,6 +214,10 @@ class PartitionBatches:
     def __len__(self) -> int:
         return self.rows
 
+    def close(self) -> None:
+        """Stop the loader thread (a load in flight is dropped): this reader serves nothing more."""
+        self._loader.shutdown(wait=False, cancel_futures=True)
+
     def _source(self, file: int, moved: Callable[[int], None] | None = None) -> StreamedPartition:
         """File `file`, opened on first use (its footer read and checked: a store operation).
 

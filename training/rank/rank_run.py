@@ -46,12 +46,16 @@ class RankRun:
         # What the run folder published (run_folder.py): the checkpoint to resume from, a finished run's verdict.
         self.published = RunFolder(self.run_folder).checkpoints
         guard = self.guard
-        self.health_log = HealthLog(guard.store if guard else self.run_folder, cfg.health.flush_seconds,
-                                    enabled=guard is not None, attempt=self.attempt,
-                                    first_seq=guard.attempt.ref.first_seq if guard else 0,
-                                    before_write=(lambda: guard.check(max_age=cfg.health.heartbeat_interval()))
-                                    if guard else (lambda: None))
-        self.health_log.start_flushing()
+        if start.health_log is None or start.health_log_guard is not guard:  # kept across an elastic job's
+            # changes of workers while this process's claim stands (rank/elastic.py)
+            start.health_log = HealthLog(guard.store if guard else self.run_folder, cfg.health.flush_seconds,
+                                         enabled=guard is not None, attempt=self.attempt,
+                                         first_seq=guard.attempt.ref.first_seq if guard else 0,
+                                         before_write=(lambda: guard.check(max_age=cfg.health.heartbeat_interval()))
+                                         if guard else (lambda: None))
+            start.health_log_guard = guard
+            start.health_log.start_flushing()
+        self.health_log = start.health_log
         manifest_store, manifest_key = split_manifest_uri(cfg.manifest_uri)
         self.manifest = store_call(progress, f"read of {manifest_key}", manifest_store, lambda moved:
                                               ShardManifest.from_json(manifest_store.get_bytes(manifest_key,
@@ -151,13 +155,13 @@ def unreplayed(verdict: Verdict, why: str) -> Verdict:
     return Verdict(verdict.status, verdict.reason, {**verdict.evidence, "replay_unavailable": why})
 
 
-def run_rank(cfg: JobConfig, start_engine, make_trainer, device_memory=None) -> int:
+def run_rank(cfg: JobConfig, start_engine, make_trainer, device_memory=None, begin=None) -> int:
     """A rank from its start to its exit code, for any engine: begin before the engine's rendezvous when the
     launcher names the rank, start the engine (`start_engine(cfg)`), train (`make_trainer(cfg, engine,
     start).train()`); a store that kept failing is its own verdict, and so is running out of memory (torch's
     or TensorFlow's OOM error, a MemoryError: oom_report.end_on_oom, `device_memory(engine)` the device bytes
     for its evidence). Any other exception is raised on (a traceback, exit 1). The engine's `shutdown`, if
-    it has one, runs last."""
+    it has one, runs last. begin(cfg): this rank's RankStart before the engine starts (default: begin_early)."""
     from .oom_report import end_on_oom
     from ..formats.checkpoint import CheckpointOfAnotherEngine
     from .rank_start import begin_early, store_failed
@@ -165,7 +169,7 @@ def run_rank(cfg: JobConfig, start_engine, make_trainer, device_memory=None) -> 
     from ..store import StoreConfigError, StoreUnavailable
 
     started = time.monotonic()
-    start = begin_early(cfg)
+    start = (begin or begin_early)(cfg)
     engine = start_engine(cfg)
     trainer = None
     try:

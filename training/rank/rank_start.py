@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import uuid
+from typing import Any
 
 from ..formats import exit_codes
 from ..formats.config import JobConfig
@@ -46,21 +47,33 @@ class RankStart:
     run_store: ObjectStore
     liveness: Liveness
     guard: FenceGuard | None  # rank 0's: where it writes, and how it publishes
+    # The attempt's health log on this process (rank_run.RankRun._open), and the claim it writes under: an
+    # elastic job's process keeps it across changes of workers.
+    health_log: Any = None
+    health_log_guard: FenceGuard | None = None
 
     @classmethod
-    def begin(cls, cfg: JobConfig, rank: int, on_stall) -> "RankStart":
+    def begin(cls, cfg: JobConfig, rank: int, on_stall, claim: bool = True) -> "RankStart":
+        """claim: rank 0 claims the run folder now (an elastic job's worker claims it when it becomes rank 0:
+        rank/elastic.py)."""
         # The launcher names the attempt; a rank started some other way (plain mpirun) makes one up.
         attempt = os.environ.get(ATTEMPT_ENV) or uuid.uuid4().hex
         os.environ[ATTEMPT_ENV] = attempt
         run_store = open_store(cfg.run_uri)
         liveness = Liveness(attempt, cfg.health, rank, on_stall)
         liveness.start()  # the claim below is watched too: a store that moves nothing is the store's verdict
-        guard = None
-        if rank == 0:
-            guard = store_call(liveness.progress, "claim of the run folder", run_store,
-                               lambda moved: FenceGuard.claim(run_store, attempt))
-            liveness.start_heartbeat(guard.store, before_write=guard.check)
-        return cls(attempt, run_store, liveness, guard)
+        start = cls(attempt, run_store, liveness, None)
+        if rank == 0 and claim:
+            start.claim()
+        return start
+
+    def claim(self) -> None:
+        """Make this attempt the run folder's current one, with this process as its writer, and start the
+        heartbeat. Again in an elastic job whose rank 0 died: the new rank 0's claim fences the old one."""
+        run_store, attempt = self.run_store, self.attempt
+        self.guard = store_call(self.liveness.progress, "claim of the run folder", run_store,
+                                lambda moved: FenceGuard.claim(run_store, attempt))
+        self.liveness.start_heartbeat(self.guard.store, before_write=self.guard.check)
 
 
 # How long a rank stopping on a liveness verdict tries to record it (the store may be what is stuck).

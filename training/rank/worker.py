@@ -22,7 +22,7 @@ from typing import Sequence
 import torch
 
 from .callbacks.base import Callback
-from .callbacks.checkpointing import Checkpointing
+from .callbacks.checkpointing import Checkpointing, training_state
 from .callbacks.faults import FaultInjection
 from .callbacks.garbage_collection import ScheduledGarbageCollection
 from .callbacks.health import HealthMonitoring
@@ -69,10 +69,12 @@ def make_optimizer(cfg: JobConfig, model: torch.nn.Module, world_size: int) -> t
 
 class Trainer(RankRun):
     def __init__(self, cfg: JobConfig, engine: Engine, callbacks: Sequence[Callback] = (),
-                 start: RankStart | None = None):
+                 start: RankStart | None = None, elastic=None):
         """callbacks: more callbacks on the loop, after fault injection and before the built-in ones.
-        start: begun by main() before the engine's rendezvous; else begun here."""
-        self.cfg, self.engine = cfg, engine
+        start: begun by main() before the engine's rendezvous; else begun here.
+        elastic: the elastic job's run (rank/elastic.py's ElasticRun) this trainer is a round of: it resumes
+        from the workers' newest commit when there is one, and commits every elastic.commit_every_steps."""
+        self.cfg, self.engine, self.elastic = cfg, engine, elastic
         self.rank, self.size = engine.rank, engine.size
         self.step, self.cursor, self.resumed_from, self.last_loss = 0, Cursor(), None, float("nan")
         self.replica_optimizers: list | None = None  # each rank's optimizer state, from a local-SGD checkpoint
@@ -94,13 +96,21 @@ class Trainer(RankRun):
         schema = manifest.schema
         self.model, self.loss_fn = self._new_model()
         progress.phase(RESTORE)
-        found = self._find_checkpoint()
+        commit = elastic.state.committed if elastic is not None else None
+        if commit is not None:  # a later round of an elastic job: the survivors' commit, as a checkpoint
+            from .elastic import as_found
+
+            found = as_found(commit)
+        else:
+            found = self._find_checkpoint()
         # Before the optimizer is distributed: a resume on another world size changes the accumulation.
         self.world_size_change = self._plan_world_size(found)
         engine.accumulation_steps = self.world_size_change.accumulation_steps
         self.optimizer = engine.distribute(self.model, make_optimizer(cfg, self.model, self.size))
         if found is not None:
             self._restore(*found)
+        if commit is not None:
+            self.resumed_from = elastic.resumed_from  # the attempt's, from the run folder
         engine.broadcast_state(self.model, self.optimizer)
         engine.restore_replica_optimizer(self.optimizer, self.replica_optimizers)
         # After which steps every rank's replica agrees (all, unless local SGD): where checksums are compared
@@ -119,11 +129,13 @@ class Trainer(RankRun):
                        "num_outputs": schema.num_outputs, "task": schema.task},
             **self.world_size_meta()}, pin_memory=placement.pin_memory,
             progress=progress, floor_seconds=cfg.checkpoint.floor_seconds, schedule=schedule)
+        nodes = gather_node_names(engine)  # a collective: every rank of every round takes part
+        later_round = elastic is not None and elastic.round > 0  # its `membership` record opens it
         self.health = HealthMonitoring(self.monitor, self.health_log, cfg.health, self.rank, self.checkpointing.due,
-                                       {"world_size": self.size, "engine": engine.name,
+                                       None if later_round else {"world_size": self.size, "engine": engine.name,
                                         "device": placement.device, "precision": cfg.precision,
                                         "resumed_from": self.resumed_from, "health": self._health_dict(),
-                                        "nodes": gather_node_names(engine),
+                                        "nodes": nodes,
                                         **({"world_size_change": self.world_size_change.as_record()}
                                            if self.world_size_change.changed else {})})
         self.throughput = Throughput(engine, lambda: self.health.seconds_in_monitor)
@@ -131,15 +143,24 @@ class Trainer(RankRun):
         # In this order on every hook: faults act before anything measures, the health verdict comes before
         # the final checkpoint, and a checkpoint is taken last in a step.
         # Fault injection only on a rank with faults to inject: its hooks run on every micro-batch.
-        faults = FaultInjection(cfg, self.rank)
+        # An elastic job's faults fire in its first round only: a crash that killed a worker is not dealt again
+        # to whichever worker has its rank after the change.
+        faults = FaultInjection(cfg if elastic is None or elastic.round == 0 else dataclasses.replace(cfg, faults=()),
+                                self.rank)
         # Rank 0 of a TrainJob reports progress into its status.trainerStatus (nothing elsewhere).
         reporter = TrainerStatusReporter.from_environ(os.environ) if self.rank == 0 else None
         self.callbacks: list[Callback] = [
             *([faults] if faults.active else []), *callbacks, self.throughput, self.health, self.liveness,
             ProgressLog(self.rank, self.size, cfg.log_every_steps, cfg.batch_size, cfg.learning_rate),
-            *([RowLog(cfg.row_log_dir, self.attempt, self.rank, self.size)] if cfg.row_log_dir else []),
+            *([RowLog(cfg.row_log_dir, self.attempt, self.rank, self.size,
+                      elastic.round if elastic is not None else None)] if cfg.row_log_dir else []),
             *([self.garbage_collection] if self.garbage_collection else []),
             *([TrainerStatusReporting(reporter, self.size)] if reporter is not None else []), self.checkpointing]
+        if elastic is not None:  # last: a commit holds what the step's checkpoint holds
+            from .elastic import ElasticCommit
+
+            self.elastic_commit = ElasticCommit(elastic.state, cfg.elastic.commit_every_steps)
+            self.callbacks.append(self.elastic_commit)
 
     def _new_model(self) -> tuple[torch.nn.Module, object]:
         """The config's model on this rank's device with its precision, and its loss: with torch seeded by
@@ -246,7 +267,9 @@ class Trainer(RankRun):
                          health_monitor_share_after_warmup=throughput.monitor_share if throughput else None,
                          checkpoint_blocked_seconds=(self.checkpointing.blocked_seconds
                                                      if self.checkpointing is not None and self.rank == 0 else None),
-                         world_size_changes=tuple(self.world_size_changes))
+                         world_size_changes=tuple(self.world_size_changes),
+                         membership_changes=tuple(c.as_record() for c in self.elastic.changes)
+                         if self.elastic is not None else ())
 
     def replayed(self, verdict: Verdict) -> Verdict:
         """Replay the verdict's step on every rank (replay.py) and, on rank 0, add what the ranks found to its
@@ -306,6 +329,28 @@ class Trainer(RankRun):
         report = replay.run(step, cursors, state, checkpoint_step, deadline)
         return dataclasses.replace(report, seconds=time.monotonic() - started)
 
+    def commit(self):
+        """This rank's state now, copied into memory, with what a checkpoint of it would say (an elastic
+        commit: rank/elastic.py)."""
+        from .elastic import ROUND_META, Commit
+
+        loop = self.loop
+        return Commit(training_state(loop).host_copy(), self.checkpointing.meta(loop) | {ROUND_META: self.elastic.round},
+                      time.time())
+
+    def let_go(self) -> None:
+        """An elastic job's round ended by a change of workers: finish rank 0's checkpoint upload in flight (it
+        is published: the survivors' next checkpoint names its step or a later one), stop this round's
+        threads. The process, its liveness and its health log go on into the next round."""
+        if self.checkpointing is not None:
+            self.checkpointing.settle(self.cfg.health.store_timeout_seconds)
+        self.data.close()
+        for callback in self.callbacks:
+            if isinstance(callback, RowLog):
+                callback.close()
+        if self.garbage_collection is not None:
+            self.garbage_collection.restore()
+
     def training_step(self) -> int | None:
         # None before the loop began (restoring, starting): the step is then not one of training.
         return self.loop.step + 1 if self.loop is not None else None
@@ -334,6 +379,10 @@ class Trainer(RankRun):
 
 
 def main(cfg: JobConfig) -> int:
+    if cfg.elastic is not None:  # Horovod elastic: rounds of trainers, one per membership (elastic.py)
+        from .elastic import run as run_elastic
+
+        return run_elastic(cfg, lambda cfg, engine, start, elastic: Trainer(cfg, engine, start=start, elastic=elastic))
     # The engine its launcher was chosen for (engines.ENGINE_ENV), else cfg.engine.
     return run_rank(cfg, start_engine, lambda cfg, engine, start: Trainer(cfg, engine, start=start),
                     device_memory=cuda_peak_bytes)

@@ -52,3 +52,16 @@ _LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "HOROVOD_LOCAL_R
 def launcher_local_rank(environ: Mapping[str, str]) -> int:
     """This process's rank on its host as its launcher set it; 0 when none did."""
     return _first_int(environ, _LOCAL_RANK_VARS) or 0
+
+
+# An elastic Horovod job on one machine (core/elastic_hosts.py): the slot names of this machine, in order, one
+# per worker; a worker's HOROVOD_HOSTNAME is one of them, and its index is its place on this machine.
+ELASTIC_SLOTS_ENV = "RINGFLOW_ELASTIC_SLOTS"
+
+
+def elastic_slot(environ: Mapping[str, str]) -> tuple[int, int] | None:
+    """(this worker's place among the machine's elastic slots, how many there are), or None outside one: under
+    elastic Horovod every worker is local rank 0 of 1 on a host name of its own."""
+    names = [n for n in environ.get(ELASTIC_SLOTS_ENV, "").split(",") if n]
+    host = environ.get("HOROVOD_HOSTNAME", "")
+    return (names.index(host), len(names)) if host in names else None

@@ -174,6 +174,18 @@ class Checkpointing(Callback):
             return DONE
         return exit_codes.for_verdict(self._verdict(failure).status)
 
+    def meta(self, loop, final: bool = False) -> dict[str, Any]:
+        """What a checkpoint taken now says about the run in its manifest (an elastic commit says the same:
+        rank/elastic.py): the step, the settled cursor, the world size, accumulation and batch, the run's own."""
+        cursor = loop.data.settled(loop.cursor)
+        meta = {"step": loop.step, "epoch": cursor.epoch, "cursor": [cursor.epoch, cursor.batch],
+                "loss": loop.last_loss, "world_size": self._size,
+                "accumulation_steps": loop.engine.accumulation_steps, "batch_size": loop.data.batch_size,
+                "final": final} | self._run_meta
+        if cursor.remaining is not None:
+            meta["remaining"] = [list(pair) for pair in cursor.remaining]
+        return meta
+
     def _save(self, loop, final: bool = False, waited: float = 0.0) -> Verdict | None:
         """Take the checkpoint (rank 0 hands it to the writer); its name on every rank. waited: how long every
         rank waited for the previous upload (_previous_written), recorded with this checkpoint."""
@@ -183,13 +195,7 @@ class Checkpointing(Callback):
             if final:
                 self.final = checkpoint_name(loop.step)
             return None
-        cursor = loop.data.settled(loop.cursor)
-        meta = {"step": loop.step, "epoch": cursor.epoch, "cursor": [cursor.epoch, cursor.batch],
-                "loss": loop.last_loss, "world_size": self._size,
-                "accumulation_steps": loop.engine.accumulation_steps, "batch_size": loop.data.batch_size,
-                "final": final} | self._run_meta
-        if cursor.remaining is not None:
-            meta["remaining"] = [list(pair) for pair in cursor.remaining]
+        meta = self.meta(loop, final)
         for callback in loop.callbacks:
             callback.before_checkpoint(loop, meta, final)
         self._last_taken = self._clock()

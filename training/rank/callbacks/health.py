@@ -24,9 +24,10 @@ from ...health.verdict import Verdict
 
 class HealthMonitoring(Callback):
     def __init__(self, monitor: SyncHealthMonitor, log: HealthLog, cfg: HealthConfig, rank: int,
-                 checkpoint_due: Callable[[int], bool], start_fields: dict[str, Any]):
+                 checkpoint_due: Callable[[int], bool], start_fields: dict[str, Any] | None):
         """start_fields: what the attempt's `start` record says besides its step (world size, resumed_from,
-        the run's thresholds)."""
+        the run's thresholds); None: the attempt has started already (an elastic job's later round, which
+        its `membership` record opens: rank/elastic.py)."""
         self.monitor, self._log, self._cfg, self._rank = monitor, log, cfg, rank
         self._checkpoint_due, self._start_fields = checkpoint_due, start_fields
         self.enabled = cfg.enabled
@@ -41,7 +42,7 @@ class HealthMonitoring(Callback):
 
     def on_train_start(self, loop) -> None:
         self._params = list(loop.model.parameters())  # made once: gradient_norm may run every step
-        if self._rank == 0:
+        if self._rank == 0 and self._start_fields is not None:
             self._log.append(record("start", step=loop.step, **self._start_fields), force_flush=True)
 
     def after_backward(self, loop) -> None:

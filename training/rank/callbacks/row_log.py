@@ -20,11 +20,15 @@ from .base import Callback
 
 
 class RowLog(Callback):
-    def __init__(self, folder: str, attempt: str | None, rank: int, world_size: int):
+    def __init__(self, folder: str, attempt: str | None, rank: int, world_size: int, round_: int | None = None):
+        """round_: an elastic job's round (rank/elastic.py: a new one after each change of workers), in every
+        line; None outside one."""
         os.makedirs(folder, exist_ok=True)
         self.path = os.path.join(folder, f"rows-{attempt or 'unknown'}-rank{rank}.jsonl")
         self._file = open(self.path, "a", encoding="utf-8")
         self._head = {"attempt": attempt, "rank": rank, "world_size": world_size}
+        if round_ is not None:
+            self._head["round"] = round_
 
     def after_backward(self, loop) -> None:
         line = self._head | {"step": loop.step + 1, "epoch": loop.epoch, "rows": loop.data.row_ids.tolist()}
@@ -32,4 +36,7 @@ class RowLog(Callback):
         self._file.flush()
 
     def on_train_end(self, loop) -> None:
+        self.close()
+
+    def close(self) -> None:
         self._file.close()

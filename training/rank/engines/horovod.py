@@ -12,6 +12,7 @@ from ..cores import claim_cpu_share, local_rank_from_env
 from ..devices import Placement, place_rank
 from ..engine import Engine, share_host_cores
 from ..training_state import on_cpu
+from ..worker_env import elastic_slot
 
 # Where the launchers Horovod runs under say which rank this is on its host, before hvd.init() can.
 LOCAL_RANK_ENV = (
@@ -35,9 +36,12 @@ class HorovodEngine(Engine):
         """Initialize Horovod for this rank with the config's knobs."""
         # Set by the rank itself: mpirun under an MPIJob starts ranks with just the variables it forwards,
         # and Horovod and Open MPI read these once, in hvd.init().
-        os.environ.update(cfg.horovod.environment())
+        os.environ.update(cfg.horovod.environment(elastic=cfg.elastic is not None)
+                          | (cfg.elastic.environment() if cfg.elastic is not None else {}))
         # Bound before hvd.init() starts Horovod's and MPI's threads, so they start on the rank's own CPUs.
-        on_host = local_rank_from_env(os.environ, LOCAL_RANK_ENV)
+        # Under elastic Horovod on one machine each worker is local rank 0 of 1 on a host name of its own: its
+        # place among the machine's slots is its share (worker_env.elastic_slot).
+        on_host = elastic_slot(os.environ) or local_rank_from_env(os.environ, LOCAL_RANK_ENV)
         share = claim_cpu_share(cfg.bind_cores, *on_host) if on_host else None
         import horovod.torch as hvd
 

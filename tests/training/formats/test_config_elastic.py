@@ -1,0 +1,48 @@
+"""elastic: recovery inside the job (Horovod elastic), checked before any process starts: its bounds, commit
+interval, rejoin cooldown and peer timeout, and refused where it cannot run (DDP, TensorFlow, a user's script)."""
+import pytest
+
+from ringflow.training.formats.config import ConfigError, ElasticConfig, JobConfig
+
+BASE = {"manifest_uri": "/m/manifest.json", "run_uri": "/r", "engine": "horovod"}
+
+
+@pytest.mark.parametrize("section, expected, bounds_of_3", [
+    (None, None, None),
+    ({}, ElasticConfig(), (1, 3)),
+    ({"min_workers": 2, "max_workers": 4, "commit_every_steps": 50, "rejoin_seconds": 5, "peer_timeout_seconds": 20},
+     ElasticConfig(2, 4, 50, 5, 20), (2, 4)),
+])
+def test_elastic_is_off_unless_given(section, expected, bounds_of_3):
+    cfg = JobConfig.from_dict(BASE | {"elastic": section})
+    assert cfg.elastic == expected
+    assert JobConfig.from_dict(cfg.to_dict()) == cfg  # round-trips
+    if expected is not None:
+        assert cfg.elastic.bounds(3) == bounds_of_3
+        assert cfg.elastic.environment() == {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(round(expected.peer_timeout_seconds))}
+
+
+@pytest.mark.parametrize("fields, field, says", [
+    ({"elastic": {"min_workers": 0}}, "elastic.min_workers", "use a whole number >= 1"),
+    ({"elastic": {"min_workers": 3, "max_workers": 2}}, "elastic.max_workers", "give max_workers >= min_workers"),
+    ({"elastic": {"commit_every_steps": 0}}, "elastic.commit_every_steps", "use a whole number >= 1"),
+    ({"elastic": {"rejoin_seconds": 0}}, "elastic.rejoin_seconds", "use a number > 0"),
+    ({"elastic": {"peer_timeout_seconds": -1}}, "elastic.peer_timeout_seconds", "use a number > 0"),
+    ({"elastic": {"workers": 2}}, "elastic.workers", "remove it or use one of"),
+    ({"elastic": 2}, "elastic", "give a JSON object"),
+    ({"engine": "ddp", "elastic": {}}, "elastic", 'use "engine": "horovod" for recovery inside the job'),
+    ({"engine": "tensorflow", "elastic": {}}, "elastic", 'use "engine": "horovod"'),
+    ({"elastic": {}, "entry": {"script": "train.py"}}, "elastic", "recovery inside the job runs ringflow's own loop"),
+])
+def test_bad_elastic_settings_say_what_to_do(fields, field, says):
+    with pytest.raises(ConfigError) as err:
+        JobConfig.from_dict(BASE | fields)
+    assert err.value.field == field and says in str(err.value), str(err.value)
+
+
+def test_an_elastic_worker_re_inits_horovod_without_the_cycle_time():
+    """Horovod 0.28.1 segfaults in a survivor's hvd.init() after a death when both knobs are set (tried)."""
+    horovod = JobConfig.from_dict(BASE).horovod
+    assert set(horovod.environment()) >= {"HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME"}
+    assert "HOROVOD_CYCLE_TIME" not in horovod.environment(elastic=True)
+    assert "HOROVOD_FUSION_THRESHOLD" in horovod.environment(elastic=True)

@@ -1,0 +1,66 @@
+"""Where a local elastic Horovod job's workers run: one host name per worker slot, all of them this machine.
+
+Horovod's elastic driver counts a failure against a host NAME and takes the whole host out ("blacklisted"): on
+one host listed as `localhost:N`, a single SIGKILLed worker stops every survivor with it. So each slot gets a
+name of its own that still resolves to the loopback address (Horovod starts a worker locally, without ssh,
+when its host name resolves to an address of this machine: runner/gloo_run.py), and the host-discovery script
+ringflow writes lists them at one slot each: a dead worker takes out its own name only. Every worker then
+sees itself as local rank 0 of 1 on its host; the slot's index in worker_env.ELASTIC_SLOTS_ENV is its place on this machine.
+
+Pure, but for writing the script: no torch, no Horovod.
+"""
+from __future__ import annotations
+
+import os
+import stat
+
+from ..formats.config import ElasticConfig
+from ..rank.worker_env import ELASTIC_SLOTS_ENV
+
+
+# How long Horovod's driver waits for min_workers slots before it ends the job (its default is 600 s): fewer than
+# min_workers left is the task's retry's business, soon.
+ELASTIC_TIMEOUT_SECONDS = 60
+
+
+def slot_names(count: int) -> list[str]:
+    """`count` distinct names of the loopback address: 127.0.0.1, then 127.0.1, 127.00.1, ... (inet_aton's
+    three-part form; each resolves to 127.0.0.1)."""
+    return ["127.0.0.1"] + [f"127.{'0' * k}.1" for k in range(1, count)]
+
+
+def discovery_script(names: list[str]) -> str:
+    """The host-discovery script: each name at one slot."""
+    return "#!/bin/sh\n" + "".join(f"echo {name}:1\n" for name in names)
+
+
+def write_discovery_script(folder: str, names: list[str]) -> str:
+    path = os.path.join(folder, "ringflow-hosts.sh")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(discovery_script(names))
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def elastic_arguments(elastic: ElasticConfig, num_workers: int, discovery: str) -> list[str]:
+    """horovodrun's elastic options for a launch of `num_workers` (replacing -H): the bounds, the discovery
+    script, the loopback interface (without it horovodrun waits forever at start on a host with several), how
+    long fewer than min_workers may wait for slots, and the rejoin cooldown."""
+    fewest, most = elastic.bounds(num_workers)
+    args = ["--min-np", str(fewest), "--max-np", str(most), "--host-discovery-script", discovery,
+            "--network-interface", "lo", "--elastic-timeout", str(ELASTIC_TIMEOUT_SECONDS)]
+    if elastic.rejoin_seconds is not None:
+        seconds = max(1, round(elastic.rejoin_seconds))
+        args += ["--blacklist-cooldown-range", str(seconds), str(seconds)]
+    return args
+
+
+def elastic_command(command: list[str], elastic: ElasticConfig, num_workers: int, folder: str) -> tuple[list[str], dict[str, str]]:
+    """horovodrun `command` (launcher.horovodrun_command's) made elastic: Gloo (Horovod's elastic mode has no
+    MPI controller), the slots from a discovery script written into `folder` instead of -H; and the
+    environment every worker needs (ELASTIC_SLOTS_ENV)."""
+    names = slot_names(elastic.bounds(num_workers)[1])
+    at = command.index("-H")
+    rest = [a for a in command[at + 2:] if a not in ("--mpi", "--gloo")]
+    elastic_args = elastic_arguments(elastic, num_workers, write_discovery_script(folder, names))
+    return command[:at] + ["--gloo", *elastic_args] + rest, {ELASTIC_SLOTS_ENV: ",".join(names)}

@@ -1,0 +1,285 @@
+"""Recovery inside the job: a rank of an elastic Horovod job (the config's `elastic`; engine "horovod", ringflow's
+own loop). A worker that dies costs the survivors the steps since their last commit and a few seconds, not a
+retry of the whole job.
+
+    the process: liveness first (no claim yet: which worker is rank 0 is the rendezvous's word), hvd.init()
+    Horovod's elastic loop (horovod/common/elastic.py run_fn), round after round:
+        sync       the newest commit any worker holds, broadcast from the lowest rank that holds it (a worker
+                   that has just joined holds none)
+        train      a Trainer on this membership (rank, size), resumed from that commit as from a checkpoint on
+                   another world size: the epoch's unseen rows dealt among the workers there are now, the
+                   accumulation and learning rate rescaled (world_size_change.py); the first round resumes
+                   from the run folder as any attempt does. The new rank 0 claims the run folder when it was
+                   not the writer (the old writer, if it is alive and frozen, is fenced from then on).
+        commit     every elastic.commit_every_steps steps (ElasticCommit): each rank copies its state into its
+                   own memory, then Horovod's check for changed hosts, a collective, so every rank raises
+                   HostsUpdatedInterrupt at the same step
+        a change   a collective that failed (a peer died: HorovodInternalError) or hosts that changed: the
+                   change is recorded (Membership), the round's trainer let go, hvd.shutdown() + hvd.init()
+
+Fewer than elastic.min_workers left: Horovod's driver ends the job, and the task's retry resumes from the last
+checkpoint as before. Checkpoints go to the store as always; a commit is memory only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Mapping
+
+import horovod.torch as hvd
+from horovod.common.elastic import State, run_fn
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+from ..formats.config import JobConfig
+from ..health.progress import RENDEZVOUS
+from ..health.records import record
+from .callbacks.base import Callback
+from .callbacks.checkpointing import training_state
+from .callbacks.logging import say
+from .engines.horovod import HorovodEngine
+from .rank_start import RankStart
+from .training_state import TrainingState
+
+# Why the workers changed, in the records.
+LEFT, JOINED = "left", "joined"
+# A commit's round (ElasticRun.round), in its meta.
+ROUND_META = "elastic_round"
+
+
+@dataclasses.dataclass(frozen=True)
+class Commit:
+    """The training state one rank copied into its memory at a step: what a checkpoint of that step would hold
+    (`state`) and say in its manifest (`meta`, Checkpointing.meta), so a round resumes from it as from one."""
+
+    state: TrainingState
+    meta: Mapping[str, Any]
+    at: float  # unix time
+
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+
+@dataclasses.dataclass(frozen=True)
+class _CommitManifest:
+    meta: Mapping[str, Any]
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _CommitAsCheckpoint:
+    """What the Trainer reads of a found checkpoint (its manifest's meta and name), for a commit."""
+
+    manifest: _CommitManifest
+
+
+def as_found(commit: Commit) -> tuple[_CommitAsCheckpoint, TrainingState]:
+    return _CommitAsCheckpoint(_CommitManifest(dict(commit.meta), f"the commit of step {commit.step}")), commit.state
+
+
+class ElasticState(State):
+    """Horovod's elastic State over ringflow's commits: save copies the round's training state into memory,
+    restore keeps the last commit (`committed`) for the next round, sync hands the newest commit to every worker."""
+
+    def __init__(self):
+        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
+        self.committed: Commit | None = None
+        self.trainer = None  # the round's worker.Trainer (save reads its loop)
+
+    def save(self) -> None:
+        self.committed = self.trainer.commit()
+
+    def restore(self) -> None:
+        """The next round starts from self.committed: nothing to undo in place (the round's model is dropped)."""
+
+    def sync(self) -> None:
+        steps = hvd.allgather_object(self.committed.step if self.committed is not None else -1, name="ringflow.commits")
+        newest = max(steps)
+        if newest < 0:
+            return  # nobody has committed: the round resumes from the run folder
+        root = steps.index(newest)
+        self.committed = hvd.broadcast_object(self.committed if hvd.rank() == root else None, root_rank=root,
+                                           name="ringflow.commit")
+
+
+class ElasticCommit(Callback):
+    """Every `every` steps, and as the round starts, the commit (ElasticState.commit: save, then the
+    collective check for changed hosts, which raises HostsUpdatedInterrupt on every rank alike). Last in a
+    step, after the checkpoint: a commit holds what the step's checkpoint holds."""
+
+    def __init__(self, state: ElasticState, every: int, on_first_step=None):
+        """on_first_step(): called once, after the round's first step (a recovery ends there)."""
+        self.state, self.every, self._on_first_step = state, every, on_first_step
+        self.seconds = 0.0  # the training thread's time in commits (the bench's cost)
+        self.commits = 0
+
+    def on_first_step(self, call) -> None:
+        self._on_first_step = call
+
+    def _commit(self) -> None:
+        started = time.perf_counter()
+        self.state.commit()
+        self.seconds += time.perf_counter() - started
+        self.commits += 1
+
+    def on_train_start(self, loop) -> None:
+        self._commit()
+
+    def on_step_end(self, loop, timing) -> None:
+        if self._on_first_step is not None:
+            self._on_first_step()
+            self._on_first_step = None
+        if timing.step % self.every == 0:
+            self._commit()
+
+
+@dataclasses.dataclass(frozen=True)
+class Membership:
+    """One change of an elastic job's workers, as the records, result.json and the log say it."""
+
+    why: str                 # LEFT (a collective failed: a worker died or was cut off) or JOINED (hosts added)
+    detail: str              # the error Horovod raised, in a line
+    from_world_size: int
+    to_world_size: int
+    commit_step: int | None  # the step the survivors went back to (None: no commit yet, the run folder's)
+    steps_redone: int        # steps trained after that commit, lost with the change
+    failed_at: float         # unix time the change was seen (the collective failed, the commit raised)
+    resumed_at: float        # unix time the next round's first step ended
+    rank0_changed: bool = False
+
+    @property
+    def recovery_seconds(self) -> float:
+        return self.resumed_at - self.failed_at
+
+    def as_record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"recovery_seconds": round(self.recovery_seconds, 3)}
+
+    def describe(self) -> str:
+        went = f"back to the commit of step {self.commit_step}" if self.commit_step is not None else "from the run folder"
+        return (f"workers changed ({self.why}: {self.detail}): {self.from_world_size} -> {self.to_world_size}, "
+                f"{went}, {self.steps_redone} step(s) redone, its first step {self.recovery_seconds:.2f}s after")
+
+
+class ElasticRun:
+    """One process of an elastic job from its first round to its exit code; run_rank's trainer (train, and what
+    a store failure's last word reads: guard, health_log, result)."""
+
+    def __init__(self, cfg: JobConfig, make_trainer, start: RankStart, placement):
+        """make_trainer(cfg, engine, start, elastic): the round's worker.Trainer. placement: where this process
+        computes (chosen once, when Horovod first started)."""
+        self.cfg, self.make_trainer, self.start, self.placement = cfg, make_trainer, start, placement
+        self.state = ElasticState()
+        self.changes: list[Membership] = []
+        self.trainer = None
+        self.round = 0  # the job's round: 0 until the first change of workers, one more after each
+        self.resumed_from: str | None = None  # the run folder's checkpoint the first round resumed from
+        self._pending: dict[str, Any] | None = None  # the change seen, until the next round has resumed
+
+    # -- what run_rank's store-failure path reads --------------------------------------------------------------
+
+    @property
+    def guard(self):
+        return self.start.guard
+
+    @property
+    def health_log(self):
+        return self.trainer.health_log if self.trainer is not None else None
+
+    def result(self, status, verdict, checkpoint):
+        return self.trainer.result(status, verdict, checkpoint)
+
+    # -- the rounds --------------------------------------------------------------------------------------------
+
+    def train(self) -> int:
+        return run_fn(self._round, self._reset)(self.state)
+
+    def _reset(self) -> None:
+        self.start.liveness.progress.phase(RENDEZVOUS)  # a new rendezvous: its wait is start-up, not silence
+        hvd.shutdown()
+        hvd.init()
+
+    def _round(self, state: ElasticState) -> int:
+        # The job's round, the same on every worker, one that has just joined included: one past the round of
+        # the commit it resumes from.
+        self.round = state.committed.meta[ROUND_META] + 1 if state.committed is not None else 0
+        engine = HorovodEngine(hvd, self.cfg.horovod, self.placement)
+        self._take_writer(engine.rank)
+        trainer = self.trainer = self.make_trainer(self.cfg, engine, self.start, self)
+        state.trainer = trainer
+        if self.round == 0:
+            self.resumed_from = trainer.resumed_from
+        if self._pending is not None:
+            seen, self._pending = self._pending, None
+            trainer.elastic_commit.on_first_step(lambda: self._recovered(trainer, seen))
+        try:
+            return trainer.train()
+        except HorovodInternalError as exc:
+            self._seen(LEFT, exc, trainer)
+            raise
+        except HostsUpdatedInterrupt as exc:  # skip_sync: hosts were only removed
+            self._seen(LEFT if exc.skip_sync else JOINED, exc, trainer)
+            raise
+
+    def _recovered(self, trainer, seen: dict[str, Any]) -> None:
+        """After the first step of the round that followed a change: the change, as it cost."""
+        change = Membership(**seen, to_world_size=trainer.size, resumed_at=time.time())
+        self.changes.append(change)
+        if trainer.rank == 0:
+            say(change.describe())
+            trainer.health_log.append(record("membership", **change.as_record()), force_flush=True)
+
+    def _seen(self, why: str, exc: BaseException, trainer) -> None:
+        """A change of workers seen by this rank: what it costs, kept until the next round has resumed; the
+        round's trainer let go (its checkpoint upload in flight finished first, on rank 0)."""
+        commit = self.state.committed
+        step = trainer.loop.step if trainer.loop is not None else trainer.step
+        detail = ("Horovod's driver added hosts" if why == JOINED else "Horovod's driver removed hosts"
+                  if isinstance(exc, HostsUpdatedInterrupt) else " ".join(str(exc).split()).split(". ")[0][:160])
+        # A step past the commit is redone; HostsUpdatedInterrupt comes right after a commit (none redone).
+        self._pending = {"why": why, "detail": detail, "from_world_size": trainer.size,
+                         "commit_step": commit.step if commit is not None else None,
+                         "steps_redone": step - commit.step if commit is not None else step,
+                         "failed_at": time.time(), "rank0_changed": False}
+        print(f"[ringflow] rank {trainer.rank}: workers changed at step {step} ({why}: {detail})", flush=True)
+        trainer.let_go()
+
+    def _take_writer(self, rank: int) -> None:
+        """The round's rank 0 writes the run folder: a process that becomes rank 0 claims it (fencing the old
+        writer); one that was the writer and is rank 0 no more stops writing."""
+        start = self.start
+        start.liveness.rank = rank
+        if rank == 0 and start.guard is None:
+            if self._pending is not None:
+                self._pending["rank0_changed"] = True
+            start.claim()
+        elif rank != 0 and start.guard is not None:
+            if start.liveness.heartbeat is not None:
+                start.liveness.heartbeat.stop()
+                start.liveness.heartbeat = None
+            if start.health_log is not None:
+                start.health_log.close()
+            start.guard, start.health_log = None, None
+
+
+def run(cfg: JobConfig, make_trainer) -> int:
+    """An elastic Horovod rank from its start to its exit code (run_rank's wrapping: a store that kept failing,
+    an OOM, bad input)."""
+    from .rank_run import run_rank
+
+    def begin(cfg: JobConfig) -> RankStart:
+        return RankStart.begin(cfg, int(os.environ.get("HOROVOD_RANK", "0")), _exit_on_stall, claim=False)
+
+    def elastic_trainer(cfg, engine, start):
+        return ElasticRun(cfg, make_trainer, start, engine.placement)
+
+    return run_rank(cfg, lambda cfg: HorovodEngine.start(cfg), elastic_trainer, begin=begin)
+
+
+def _exit_on_stall(verdict) -> None:
+    import sys
+
+    from ..formats import exit_codes
+
+    print(f"[ringflow] {verdict.reason}", file=sys.stderr, flush=True)
+    os._exit(exit_codes.for_verdict(verdict.status))
