@@ -28,7 +28,7 @@ from ringflow.training.core.backends.base import JobState
 from ringflow.training.core.failure_policy import Decision, Observation, decide
 from ringflow.training.core.remediation import rank_nodes
 from ringflow.training.core.try_plan import TryPlan, faults_on_try, plan_try, planned_remedies, recorded
-from ringflow.training.formats.engines import LOCAL, check_backend
+from ringflow.training.formats.engines import LOCAL, check_backend, check_elastic_backend
 from ringflow.training.formats.run_result import RunResult
 from ringflow.training.core.runs import store_layout
 from ringflow.training.core.worker_count import NotEnoughCapacity, workers_to_launch
@@ -344,11 +344,14 @@ class TrainOperator(BaseOperator):
         self._set_run_links(None, plot_saved=False)
         try:
             plan = self.plan(ti.try_number)
+            if not waited:
+                self._announce(plan, ti.try_number)  # defers first when the plan waits: the store may be down
             config = self.pinned(plan.config).to_dict()
             num_workers = worker_count(self.num_workers)
             backend = self._get_backend()
             # The engine is checked once, here, before anything is launched (formats/engines.py).
             check_backend(config["engine"], backend.kind)
+            check_elastic_backend(config.get("elastic") is not None, backend.kind)
             num_workers = self._workers_now(num_workers, backend, plan.avoid_nodes)
             self._preflight(config, num_workers, backend)
         except NotEnoughCapacity as exc:  # the cluster may have the nodes again by the next try
@@ -356,16 +359,19 @@ class TrainOperator(BaseOperator):
         except ValueError as exc:  # ConfigError, ManifestError, SettingsError, EngineError, a bad worker count
             # Nothing was launched: the policy fails it without retry (a retry would meet the same config).
             raise AirflowFailException(decide(Observation(JobState.PENDING, refused=str(exc))).reason) from exc
-        if not waited:
-            if plan.own is not None:
-                self.log.info("remediation: try %d runs changed after %s: %s", plan.try_number,
-                              plan.own.remedy.verdict, plan.own.remedy.words)
-            if plan.wait_seconds > 0:
-                # Deferred: the wait holds no worker slot (a store outage can last minutes).
-                self.log.info("remediation: waiting %gs before launching try %d", plan.wait_seconds, ti.try_number)
-                self.defer(trigger=TimeDeltaTrigger(dt.timedelta(seconds=plan.wait_seconds)),
-                           method_name="launch_after_wait")
         self._launch(ti, config, num_workers, backend, plan.avoid_nodes, changed=plan.own is not None)
+
+    def _announce(self, plan, try_number: int) -> None:
+        """Say what a remedy changes in this try; defer first when it waits (a store outage), before anything
+        reads or writes the store (the code bundle, the manifest): those would fail again while it is down."""
+        if plan.own is not None:
+            self.log.info("remediation: try %d runs changed after %s: %s", plan.try_number,
+                          plan.own.remedy.verdict, plan.own.remedy.words)
+        if plan.wait_seconds > 0:
+            # Deferred: the wait holds no worker slot (a store outage can last minutes).
+            self.log.info("remediation: waiting %gs before launching try %d", plan.wait_seconds, try_number)
+            self.defer(trigger=TimeDeltaTrigger(dt.timedelta(seconds=plan.wait_seconds)),
+                       method_name="launch_after_wait")
 
     def _launch(self, ti: Any, config: dict[str, Any], num_workers: int, backend: Backend,
                 avoid_nodes: tuple[str, ...], *, changed: bool = False) -> None:

@@ -11,7 +11,7 @@ it instead of reading a RunResult its own way:
 - the next try (core/attempts.py, for the operator's `execute_complete` and `ringflow train --retries`):
   whether there is one and what it changes; the operator stops the job when `stop_job` says so.
 
-The rows (tests/training/core/test_failure_policy.py, README "Failure policy") are what these layers did
+The rows (tests/training/core/test_failure_policy.py, docs/guides/reliability.md "Failure policy") are what these layers did
 one by one before: the job's own result wins over the exit status the process layers made of it (mpirun and
 torchrun report any rank's failure as 1); a NaN or a divergence is not retried, because a retry resumes from
 a checkpoint of the same run and meets it again; nor is an OOM (a retry resumes with the same model, batch

@@ -1,6 +1,6 @@
 """What the next try of a training job changes after a health verdict (`remediation: "auto"`). Pure: the
 same verdict, config and history always give the same `Remedy`. Table-tested
-(tests/training/core/test_remediation.py, README "Job config").
+(tests/training/core/test_remediation.py, docs/guides/job-config.md).
 
     NONFINITE          with the rank's replay (evidence "replay", rank side): reproducible -> resume before the
                        step with the replayed minibatch's rows skipped (config "skip_rows"; at most three times),

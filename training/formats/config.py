@@ -564,7 +564,7 @@ class JobConfig:
                  'true (bind wherever every rank can have a CPU) or false (never bind)')
         _require(self.remediation in REMEDIATIONS, "remediation", f"is {self.remediation!r}",
                  'use "off" (default: a retry reruns the job unchanged) or "auto" (a retry after a health '
-                 'verdict applies the remediation policy\'s change, README "Job config")')
+                 'verdict applies the remediation policy\'s change, docs/guides/job-config.md)')
         _require(isinstance(self.row_log_dir, str), "row_log_dir", f"is {self.row_log_dir!r}",
                  'give a local folder path, or "" (off)')
         if self.resume_before_step is not None:
@@ -611,7 +611,7 @@ def _build(cls: type, doc: Mapping[str, Any], path: str) -> Any:
     missing = [n for n, f in fields.items() if n not in doc
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
-        raise ConfigError(f"{path}{missing[0]}", "is missing", "add it (see README: job config)")
+        raise ConfigError(f"{path}{missing[0]}", "is missing", "add it (docs/reference/config.md lists every field)")
     kwargs: dict[str, Any] = {}
     for name, value in doc.items():
         nested = _NESTED.get((cls, name))

@@ -7,7 +7,7 @@ module the evaluate step builds for every engine's runs, so evaluate and promote
 The layout costs a transpose of each weight per step (a few KB for these models), not a copy of the data.
 
 Plain tf.Module and tf.Variable, no Keras: the engine trains with a custom loop (rank/tensorflow_worker.py;
-README "Choosing an engine" says why not Keras's fit).
+docs/guides/engines.md "Choosing an engine" says why not Keras's fit).
 """
 from __future__ import annotations
 

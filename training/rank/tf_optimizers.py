@@ -1,7 +1,7 @@
 """The TensorFlow engine's optimizers: torch's Adam and SGD with momentum 0.9 (worker.make_optimizer), the
 same update rules in TensorFlow ops, with their state in tf.Variables that checkpoint as named arrays.
 
-Written out rather than Keras's: the engine uses no Keras (README "Choosing an engine"), and the same rules
+Written out rather than Keras's: the engine uses no Keras (docs/guides/engines.md "Choosing an engine"), and the same rules
 as the torch engines' make their runs comparable step for step (bench/engines_crosscheck.py).
 """
 from __future__ import annotations

@@ -60,3 +60,17 @@ def test_the_trainjob_runtime_comes_from_the_table_unless_the_settings_name_one(
                                                          "tensorflow": "ringflow-tensorflow"}
     mine = dataclasses.replace(settings, ddp_runtime="team-torch")
     assert mine.runtime("ddp") == "team-torch"
+
+
+@pytest.mark.parametrize("elastic, backend_kind, refused", [
+    (False, "local", False), (False, "mpijob", False), (False, "trainjob", False),
+    (True, "local", False), (True, "mpijob", True), (True, "trainjob", True),
+])
+def test_recovery_inside_the_job_runs_where_ringflow_starts_horovods_elastic_driver(elastic, backend_kind, refused):
+    from ringflow.training.formats.engines import check_elastic_backend
+
+    if not refused:
+        check_elastic_backend(elastic, backend_kind)
+        return
+    with pytest.raises(EngineError, match="remove elastic .* or run locally"):
+        check_elastic_backend(elastic, backend_kind)

@@ -1,6 +1,6 @@
 """The registered model: an MLflow pyfunc whose files are data and whose code is ringflow's.
 
-A checkpoint is data, not code (README, "Checkpoints are data, not code"), and the registered model keeps it
+A checkpoint is data, not code (docs/guides/checkpoints.md, "Checkpoints are data, not code"), and the registered model keeps it
 so: its folder holds the checkpoint's `state.pt` (tensors, loaded with weights_only=True) and
 `ringflow-model.json` (the model config and the shard schema with the feature mean/std); MLflow loads it with
 this module as the pyfunc `loader_module` (`_load_pyfunc`), so nothing pickled is ever unpickled. Loading

@@ -9,7 +9,7 @@ worker, as Horovod keeps them: equal at the start (the same seeded init, or the 
 equal by applying the same averaged gradient (the replica checksum checks that they are). Why the all-reduce
 is a call of its own: the time a worker spends in it is then the step's sync time, measured on the host as
 Horovod's is, all-reduce and the wait for the slowest peer together; fused into one step function
-TensorFlow gives no such split (README "Choosing an engine").
+TensorFlow gives no such split (docs/guides/engines.md "Choosing an engine").
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from .job_parts import (CONFIG_FILE, CONFIG_MOUNT_PATH, FORWARDED_ENV,
                                                              S3_ENDPOINT_ENV, S3_SECRET_KEYS, build_configmap,
                                                              configmap_name)
 from .settings import MPIJobSettings, Resources, RunPolicy, SettingsError
-from ringflow.training.formats.engines import DEFAULT_ENGINE, MPIJOB, EngineError, check_backend
+from ringflow.training.formats.engines import DEFAULT_ENGINE, MPIJOB, EngineError, check_backend, check_elastic_backend
 
 __all__ = [
     "API_VERSION", "KIND", "CONFIG_MOUNT_PATH", "CONFIG_FILE", "S3_SECRET_KEYS", "S3_ENDPOINT_ENV", "FORWARDED_ENV",
@@ -34,6 +34,7 @@ def _check_engine(spec: JobSpec) -> None:
     # (the engine table). The operator checks this before launch too; here it guards any other caller.
     try:
         check_backend(spec.config.get("engine", DEFAULT_ENGINE), MPIJOB)
+        check_elastic_backend(spec.config.get("elastic") is not None, MPIJOB)
     except EngineError as e:
         raise JobSpecError(str(e)) from None
 

@@ -27,7 +27,7 @@ from . import tf_pod
 from .jobset_names import LAUNCHER, NODE, TRAINER_PORT, pod_hostname
 from .settings import SettingsError, TrainJobSettings
 from ringflow.training.formats.engines import (DEFAULT_ENGINE, TF_CONFIG_LAUNCHER, TRAINJOB, EngineError,
-                                                check_backend)
+                                                check_backend, check_elastic_backend)
 from ringflow.training.health.trainer_status import TRAINJOB_NAME_ENV, TRAINJOB_NAMESPACE_ENV
 from ringflow.training.rank.engines import ENGINE_ENV
 
@@ -64,6 +64,7 @@ def engine_of(spec: JobSpec) -> str:
     engine = spec.config.get("engine", DEFAULT_ENGINE)
     try:
         check_backend(engine, TRAINJOB)
+        check_elastic_backend(spec.config.get("elastic") is not None, TRAINJOB)
     except EngineError as e:
         raise JobSpecError(f"config field {e}") from None
     return engine
