@@ -70,15 +70,16 @@ class MemoryLimits:
         return cls(**{k: v for k, v in doc.items() if k in known})
 
 
-def memory_in_log(line: str) -> MemoryLimits | None:
-    """What a rank said of its memory, if `line` is its MEMORY_LINE (as printed, or prefixed by mpirun)."""
-    match = _MEMORY_RE.search(line)
-    if not match:
-        return None
-    try:
-        return MemoryLimits.from_dict(json.loads(match.group(1)))
-    except (ValueError, TypeError):
-        return None
+def memories_in_log(line: str) -> list[MemoryLimits]:
+    """What ranks said of their memory in `line`: each MEMORY_LINE in it (as printed, or prefixed by mpirun,
+    which runs one rank's output into another's line when they write at once)."""
+    found = []
+    for match in _MEMORY_RE.finditer(line):
+        try:
+            found.append(MemoryLimits.from_dict(json.loads(match.group(1))))
+        except (ValueError, TypeError):
+            continue
+    return found
 
 
 def own_memory_cgroup(proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_ROOT) -> str | None:

@@ -1,9 +1,10 @@
 """The memory a process has (health/memory_limits.py), read from cgroup files laid out as the kernel does."""
+import dataclasses
 import os
 
 import pytest
 
-from ringflow.training.health.memory_limits import (MEMORY_LINE, MemoryLimits, cgroup_limit, memory_in_log,
+from ringflow.training.health.memory_limits import (MEMORY_LINE, MemoryLimits, cgroup_limit, memories_in_log,
                                                     oom_kills, own_memory_cgroup)
 
 
@@ -41,8 +42,11 @@ def test_this_process_and_its_line():
     me = MemoryLimits.read(rank=3)
     assert me.pid == os.getpid() and me.rank == 3 and me.peak_rss_bytes > 0
     line = "[1,3]<stderr>:" + me.line()
-    assert MEMORY_LINE in line and memory_in_log(line) == me
-    assert memory_in_log("[ringflow] step=3") is None
+    assert MEMORY_LINE in line and memories_in_log(line) == [me]
+    assert memories_in_log("[ringflow] step=3") == []
+    # mpirun runs one rank's output into another's line when both write at once: each is read
+    other = dataclasses.replace(me, rank=4, pid=me.pid + 1)
+    assert memories_in_log(f"[1,0]<stderr>:{line}[1,1]<stderr>:{other.line()}") == [me, other]
 
 
 @pytest.mark.parametrize("cgroup_limit_bytes, rlimit, expected", [

@@ -17,7 +17,7 @@ from typing import Callable
 
 from . import proc
 from .proc import Process
-from ....health.memory_limits import MemoryLimits, memory_in_log, oom_kills
+from ....health.memory_limits import MemoryLimits, memories_in_log, oom_kills
 from ....health.oom import KERNEL_OOM_KILLER, MemoryEvidence, oom_in_log, oom_verdict
 from ....health.oom_advice import JobShape
 from ....health.verdict import Verdict
@@ -43,10 +43,10 @@ class OomWatch:
         return self._verdict
 
     def feed(self, line: str) -> None:
-        memory = memory_in_log(line)
-        if memory is not None and memory.rank is not None:
+        memories = [m for m in memories_in_log(line) if m.rank is not None]
+        if memories:
             with self._lock:
-                self._ranks[memory.rank] = memory
+                self._ranks.update((m.rank, m) for m in memories)
             return
         printed = oom_in_log(line)
         if printed is not None:
