@@ -189,6 +189,10 @@ class HealthConfig:
                      f"{min(self.stall_seconds / 4, self.MAX_DEFAULT_HEARTBEAT_SECONDS):g}")
 
 
+# Horovod's cycle time, which an elastic worker leaves unset (HorovodConfig.environment).
+CYCLE_TIME_ENV = "HOROVOD_CYCLE_TIME"
+
+
 @dataclasses.dataclass(frozen=True)
 class HorovodConfig:
     """Horovod knobs. Defaults chosen by bench/throughput.py on a 2-core CPU machine."""
@@ -215,11 +219,11 @@ class HorovodConfig:
     def environment(self, elastic: bool = False) -> dict[str, str]:
         """The env vars Horovod and Open MPI read at init (hvd.init); each rank sets them before it.
         elastic: without the cycle time, which Horovod 0.28.1 then keeps at its default: with both it and the
-        fusion threshold set, every survivor's hvd.init() after a worker's death segfaults (tried here,
-        3 workers, one SIGKILLed; either one alone re-inits)."""
+        fusion threshold set, a survivor's hvd.init() after a worker's death segfaults (tried here, 2 and 3
+        workers, one SIGKILLed; either one alone re-inits), so an elastic worker also drops one it inherited."""
         env = {"HOROVOD_FUSION_THRESHOLD": str(int(self.fusion_threshold_mb * 1024 * 1024))}
         if not elastic:
-            env["HOROVOD_CYCLE_TIME"] = str(self.cycle_time_ms)
+            env[CYCLE_TIME_ENV] = str(self.cycle_time_ms)
         if self.mpi_yield_when_idle:
             env["OMPI_MCA_mpi_yield_when_idle"] = "1"
         return env

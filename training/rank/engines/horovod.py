@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from ...formats.config import HorovodConfig, JobConfig
+from ...formats.config import CYCLE_TIME_ENV, HorovodConfig, JobConfig
 from ...formats.engines import HOROVOD
 from ..cores import claim_cpu_share, local_rank_from_env
 from ..devices import Placement, place_rank
@@ -38,6 +38,8 @@ class HorovodEngine(Engine):
         # and Horovod and Open MPI read these once, in hvd.init().
         os.environ.update(cfg.horovod.environment(elastic=cfg.elastic is not None)
                           | (cfg.elastic.environment() if cfg.elastic is not None else {}))
+        if cfg.elastic is not None:  # nor inherited: with it set, a survivor's hvd.init() segfaults (config.py)
+            os.environ.pop(CYCLE_TIME_ENV, None)
         # Bound before hvd.init() starts Horovod's and MPI's threads, so they start on the rank's own CPUs.
         # Under elastic Horovod on one machine each worker is local rank 0 of 1 on a host name of its own: its
         # place among the machine's slots is its share (worker_env.elastic_slot).
