@@ -104,15 +104,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--commit-epochs", type=int, default=30,
+                        help="epochs of the commit-cost jobs (long enough that a few commits are not lost in start-up noise)")
+    parser.add_argument("--commits-only", action="store_true", help="only the commit cost (e.g. with --out elastic_commits)")
     add_results_arguments(parser, "elastic_recovery")
     args = parser.parse_args()
-    cases = [(2, 1), (3, 1), (3, 0)]  # (workers, the rank killed)
+    cases = [] if args.commits_only else [(2, 1), (3, 1), (3, 0)]  # (workers, the rank killed)
     summary = {"machine": machine(), "environment": shown_environment(), "kill_at_step": KILL_AT,
                "epochs": args.epochs, "defaults": vars(ElasticConfig()), "cases": {}}
     rows = []
     with tempfile.TemporaryDirectory(prefix="ringflow-bench-elastic-") as tmp:
         root = Path(tmp)
-        manifests = {np_: shards(root, np_) for np_ in {np_ for np_, _ in cases}}
+        manifests = {np_: shards(root, np_) for np_ in {2} | {np_ for np_, _ in cases}}
         for np_, kill_rank in cases:
             elastic, retry = [], []
             for n in range(args.repeats):  # interleaved, the order alternating
@@ -130,7 +133,7 @@ def main() -> None:
                         f"{spread([r['steps_redone'] for r in retry], 0)} | **{ratio:.1f}x** |")
         with_commits, without = [], []
         for n in range(args.repeats):
-            a, b = commit_cost(root, manifests[2], args.epochs, n)
+            a, b = commit_cost(root, manifests[2], args.commit_epochs, n)
             with_commits.append(a)
             without.append(b)
             print(f"commits repeat {n + 1}: {a:,.0f} vs {b:,.0f} samples/s", flush=True)
@@ -146,7 +149,8 @@ def main() -> None:
              "(elastic) or the checkpoint (retry) that training went back to.", "",
              "| workers | killed | elastic: to the next step | steps redone | retry: to the next step | steps redone | "
              "retry / elastic |", "|---|---|---|---|---|---|---|", *rows, "",
-             f"Commits at their default interval (every {ElasticConfig().commit_every_steps} steps, np=2): "
+             f"Commits at their default interval (every {ElasticConfig().commit_every_steps} steps, np=2, "
+             f"{args.commit_epochs} epochs a job): "
              f"{spread(with_commits, 0)} samples/s against {spread(without, 0)} without commits: "
              f"**{statistics.median(ratios):.3f}x** ({min(ratios):.3f}-{max(ratios):.3f}) per repeat.", "",
              "Where a killed worker was not the peer the others were waiting on, they wait out the peer timeout "

@@ -291,7 +291,7 @@ class ElasticConfig:
 
     min_workers: int = 1
     max_workers: int | None = None
-    commit_every_steps: int = 10
+    commit_every_steps: int = 50
     rejoin_seconds: float | None = None
     peer_timeout_seconds: float = 10.0
 

@@ -93,6 +93,29 @@ class ElasticState(State):
     def restore(self) -> None:
         """The next round starts from self.committed: nothing to undo in place (the round's model is dropped)."""
 
+    def check_host_updates(self) -> None:
+        """Horovod's check for changed hosts, as one small max-allreduce (the newest update any rank was told
+        of, whether hosts were removed, added) instead of rank 0's two pickled broadcasts: its cost is the
+        commit's (bench/results/elastic_recovery.md), and any rank may be the one the driver told first."""
+        import torch
+        from horovod.runner.elastic.worker import HostUpdateResult
+
+        newest, removed, added = self._last_updated_timestamp, 0.0, 0.0
+        while not self._host_messages.empty():
+            timestamp, update = self._host_messages.get()
+            if timestamp > newest:
+                newest = timestamp
+            removed = max(removed, float(bool(update & HostUpdateResult.removed)))
+            added = max(added, float(bool(update & HostUpdateResult.added)))
+        # The previous update is agreed too: a worker that has just joined still holds the driver's word of its
+        # own arrival, which the others have already acted on, and must not act on it alone.
+        agreed = hvd.allreduce(torch.tensor([newest, self._last_updated_timestamp, removed, added],
+                                            dtype=torch.float64), op=hvd.Max, name="ringflow.hosts").tolist()
+        newest, previous, removed, added = agreed
+        self._last_updated_timestamp = newest
+        if newest > previous:
+            raise HostsUpdatedInterrupt(bool(removed) and not added)  # skip_sync: hosts only removed
+
     def sync(self) -> None:
         steps = hvd.allgather_object(self.committed.step if self.committed is not None else -1, name="ringflow.commits")
         newest = max(steps)

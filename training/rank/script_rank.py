@@ -14,6 +14,7 @@ or a fenced attempt end as they do for ringflow's loop (rank_run.run_rank). Torc
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib
 import json
 import math
@@ -182,6 +183,8 @@ class ScriptRun(RankRun):
         self._pulsing.set()
         self.step += 1
         step = self.step
+        if step == 1:
+            gc.freeze()  # the script's model, optimizer and data: built, never garbage
         self.metrics = {k: float(v) for k, v in metrics.items() if _is_number(v)}
         loss = self.metrics.get("loss", math.nan if "loss" in metrics else None)
         if loss is not None and not math.isfinite(loss) and self._shard is not None and self._shard.served_empty:
@@ -316,6 +319,12 @@ class ScriptRun(RankRun):
         from .. import api
 
         api._serve(self)
+        # What the rank's setup holds (torch, pyarrow, the run: ~340 k objects) is never scanned again by
+        # Python's collector, which otherwise runs full scans of it at moments of its own while the script
+        # trains (callbacks/garbage_collection.py says what that cost ringflow's loop); the script's own setup
+        # is frozen at its first report(). The collector stays on for what the script makes.
+        gc.collect()
+        gc.freeze()
         try:
             exit_code = run_entry(entry, self.code_dir)
         except StopRun as stop:
