@@ -28,8 +28,10 @@ import time
 from typing import Any, Mapping
 
 import horovod.torch as hvd
+import torch
 from horovod.common.elastic import State, run_fn
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovod.runner.elastic.worker import HostUpdateResult
 
 from ..formats.config import JobConfig
 from ..health.progress import RENDEZVOUS
@@ -40,6 +42,7 @@ from .callbacks.logging import say
 from .engines.horovod import HorovodEngine
 from .rank_start import RankStart
 from .training_state import TrainingState
+from .worker_env import launcher_rank
 
 # Why the workers changed, in the records.
 LEFT, JOINED = "left", "joined"
@@ -54,7 +57,6 @@ class Commit:
 
     state: TrainingState
     meta: Mapping[str, Any]
-    at: float  # unix time
 
     @property
     def step(self) -> int:
@@ -97,9 +99,6 @@ class ElasticState(State):
         """Horovod's check for changed hosts, as one small max-allreduce (the newest update any rank was told
         of, whether hosts were removed, added) instead of rank 0's two pickled broadcasts: its cost is the
         commit's (bench/results/elastic_recovery.md), and any rank may be the one the driver told first."""
-        import torch
-        from horovod.runner.elastic.worker import HostUpdateResult
-
         newest, removed, added = self._last_updated_timestamp, 0.0, 0.0
         while not self._host_messages.empty():
             timestamp, update = self._host_messages.get()
@@ -131,30 +130,23 @@ class ElasticCommit(Callback):
     collective check for changed hosts, which raises HostsUpdatedInterrupt on every rank alike). Last in a
     step, after the checkpoint: a commit holds what the step's checkpoint holds."""
 
-    def __init__(self, state: ElasticState, every: int, on_first_step=None):
-        """on_first_step(): called once, after the round's first step (a recovery ends there)."""
-        self.state, self.every, self._on_first_step = state, every, on_first_step
-        self.seconds = 0.0  # the training thread's time in commits (the bench's cost)
-        self.commits = 0
+    def __init__(self, state: ElasticState, every: int):
+        self.state, self.every = state, every
+        self._on_first_step = None
 
     def on_first_step(self, call) -> None:
+        """`call()` once, after the round's first step (a recovery ends there)."""
         self._on_first_step = call
 
-    def _commit(self) -> None:
-        started = time.perf_counter()
-        self.state.commit()
-        self.seconds += time.perf_counter() - started
-        self.commits += 1
-
     def on_train_start(self, loop) -> None:
-        self._commit()
+        self.state.commit()
 
     def on_step_end(self, loop, timing) -> None:
         if self._on_first_step is not None:
             self._on_first_step()
             self._on_first_step = None
         if timing.step % self.every == 0:
-            self._commit()
+            self.state.commit()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,7 +283,7 @@ def run(cfg: JobConfig, make_trainer) -> int:
     from .rank_run import run_rank
 
     def begin(cfg: JobConfig) -> RankStart:
-        return RankStart.begin(cfg, int(os.environ.get("HOROVOD_RANK", "0")), _exit_on_stall, claim=False)
+        return RankStart.begin(cfg, launcher_rank(os.environ) or 0, _exit_on_stall, claim=False)
 
     def elastic_trainer(cfg, engine, start):
         return ElasticRun(cfg, make_trainer, start, engine.placement)

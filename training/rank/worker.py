@@ -335,8 +335,7 @@ class Trainer(RankRun):
         from .elastic import ROUND_META, Commit
 
         loop = self.loop
-        return Commit(training_state(loop).host_copy(), self.checkpointing.meta(loop) | {ROUND_META: self.elastic.round},
-                      time.time())
+        return Commit(training_state(loop).host_copy(), self.checkpointing.meta(loop) | {ROUND_META: self.elastic.round})
 
     def let_go(self) -> None:
         """An elastic job's round ended by a change of workers: finish rank 0's checkpoint upload in flight (it
