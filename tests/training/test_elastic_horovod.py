@@ -6,11 +6,10 @@ one try: every training row of every epoch is trained on exactly once (the ranks
 round trained after the commit the next round went back to), and each change is in result.json, the health
 records and the log."""
 import json
-from collections import defaultdict
 
 import pytest
 
-from ringflow.training.formats.manifest import ShardManifest
+from elastic_rows import assert_every_row_once
 
 pytestmark = pytest.mark.job
 
@@ -49,18 +48,4 @@ def test_a_killed_writer_is_replaced_and_a_worker_rejoins_without_a_retry(elasti
 
 def test_every_row_of_every_epoch_is_trained_on_exactly_once(elastic_job, module_jobs):
     cfg, code, out = elastic_job
-    changes = module_jobs.result(cfg).membership_changes
-    by_epoch = defaultdict(list)
-    for path in (module_jobs.root / "elastic-rows").glob("rows-*.jsonl"):
-        for line in path.read_text().splitlines():
-            doc = json.loads(line)
-            # what a round trained after the commit the next round went back to was lost with the change
-            if doc["round"] < len(changes) and doc["step"] > changes[doc["round"]]["commit_step"]:
-                continue
-            by_epoch[doc["epoch"]] += [tuple(r) for r in doc["rows"]]
-    manifest = ShardManifest.from_json(open(cfg["manifest_uri"]).read())
-    every_row = sorted((f, r) for f, p in enumerate(manifest.partitions) for r in range(p.rows))
-    assert sorted(by_epoch) == list(range(cfg["epochs"]))
-    for epoch, rows in by_epoch.items():
-        assert sorted(rows) == every_row, f"epoch {epoch}: {len(rows) - len(set(rows))} twice, " \
-                                          f"{len(set(every_row) - set(rows))} never"
+    assert_every_row_once(cfg, list(module_jobs.result(cfg).membership_changes))

@@ -18,9 +18,21 @@ from ..formats.config import ElasticConfig
 from ..rank.worker_env import ELASTIC_SLOTS_ENV
 
 
-# How long Horovod's driver waits for min_workers slots before it ends the job (its default is 600 s): fewer than
-# min_workers left is the task's retry's business, soon.
-ELASTIC_TIMEOUT_SECONDS = 60
+# What Horovod's elastic driver logs when fewer than --min-np slots stayed available for --elastic-timeout, before
+# it ends the job (0.28.1, horovod/runner/common/util/timeout.py from driver.py wait_for_available_slots:
+# "TimeoutException: Timed out waiting for {activity}. Please check that you have enough resources to run at
+# least 2 Horovod processes. Timeout after 3 seconds.", its {activity} left unformatted).
+TOO_FEW_SLOTS = "Please check that you have enough resources to run at least"
+
+
+def too_few_workers(line: str, elastic: ElasticConfig) -> str | None:
+    """When `line` is the driver's word that the job ends for want of workers: why, in one sentence (the
+    attempt's reason; the retry resumes from the last checkpoint as without elastic). None otherwise."""
+    if TOO_FEW_SLOTS not in line:
+        return None
+    return (f"fewer workers than elastic.min_workers ({elastic.min_workers}) stayed for elastic.wait_seconds "
+            f"({elastic.wait_seconds:g} s), and none came back: the job ends here, and a retry resumes from the "
+            "last checkpoint")
 
 
 def slot_names(count: int) -> list[str]:
@@ -48,7 +60,7 @@ def elastic_arguments(elastic: ElasticConfig, num_workers: int, discovery: str) 
     long fewer than min_workers may wait for slots, and the rejoin cooldown."""
     fewest, most = elastic.bounds(num_workers)
     args = ["--min-np", str(fewest), "--max-np", str(most), "--host-discovery-script", discovery,
-            "--network-interface", "lo", "--elastic-timeout", str(ELASTIC_TIMEOUT_SECONDS)]
+            "--network-interface", "lo", "--elastic-timeout", str(max(1, round(elastic.wait_seconds)))]
     if elastic.rejoin_seconds is not None:
         seconds = max(1, round(elastic.rejoin_seconds))
         args += ["--blacklist-cooldown-range", str(seconds), str(seconds)]

@@ -33,7 +33,7 @@ from ..rank.engines import ENGINE_ENV, engine_name
 from ..formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, TABLE, EngineError, engine_spec
 from ..formats.tf_config import tf_worker_env
 from .preflight import preflight
-from .elastic_hosts import elastic_command
+from .elastic_hosts import elastic_command, too_few_workers
 from ..rank.worker_env import ATTEMPT_ENV
 
 
@@ -200,9 +200,15 @@ def run_attempt(config_path: str, num_workers: int, controller: str = DEFAULT_CO
     with (start_tracking(f"train-{os.getpid()}", mode_from_env()) as tracker, _StopOnSignal(tracker, grace),
           contextlib.ExitStack() as stack):
         try:
+            ended_for: list[str] = []  # an elastic job's reason to end: too few workers (elastic_hosts.py)
+
             def on_job_line(line: str) -> None:
                 oom.feed(line)  # a rank's memory line or printed OOM verdict
                 on_line(line)
+                too_few = too_few_workers(line, cfg.elastic) if cfg.elastic is not None else None
+                if too_few is not None and not ended_for:
+                    ended_for.append(too_few)
+                    _say(too_few)
 
             with oom.running():
                 if tf_workers is not None:
@@ -219,7 +225,8 @@ def run_attempt(config_path: str, num_workers: int, controller: str = DEFAULT_CO
                     for line in proc.stdout:
                         on_job_line(line.rstrip("\n"))
                     launcher_code = proc.wait()
-            seen = local_observation(launcher_code, _result_of(cfg, attempt), attempt, oom.verdict)
+            seen = local_observation(launcher_code, _result_of(cfg, attempt), attempt, oom.verdict,
+                                     reason=ended_for[0] if ended_for and launcher_code != 0 else "")
         finally:
             stop_leftovers(tracker, grace, _say)
             tracker.release(RELEASE_WAIT_SECONDS)
@@ -322,11 +329,14 @@ def _heartbeat_step(cfg: JobConfig) -> int | None:
     return max(known) if known else None
 
 
-def local_observation(launcher_code: int, result, attempt: str | None = None, oom=None) -> Observation:
+def local_observation(launcher_code: int, result, attempt: str | None = None, oom=None,
+                      reason: str = "") -> Observation:
     """A local attempt as the failure policy sees it: the launcher's code, this attempt's RunResult (None when
-    rank 0 wrote none), and `oom`, an OOM verdict seen in the ranks' log or by the launcher (OomWatch)."""
+    rank 0 wrote none), `oom`, an OOM verdict seen in the ranks' log or by the launcher (OomWatch), and
+    `reason`, why the launcher's log says the job ended (an elastic job left with too few workers)."""
     state = JobState.SUCCEEDED if launcher_code == 0 else JobState.FAILED
-    return Observation(state, launcher_code, result=result, attempt=attempt, verdict=oom, fatal=oom is not None)
+    return Observation(state, launcher_code, reason=reason, result=result, attempt=attempt, verdict=oom,
+                       fatal=oom is not None)
 
 
 def attempt_exit_code(seen: Observation, decision: Decision | None = None) -> int:

@@ -286,7 +286,9 @@ class ElasticConfig:
     before it fails (Gloo's timeout; Horovod's default is 30 s): a worker whose peer died notices at once only
     when it was talking to that peer; the others wait this long, so it bounds the recovery. A step on which one
     rank lags the others by more than this fails as if a worker had died (the survivors go back to the commit
-    and all of them go on).
+    and all of them go on). wait_seconds: how long the job waits, with fewer than min_workers left, for workers
+    to come back (a rejoin, a new slot) before it ends and the task's retry takes over (Horovod's elastic
+    timeout; its default is 600 s: fewer than min_workers is the retry's business, soon).
     """
 
     min_workers: int = 1
@@ -294,6 +296,7 @@ class ElasticConfig:
     commit_every_steps: int = 50
     rejoin_seconds: float | None = None
     peer_timeout_seconds: float = 10.0
+    wait_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         _positive_int(self, "min_workers", "elastic.min_workers")
@@ -306,6 +309,7 @@ class ElasticConfig:
         if self.rejoin_seconds is not None:
             _positive_number(self, "rejoin_seconds", "elastic.rejoin_seconds")
         _positive_number(self, "peer_timeout_seconds", "elastic.peer_timeout_seconds")
+        _positive_number(self, "wait_seconds", "elastic.wait_seconds")
 
     def environment(self) -> dict[str, str]:
         """What every worker sets before hvd.init()."""
@@ -378,7 +382,11 @@ class FaultConfig:
     a slow_sync fault inside the step's all-reduce wait (what health counts as sync, as a slow network would;
     give it on every rank: health judges the smallest share across ranks). `oom` raises the engine's
     out-of-memory error when the per-worker batch is above `above_batch`, as a rank whose activations no longer
-    fit would (a smaller batch then trains: the OOM remedy's test)."""
+    fit would (a smaller batch then trains: the OOM remedy's test). `crash` SIGKILLs the rank before the
+    step's backward; `crash_in_commit` inside an elastic job's commit of the step (its state copied, before
+    the collective check for changed hosts: rank/elastic.py); `crash_in_upload` (rank 0) from the
+    checkpoint writer's thread once the first bytes of the step's checkpoint are written, before its
+    MANIFEST."""
 
     kind: str
     rank: int = 0
@@ -387,7 +395,8 @@ class FaultConfig:
     on_try: int = 1
     above_batch: int = 0
 
-    KINDS = ("nan_gradient", "slow_rank", "slow_sync", "perturb_replica", "hang", "crash", "oom")
+    KINDS = ("nan_gradient", "slow_rank", "slow_sync", "perturb_replica", "hang", "crash", "crash_in_commit",
+             "crash_in_upload", "oom")
 
     def __post_init__(self) -> None:
         _require(self.kind in self.KINDS, "faults[].kind", f"is {self.kind!r}", f"use one of {self.KINDS}")

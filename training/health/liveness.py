@@ -28,9 +28,16 @@ from .verdict import Verdict, stall_limit, stalled, store_unavailable
 LATE_AFTER_INTERVALS = 2
 
 
+# An elastic job's rank blocked in a collective waits this many stall_seconds before it judges itself stalled: the
+# peer that hangs (alive, silent, not in the collective) judges itself at stall_seconds and leaves the job, and its
+# death fails the collective, so the survivors go on (rank/elastic.py) instead of stalling with it.
+PEER_WAIT_STALLS = 2
+
+
 def judged_in_job(reading: ProgressReading, stall_seconds: float, store_timeout_seconds: float,
-                  rank: int) -> Verdict | None:
-    """The watchdog's verdict on this rank's progress, or None while it is alive."""
+                  rank: int, waiting_on_peers: bool = False) -> Verdict | None:
+    """The watchdog's verdict on this rank's progress, or None while it is alive. waiting_on_peers: an elastic
+    rank's training thread is blocked in a collective (PEER_WAIT_STALLS)."""
     seen_by = f"the watchdog of rank {rank}"
     waiting = reading.waiting
     if waiting is not None:
@@ -38,7 +45,7 @@ def judged_in_job(reading: ProgressReading, stall_seconds: float, store_timeout_
             return store_unavailable(waiting.store_uri, waiting.what, waiting.idle_seconds, store_timeout_seconds,
                                      seen_by, last_step=reading.step)
         return None
-    limit = stall_limit(stall_seconds, reading.step is None)
+    limit = stall_limit(stall_seconds, reading.step is None) * (PEER_WAIT_STALLS if waiting_on_peers else 1)
     return stalled(reading.silent_seconds, limit, reading.step, seen_by, rank=rank,
                    phase=reading.phase if reading.step is None else None)
 

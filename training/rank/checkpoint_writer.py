@@ -86,11 +86,14 @@ class WrittenCheckpoint:
 class AsyncCheckpointWriter:
     def __init__(self, checkpoints: CheckpointStore, progress: Progress,
                  on_written: Callable[[WrittenCheckpoint], None] = lambda written: None,
-                 publish: Callable[[str], None] = lambda name: None):
+                 publish: Callable[[str], None] = lambda name: None,
+                 on_bytes: Callable[[int], None] = lambda step: None):
         """on_written: called from the writer's thread once a checkpoint is complete and published.
-        publish: makes a complete checkpoint the run folder's newest (run_folder.py), from the writer's thread."""
+        publish: makes a complete checkpoint the run folder's newest (run_folder.py), from the writer's thread.
+        on_bytes: called from the writer's thread with the step whenever bytes of its checkpoint were written
+        (fault injection's crash_in_upload)."""
         self._checkpoints, self._progress, self._on_written = checkpoints, progress, on_written
-        self._publish = publish
+        self._publish, self._on_bytes = publish, on_bytes
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringflow-checkpoint",
                                                            initializer=lower_this_threads_priority)
         # The last snapshot, once written: the next one is copied into its memory (snapshot()).
@@ -172,7 +175,11 @@ class AsyncCheckpointWriter:
                 state.save(path)
                 size = os.path.getsize(path)
                 op.total_bytes = size
-                name = self._checkpoints.save_files(step, {state.file_name: path}, meta, progress=op.moved)
+                def moved(nbytes: int) -> None:
+                    op.moved(nbytes)
+                    self._on_bytes(step)
+
+                name = self._checkpoints.save_files(step, {state.file_name: path}, meta, progress=moved)
             self._publish(name)
         except BaseException as exc:
             op.finish(exc)

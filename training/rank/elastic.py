@@ -17,13 +17,20 @@ retry of the whole job.
         a change   a collective that failed (a peer died: HorovodInternalError) or hosts that changed: the
                    change is recorded (Membership), the round's trainer let go, hvd.shutdown() + hvd.init()
 
-Fewer than elastic.min_workers left: Horovod's driver ends the job, and the task's retry resumes from the last
-checkpoint as before. Checkpoints go to the store as always; a commit is memory only.
+A rank that hangs (alive, its training thread blocked outside a collective) ends itself when its stall watchdog
+fires; its peers, blocked in a collective with it (in_a_collective), wait longer (liveness.PEER_WAIT_STALLS), so
+its death fails their collective and they go on without it.
+
+Fewer than elastic.min_workers left: Horovod's driver waits elastic.wait_seconds, then ends the job (the launcher
+says why: core/elastic_hosts.py too_few_workers), and the task's retry resumes from the last checkpoint as before.
+Checkpoints go to the store as always; a commit is memory only.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+import threading
 import time
 from typing import Any, Mapping
 
@@ -283,7 +290,9 @@ def run(cfg: JobConfig, make_trainer) -> int:
     from .rank_run import run_rank
 
     def begin(cfg: JobConfig) -> RankStart:
-        return RankStart.begin(cfg, launcher_rank(os.environ) or 0, _exit_on_stall, claim=False)
+        start = RankStart.begin(cfg, launcher_rank(os.environ) or 0, _exit_on_stall, claim=False)
+        start.liveness.watchdog.waiting_on_peers = in_a_collective(threading.get_ident())
+        return start
 
     def elastic_trainer(cfg, engine, start):
         return ElasticRun(cfg, make_trainer, start, engine.placement)
@@ -291,9 +300,24 @@ def run(cfg: JobConfig, make_trainer) -> int:
     return run_rank(cfg, lambda cfg: HorovodEngine.start(cfg), elastic_trainer, begin=begin)
 
 
-def _exit_on_stall(verdict) -> None:
-    import sys
+def in_a_collective(thread: int):
+    """Whether `thread` (the training thread) is blocked in a Horovod collective now: its stack holds Horovod's
+    wait for a collective's handle (horovod/torch/mpi_ops.py synchronize: the gradients' all-reduce, the
+    commit's check, a broadcast). A rank that hangs elsewhere (its own code, its data) is not."""
+    def check() -> bool:
+        frame = sys._current_frames().get(thread)
+        while frame is not None:
+            if frame.f_code.co_name == "synchronize" and frame.f_code.co_filename.endswith(_HOROVOD_WAIT):
+                return True
+            frame = frame.f_back
+        return False
+    return check
 
+
+_HOROVOD_WAIT = os.path.join("horovod", "torch", "mpi_ops.py")
+
+
+def _exit_on_stall(verdict) -> None:
     from ..formats import exit_codes
 
     print(f"[ringflow] {verdict.reason}", file=sys.stderr, flush=True)

@@ -119,8 +119,13 @@ class Trainer(RankRun):
                                                                     engine.accumulation_steps))
 
         self.monitor = SyncHealthMonitor(engine, cfg.health, self.health_log, cfg.batch_size, schedule)
+        # Fault injection only on a rank with faults to inject: its hooks run on every micro-batch.
+        # An elastic job's faults fire in its first round only: a crash that killed a worker is not dealt again
+        # to whichever worker has its rank after the change.
+        faults = self.faults = FaultInjection(
+            cfg if elastic is None or elastic.round == 0 else dataclasses.replace(cfg, faults=()), self.rank)
         writer = (AsyncCheckpointWriter(CheckpointStore(guard.store, keep_last=None), progress,
-                                        self._on_checkpoint_written, self._publish_checkpoint)
+                                        self._on_checkpoint_written, self._publish_checkpoint, faults.in_upload)
                   if guard is not None else None)
         self.checkpointing = Checkpointing(writer, cfg.checkpoint.cadence_steps, self.size, {
             "manifest_uri": cfg.manifest_uri, "model": json.loads(json.dumps(cfg.to_dict()["model"])),
@@ -142,11 +147,6 @@ class Trainer(RankRun):
         self.garbage_collection = (ScheduledGarbageCollection(cfg.gc_every_steps) if cfg.gc_every_steps else None)
         # In this order on every hook: faults act before anything measures, the health verdict comes before
         # the final checkpoint, and a checkpoint is taken last in a step.
-        # Fault injection only on a rank with faults to inject: its hooks run on every micro-batch.
-        # An elastic job's faults fire in its first round only: a crash that killed a worker is not dealt again
-        # to whichever worker has its rank after the change.
-        faults = FaultInjection(cfg if elastic is None or elastic.round == 0 else dataclasses.replace(cfg, faults=()),
-                                self.rank)
         # Rank 0 of a TrainJob reports progress into its status.trainerStatus (nothing elsewhere).
         reporter = TrainerStatusReporter.from_environ(os.environ) if self.rank == 0 else None
         self.callbacks: list[Callback] = [
@@ -335,7 +335,9 @@ class Trainer(RankRun):
         from .elastic import ROUND_META, Commit
 
         loop = self.loop
-        return Commit(training_state(loop).host_copy(), self.checkpointing.meta(loop) | {ROUND_META: self.elastic.round})
+        commit = Commit(training_state(loop).host_copy(), self.checkpointing.meta(loop) | {ROUND_META: self.elastic.round})
+        self.faults.in_commit(loop.step)
+        return commit
 
     def let_go(self) -> None:
         """An elastic job's round ended by a change of workers: finish rank 0's checkpoint upload in flight (it

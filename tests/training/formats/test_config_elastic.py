@@ -10,8 +10,8 @@ BASE = {"manifest_uri": "/m/manifest.json", "run_uri": "/r", "engine": "horovod"
 @pytest.mark.parametrize("section, expected, bounds_of_3", [
     (None, None, None),
     ({}, ElasticConfig(), (1, 3)),
-    ({"min_workers": 2, "max_workers": 4, "commit_every_steps": 50, "rejoin_seconds": 5, "peer_timeout_seconds": 20},
-     ElasticConfig(2, 4, 50, 5, 20), (2, 4)),
+    ({"min_workers": 2, "max_workers": 4, "commit_every_steps": 50, "rejoin_seconds": 5, "peer_timeout_seconds": 20,
+      "wait_seconds": 30}, ElasticConfig(2, 4, 50, 5, 20, 30), (2, 4)),
 ])
 def test_elastic_is_off_unless_given(section, expected, bounds_of_3):
     cfg = JobConfig.from_dict(BASE | {"elastic": section})
@@ -28,6 +28,7 @@ def test_elastic_is_off_unless_given(section, expected, bounds_of_3):
     ({"elastic": {"commit_every_steps": 0}}, "elastic.commit_every_steps", "use a whole number >= 1"),
     ({"elastic": {"rejoin_seconds": 0}}, "elastic.rejoin_seconds", "use a number > 0"),
     ({"elastic": {"peer_timeout_seconds": -1}}, "elastic.peer_timeout_seconds", "use a number > 0"),
+    ({"elastic": {"wait_seconds": 0}}, "elastic.wait_seconds", "use a number > 0"),
     ({"elastic": {"workers": 2}}, "elastic.workers", "remove it or use one of"),
     ({"elastic": 2}, "elastic", "give a JSON object"),
     ({"engine": "ddp", "elastic": {}}, "elastic", 'use "engine": "horovod" for recovery inside the job'),

@@ -4,7 +4,7 @@ and STALLED is the training thread's own silence, at start-up as in training."""
 import pytest
 
 from ringflow.training.health.heartbeat import ENDED, Heartbeat
-from ringflow.training.health.liveness import StoreSeen, judged_in_job, judged_outside
+from ringflow.training.health.liveness import PEER_WAIT_STALLS, StoreSeen, judged_in_job, judged_outside
 from ringflow.training.health.progress import FETCH, FIRST_STEP, RENDEZVOUS, TRAINING, ProgressReading
 from ringflow.training.health.store_ops import StoreOpReading
 from ringflow.training.health.verdict import STARTUP_SECONDS
@@ -45,6 +45,22 @@ IN_JOB = [
 @pytest.mark.parametrize("name, got, expected", IN_JOB, ids=[c[0] for c in IN_JOB])
 def test_in_job(name, got, expected):
     check(judged_in_job(got, STALL, STORE_TIMEOUT, rank=0), expected)
+
+
+IN_A_COLLECTIVE = [
+    # An elastic rank blocked in a collective waits PEER_WAIT_STALLS x stall_seconds: the peer that hangs judges
+    # itself at stall_seconds and leaves, and its death fails the collective.
+    ("waiting on a peer past stall_seconds", reading(silent=31.0), None),
+    ("waiting on a peer past twice stall_seconds", reading(silent=61.0),
+     ("STALLED", {"last_step": 40, "limit": PEER_WAIT_STALLS * STALL})),
+    ("a store that moved nothing is the store's, collective or not", reading(silent=900.0, wait=waiting(idle=301.0)),
+     ("STORE_UNAVAILABLE", {"limit": STORE_TIMEOUT})),
+]
+
+
+@pytest.mark.parametrize("name, got, expected", IN_A_COLLECTIVE, ids=[c[0] for c in IN_A_COLLECTIVE])
+def test_in_job_waiting_on_peers(name, got, expected):
+    check(judged_in_job(got, STALL, STORE_TIMEOUT, rank=1, waiting_on_peers=True), expected)
 
 
 def check(verdict, expected):

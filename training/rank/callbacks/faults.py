@@ -39,9 +39,8 @@ class FaultInjection(Callback):
         if self._due("hang", step) is not None:
             print(f"[ringflow] fault: hanging at step {step}", file=sys.stderr, flush=True)
             time.sleep(10**6)
-        if self._due("crash", step) is not None:  # its time: what a recovery is measured from (bench/elastic_recovery.py)
-            print(f"[ringflow] fault: SIGKILL at step {step} (unix time {time.time():.3f})", file=sys.stderr, flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self._due("crash", step) is not None:
+            _sigkill(f"at step {step}")
         oom = self._due("oom", step)
         if oom is not None and self._batch_size > oom.above_batch:
             # The engine's own error, so the rank ends as a real OOM does (rank_run.run_rank: oom_report).
@@ -52,6 +51,17 @@ class FaultInjection(Callback):
         if self._due("nan_gradient", step) is not None:
             return loss * float("nan")
         return loss
+
+    def in_commit(self, step: int) -> None:
+        """An elastic commit of `step` has copied this rank's state; its collective check comes next."""
+        if self._due("crash_in_commit", step) is not None:
+            _sigkill(f"in the commit of step {step}")
+
+    def in_upload(self, step: int) -> None:
+        """From the checkpoint writer's thread: bytes of the checkpoint of `step` were written, its MANIFEST
+        not yet."""
+        if self._due("crash_in_upload", step) is not None:
+            _sigkill(f"in the upload of the checkpoint of step {step}")
 
     def before_sync(self, loop) -> None:
         # Inside the loop's timed all-reduce wait (loop.py): the step's sync time grows as a slow network's
@@ -64,3 +74,10 @@ class FaultInjection(Callback):
         if self._due("perturb_replica", loop.step) is not None:
             with torch.no_grad():
                 next(loop.model.parameters()).add_(1e-2)
+
+
+def _sigkill(when: str) -> None:
+    """Kill this process as the kernel or a lost node would: no handler, no flush. The time printed is what a
+    recovery is measured from (bench/elastic_recovery.py)."""
+    print(f"[ringflow] fault: SIGKILL {when} (unix time {time.time():.3f})", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
