@@ -54,6 +54,7 @@ class Heartbeat:
     done: dict[str, int] = dataclasses.field(default_factory=dict)
     waiting: StoreOpReading | None = None
     write_seconds: float = 0.0
+    waiting_on_peers: bool = False      # rank 0 blocked in a collective (progress.py)
 
     def to_json(self) -> bytes:
         doc = dataclasses.asdict(self)
@@ -67,7 +68,7 @@ class Heartbeat:
             doc = json.loads(raw)
             fields: dict[str, Any] = {f.name: doc[f.name] for f in dataclasses.fields(cls)
                                       if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-            for optional in ("state", "phase", "done", "write_seconds"):
+            for optional in ("state", "phase", "done", "write_seconds", "waiting_on_peers"):
                 if doc.get(optional) is not None:
                     fields[optional] = doc[optional]
             if doc.get("waiting"):
@@ -127,7 +128,7 @@ class HeartbeatWriter(threading.Thread):
             reading = self._progress.read()
             beat = Heartbeat(self._attempt, self._seq, time.time(), reading.step, reading.silent_seconds,
                              reading.progress_at, state, reading.phase, reading.done, reading.waiting,
-                             self._write_seconds)
+                             self._write_seconds, reading.waiting_on_peers)
             self._seq += 1
             self._before_write()
             started = time.monotonic()

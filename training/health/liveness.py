@@ -35,9 +35,8 @@ PEER_WAIT_STALLS = 2
 
 
 def judged_in_job(reading: ProgressReading, stall_seconds: float, store_timeout_seconds: float,
-                  rank: int, waiting_on_peers: bool = False) -> Verdict | None:
-    """The watchdog's verdict on this rank's progress, or None while it is alive. waiting_on_peers: an elastic
-    rank's training thread is blocked in a collective (PEER_WAIT_STALLS)."""
+                  rank: int) -> Verdict | None:
+    """The watchdog's verdict on this rank's progress, or None while it is alive."""
     seen_by = f"the watchdog of rank {rank}"
     waiting = reading.waiting
     if waiting is not None:
@@ -45,7 +44,7 @@ def judged_in_job(reading: ProgressReading, stall_seconds: float, store_timeout_
             return store_unavailable(waiting.store_uri, waiting.what, waiting.idle_seconds, store_timeout_seconds,
                                      seen_by, last_step=reading.step)
         return None
-    limit = stall_limit(stall_seconds, reading.step is None) * (PEER_WAIT_STALLS if waiting_on_peers else 1)
+    limit = stall_limit(stall_seconds, reading.step is None) * (PEER_WAIT_STALLS if reading.waiting_on_peers else 1)
     return stalled(reading.silent_seconds, limit, reading.step, seen_by, rank=rank,
                    phase=reading.phase if reading.step is None else None)
 
@@ -134,4 +133,4 @@ def _as_written(beat: Heartbeat, stall_seconds: float, store_timeout_seconds: fl
 
 
 def _limit(beat: Heartbeat, stall_seconds: float) -> float:
-    return stall_limit(stall_seconds, beat.step is None)
+    return stall_limit(stall_seconds, beat.step is None) * (PEER_WAIT_STALLS if beat.waiting_on_peers else 1)

@@ -11,7 +11,10 @@ both judge the same quantities (liveness.py decides):
   stalled however long it takes;
 - `waiting`: the store operation the training thread is blocked on (store_ops.py), if any. Time spent
   waiting for the store is not silence: the store has a rule of its own, and when the wait ends the
-  silence starts from zero.
+  silence starts from zero;
+- `waiting_on_peers`: an elastic rank's training thread is blocked in a collective (rank/elastic.py sets the
+  check, `peers_check`): its silence is judged with a longer limit (liveness.PEER_WAIT_STALLS), in the job and
+  from the heartbeat alike.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .store_ops import StoreOp, StoreOpReading
 
@@ -35,6 +38,7 @@ class ProgressReading:
     progress_at: float               # wall-clock time of the last progress (for the heartbeat)
     done: dict[str, int]             # what the current start-up phase has done, e.g. {"bytes": 123}
     waiting: StoreOpReading | None   # the store operation the training thread waits for
+    waiting_on_peers: bool = False   # blocked in a collective (an elastic rank's peers_check)
 
 
 class Progress:
@@ -47,6 +51,9 @@ class Progress:
         # after store_timeout_seconds, be judged STORE_UNAVAILABLE in a healthy run.
         self._waiting: dict[int, tuple[int, StoreOp]] = {}  # thread -> (when entered, in entry order; op)
         self._entered = 0
+        # Whether the training thread is blocked in a collective now (set once, before anything reads; None:
+        # never asked, a rank whose peers' silence is no different from its own).
+        self.peers_check: Callable[[], bool] | None = None
 
     def _moved(self) -> None:
         self._mono, self._wall = time.monotonic(), time.time()
@@ -106,4 +113,6 @@ class Progress:
             done = dict(self._done)
             if waiting is not None and self._step is None:
                 done["bytes"] = done.get("bytes", 0) + waiting.bytes
-            return ProgressReading(self._step, self._phase, now - self._mono, self._wall, done, waiting)
+            check = self.peers_check
+            return ProgressReading(self._step, self._phase, now - self._mono, self._wall, done, waiting,
+                                   check is not None and check())

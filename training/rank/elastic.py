@@ -291,7 +291,7 @@ def run(cfg: JobConfig, make_trainer) -> int:
 
     def begin(cfg: JobConfig) -> RankStart:
         start = RankStart.begin(cfg, launcher_rank(os.environ) or 0, _exit_on_stall, claim=False)
-        start.liveness.watchdog.waiting_on_peers = in_a_collective(threading.get_ident())
+        start.liveness.progress.peers_check = in_a_collective(threading.get_ident())
         return start
 
     def elastic_trainer(cfg, engine, start):

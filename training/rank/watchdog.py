@@ -18,10 +18,7 @@ from ..health.verdict import Verdict
 class StallWatchdog(threading.Thread):
     def __init__(self, progress: Progress, stall_seconds: float, store_timeout_seconds: float, rank: int,
                  on_stall: Callable[[Verdict], None]):
-        """waiting_on_peers (set before start; None: never): whether the training thread is blocked in a
-        collective, where an elastic rank waits longer (liveness.PEER_WAIT_STALLS)."""
         super().__init__(name="ringflow-stall-watchdog", daemon=True)
-        self.waiting_on_peers: Callable[[], bool] | None = None
         self._progress = progress
         self._stall_seconds, self._store_timeout = stall_seconds, store_timeout_seconds
         self._rank = rank
@@ -35,9 +32,7 @@ class StallWatchdog(threading.Thread):
         # A poll a quarter of the limit (at most 1 s) notices a stall within stall_seconds * 1.25.
         poll = min(1.0, self._stall_seconds / 4, self._store_timeout / 4)
         while not self._stopped.wait(poll):
-            peers = self.waiting_on_peers
-            verdict = judged_in_job(self._progress.read(), self._stall_seconds, self._store_timeout, self._rank,
-                                    waiting_on_peers=peers is not None and peers())
+            verdict = judged_in_job(self._progress.read(), self._stall_seconds, self._store_timeout, self._rank)
             if verdict is not None:
                 self._on_stall(verdict)
                 return

@@ -16,8 +16,8 @@ def waiting(idle, seconds=500.0, what="upload of checkpoint ckpt-000000050"):
     return StoreOpReading(what, "s3://b/run", seconds, idle, 10 * 2**20)
 
 
-def reading(step=40, silent=1.0, phase=TRAINING, wait=None):
-    return ProgressReading(step, phase if step is None else TRAINING, silent, 0.0, {}, wait)
+def reading(step=40, silent=1.0, phase=TRAINING, wait=None, peers=False):
+    return ProgressReading(step, phase if step is None else TRAINING, silent, 0.0, {}, wait, peers)
 
 
 IN_JOB = [
@@ -50,17 +50,17 @@ def test_in_job(name, got, expected):
 IN_A_COLLECTIVE = [
     # An elastic rank blocked in a collective waits PEER_WAIT_STALLS x stall_seconds: the peer that hangs judges
     # itself at stall_seconds and leaves, and its death fails the collective.
-    ("waiting on a peer past stall_seconds", reading(silent=31.0), None),
-    ("waiting on a peer past twice stall_seconds", reading(silent=61.0),
+    ("waiting on a peer past stall_seconds", reading(silent=31.0, peers=True), None),
+    ("waiting on a peer past twice stall_seconds", reading(silent=61.0, peers=True),
      ("STALLED", {"last_step": 40, "limit": PEER_WAIT_STALLS * STALL})),
-    ("a store that moved nothing is the store's, collective or not", reading(silent=900.0, wait=waiting(idle=301.0)),
-     ("STORE_UNAVAILABLE", {"limit": STORE_TIMEOUT})),
+    ("a store that moved nothing is the store's, collective or not",
+     reading(silent=900.0, wait=waiting(idle=301.0), peers=True), ("STORE_UNAVAILABLE", {"limit": STORE_TIMEOUT})),
 ]
 
 
 @pytest.mark.parametrize("name, got, expected", IN_A_COLLECTIVE, ids=[c[0] for c in IN_A_COLLECTIVE])
 def test_in_job_waiting_on_peers(name, got, expected):
-    check(judged_in_job(got, STALL, STORE_TIMEOUT, rank=1, waiting_on_peers=True), expected)
+    check(judged_in_job(got, STALL, STORE_TIMEOUT, rank=1), expected)
 
 
 def check(verdict, expected):
@@ -76,8 +76,9 @@ def check(verdict, expected):
 INTERVAL = 5.0
 
 
-def beat(written_at, silent, state="running", step=40, phase=TRAINING, wait=None, write_seconds=0.01):
-    return Heartbeat("a1", 3, written_at, step, silent, written_at - silent, state, phase, {}, wait, write_seconds)
+def beat(written_at, silent, state="running", step=40, phase=TRAINING, wait=None, write_seconds=0.01, peers=False):
+    return Heartbeat("a1", 3, written_at, step, silent, written_at - silent, state, phase, {}, wait, write_seconds,
+                     peers)
 
 
 FAST = 0.0  # a store column as a number: how slow the store is, its probe back just now (at `now`)
@@ -122,6 +123,10 @@ OUTSIDE = [
      FAST, None),
     ("starting, fetching with nothing moving", beat(1000.0, 61.0, step=None, phase=FETCH), 1001.0, FAST,
      ("STALLED", {"phase": FETCH})),
+    ("an elastic rank 0 blocked in a collective, past stall_seconds: its peer that hangs leaves first",
+     beat(1000.0, 31.0, peers=True), 1004.0, FAST, None),
+    ("an elastic rank 0 blocked in a collective past twice stall_seconds", beat(1000.0, 61.0, peers=True), 1004.0,
+     FAST, ("STALLED", {"limit": PEER_WAIT_STALLS * STALL})),
     ("ended: nothing to count", beat(1000.0, 2.0, state=ENDED), 9999.0, FAST, None),
     ("no heartbeat yet: since the watcher saw it run, allowing for start-up", None, 1030.0, FAST, None),
     ("no heartbeat past the start-up allowance", None, 1061.0, FAST, ("STALLED", {"limit": STARTUP_SECONDS})),
