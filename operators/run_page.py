@@ -9,12 +9,13 @@ UI's iframe reloads it.
 from __future__ import annotations
 
 import base64
+import datetime
 import html
 import json
 import math
 from typing import Any, Iterable, Mapping
 
-from ringflow.training.core.runs.run_overview import RunOverview
+from ringflow.training.core.runs.run_overview import MembershipRow, RunOverview
 from ringflow.training.health.verdict import DEGRADED, HEALTHY
 
 STYLE = """
@@ -111,6 +112,37 @@ def _records_table(title: str, records: tuple[Mapping[str, Any], ...], test_id: 
     return f"<h2>{_e(title)}</h2>" + _table(keys, rows, test_id)
 
 
+def _when(unix: float | None) -> str:
+    """A unix time in UTC; "?" for none, or one no date has (a broken record must not break the page)."""
+    try:
+        return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "?"
+
+
+def _membership_row(m: MembershipRow) -> list[str]:
+    def known(value, text=None):
+        return _e(text if text is not None else value) if value is not None else '<span class="muted">?</span>'
+
+    went = known(m.commit_step) if m.commit_step is not None else '<span class="muted">the run folder\'s</span>'
+    rank0 = {True: "yes", False: "no", None: None}[m.rank0_changed]
+    return [_e(_when(m.failed_at)), f"{known(m.from_world_size)} → {known(m.to_world_size)}", known(m.why),
+            known(m.detail), went, known(m.steps_redone),
+            known(m.recovery_seconds, f"{m.recovery_seconds:.2f}" if m.recovery_seconds is not None else None),
+            known(rank0), known(m.attempt)]
+
+
+def _membership(o: RunOverview) -> str:
+    """An elastic job's changes of workers inside its attempts (rank/elastic.py): what each cost."""
+    if not o.membership_changes:
+        return ""
+    headers = ("when", "workers", "why", "detail", "went back to the commit of step", "steps redone",
+               "recovery (s)", "rank 0 changed", "attempt")
+    return ("<h2>Membership changes</h2>"
+            + _table(headers, [_membership_row(m) for m in o.membership_changes], "membership-changes")
+            + '<p class="muted">recovery: from the change seen to the end of the next round\'s first step</p>')
+
+
 def _checkpoints(o: RunOverview) -> str:
     if not o.checkpoints:
         return '<h2>Checkpoints</h2><p class="muted">none published</p>'
@@ -156,6 +188,7 @@ def render(o: RunOverview, *, title: str, plot_png: bytes | None, folder_link: s
             + _verdict(o) + _evidence(o) + _plot(plot_png)
             + _records_table("Remediated", o.remedies, "remedies")
             + _records_table("World size changes", o.world_size_changes, "world-size-changes")
+            + _membership(o)
             + _checkpoints(o) + _metrics(o) + _attempts(o))
     return _document(title, body)
 

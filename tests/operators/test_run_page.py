@@ -16,11 +16,12 @@ from ringflow.operators import plugin, run_page
 from ringflow.operators.links import RUN_PAGE_ROUTE, TASK_RUN_PAGE_ROUTE, run_page_link
 from ringflow.training.core.registry.model_registry import ModelRegistry
 from ringflow.training.core.runs import store_layout
-from ringflow.training.core.runs.run_overview import read_overview
+from ringflow.training.core.runs.run_overview import MembershipRow, read_overview
 from ringflow.training.formats.eval_result import EvalResult
 from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.formats.run_result import RunResult
 from ringflow.training.health.heartbeat import Heartbeat
+from ringflow.training.health.records import HealthLog, record
 from ringflow.training.health.verdict import Verdict
 from ringflow.training.store import open_store
 from run_folder_files import publish_checkpoint
@@ -76,6 +77,32 @@ def running(root):
                                                         progress_at=1.0, phase="training").to_json())
 
 
+def change(why, sizes, commit_step, redone, rank0_changed, failed_at=1767225600.0):
+    """A change of an elastic job's workers as rank/elastic.py's Membership.as_record writes it."""
+    return {"why": why, "detail": "Horovod has been shut down" if why == "left" else "Horovod's driver added hosts",
+            "from_world_size": sizes[0], "to_world_size": sizes[1], "commit_step": commit_step,
+            "steps_redone": redone, "failed_at": failed_at, "resumed_at": failed_at + 0.65,
+            "rank0_changed": rank0_changed, "recovery_seconds": 0.65}
+
+
+def elastic_running(root):
+    """An elastic job still training, its rank 0 replaced: the change is in its health records only (under the
+    new rank 0's claim of the same attempt), no result yet."""
+    folder = RunFolder(root.child(_key()))
+    folder.claim("rf-a1")
+    claim = folder.claim("rf-a1")
+    log = HealthLog(claim.store, flush_seconds=0.0, attempt="rf-a1", first_seq=claim.ref.first_seq)
+    log.append(record("membership", **change("left", (3, 2), 10, 2, True)))
+    claim.store.put_bytes("heartbeat.json", Heartbeat(attempt="rf-a1", seq=0, time=1.0, step=14, silent_seconds=0.1,
+                                                      progress_at=1.0, phase="training").to_json())
+
+
+def elastic_done(root):
+    """Its result lists the changes and its records are gone (or were never kept): the result's are shown."""
+    _result(root.child(_key()), verdict=Verdict("HEALTHY", "no problem found"),
+            membership_changes=[change("left", (3, 2), None, 12, False), change("joined", (2, 3), 400, 0, False)])
+
+
 STATES = [
     # state, what the page must show, what it must not
     (healthy, ["HEALTHY", "no problem found in 40 steps", 'data-testid="health-plot"', "ckpt-000000040",
@@ -84,8 +111,41 @@ STATES = [
                  'data-testid="replay"', "reproducible", "not saved yet", "not evaluated yet"], ["Remediated"]),
     (remediated, ["Remediated", "learning rate x0.5", "World size changes", "at_step"], ["Evidence"]),
     (running, ["NONE", "no result yet: training is running (step 12, phase training)", "rf-a1", "none published"],
-     ["Evidence", "Remediated"]),
+     ["Evidence", "Remediated", "Membership changes"]),
+    (elastic_running, ['data-testid="membership-changes"', "2026-01-01 00:00:00 UTC", "3 → 2", "left",
+                       "Horovod has been shut down", "<td>10</td><td>2</td><td>0.65</td><td>yes</td><td>rf-a1</td>",
+                       "training is running (step 14"], ["Remediated"]),
+    (elastic_done, ["Membership changes", "3 → 2", "2 → 3", "joined", "the run folder's</span></td><td>12",
+                    "<td>400</td><td>0</td><td>0.65</td><td>no</td><td>rf-a1</td>"], ["Evidence"]),
 ]
+
+
+@pytest.mark.parametrize("doc, attempt, expected", [
+    (change("left", (3, 2), 10, 2, True) | {"attempt": "a1"}, None,
+     MembershipRow("a1", "left", "Horovod has been shut down", 3, 2, 10, 2, 1767225600.0, 0.65, True)),
+    # result.json's entries name no attempt: the result's; recovery from the times when not given
+    ({"why": "joined", "from_world_size": 2, "to_world_size": 3, "failed_at": 100.0, "resumed_at": 106.5}, "a2",
+     MembershipRow("a2", "joined", None, 2, 3, None, None, 100.0, 6.5, None)),
+    # a value of the wrong type reads as unknown, not as a wrong figure
+    ({"from_world_size": "3", "steps_redone": True, "rank0_changed": 1, "failed_at": None}, None,
+     MembershipRow(None, None, None, None, None, None, None, None, None, None)),
+])
+def test_a_membership_change_is_read_leniently(doc, attempt, expected):
+    assert MembershipRow.of(doc, attempt) == expected
+
+
+def test_the_records_changes_are_preferred_to_the_results(root):
+    """Both say: the records (every attempt's, the run still writing them) win over result.json's."""
+    elastic_running(root)
+    folder = RunFolder(root.child(_key()))
+    attempt = folder.claim("rf-a2")
+    attempt.publish_result(json.dumps(RunResult(status="failed", attempt="rf-a2", step=40, epoch=2, world_size=2,
+                                                loss=0.25).to_dict()
+                                      | {"membership_changes": [change("joined", (1, 2), 30, 0, False)]}).encode())
+    overview = read_overview(folder)
+    assert overview.result.membership_changes  # result.json has one too
+    changes = overview.membership_changes
+    assert [(m.attempt, m.why, m.to_world_size) for m in changes] == [("rf-a1", "left", 2)]
 
 
 @pytest.fixture
@@ -109,10 +169,11 @@ def test_the_page_shows_each_state_of_a_run(root, make, shown, hidden):
 def test_everything_shown_is_escaped(root):
     store = root.child(_key())
     _result(store, status="failed", verdict=Verdict("NONFINITE", "<script>alert(1)</script>", {"<b>": "<i>x</i>"}),
-            remedies=[{"<img src=x>": "\"><svg>"}])
+            remedies=[{"<img src=x>": "\"><svg>"}],
+            membership_changes=[{"why": "<b>", "detail": "<i>x</i>", "failed_at": 1e300}])
     page = run_page.render(read_overview(RunFolder(store)), title="<t>", plot_png=None, folder_link='"><a>')
     assert "<script>" not in page and "<b>" not in page and "<i>" not in page and "<svg>" not in page
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "&lt;t&gt;" in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "&lt;t&gt;" in page and "Membership changes" in page
     assert re.findall(r"<(\w+)", page) and set(re.findall(r"<(\w+)", page)) <= {
         "html", "head", "meta", "title", "style", "body", "h1", "h2", "p", "span", "a", "table", "tr", "th", "td", "pre"}
 

@@ -142,14 +142,20 @@ def test_an_engine_the_backend_cannot_run_fails_without_retry_before_launch(tmp_
         op.execute(context())
 
 
-def test_execute_complete_returns_the_jobs_own_result(tmp_path, digits_manifest):
+def test_execute_complete_returns_the_jobs_own_result(tmp_path, digits_manifest, capsys):
     from ringflow.training.health.verdict import Verdict
     from ringflow.training.formats.run_result import RunResult
 
     op = operator(tmp_path, digits_manifest)
+    left = {"why": "left", "detail": "Horovod has been shut down", "from_world_size": 3, "to_world_size": 2,
+            "commit_step": 10, "steps_redone": 2, "failed_at": 100.0, "resumed_at": 100.5, "rank0_changed": True,
+            "recovery_seconds": 0.5}
     result = RunResult(status="succeeded", attempt="rf-1", step=44, epoch=2, world_size=2, checkpoint="ckpt-000000044",
-                       verdict=Verdict("HEALTHY", "no sign of trouble", {"steps_measured": 44}), loss=float("nan"))
+                       verdict=Verdict("HEALTHY", "no sign of trouble", {"steps_measured": 44}), loss=float("nan"),
+                       membership_changes=(left,))
     out = op.execute_complete(context(), finished_event("succeeded", result))
+    # an elastic job's changes of workers are in the task log's summary
+    assert "workers changed 1x: 3→2 left (back to step 10, 2 redone, new rank 0, 0.50s)" in capsys.readouterr().out
     assert (out["checkpoint"], out["step"], out["status"], out["loss"]) == ("ckpt-000000044", 44, "succeeded", "nan")
     assert out["verdict"]["status"] == "HEALTHY" and out["job_id"] == "rf-1"
     json.dumps(out, allow_nan=False)  # an XCom in strict JSON

@@ -5,7 +5,12 @@ In the job (`judged_in_job`, the stall watchdog of every rank): the training thr
 operation moves no byte for `store_timeout_seconds` is STORE_UNAVAILABLE; one that moves bytes, however
 slowly, is waited for. Otherwise STALLED means no progress for `stall_seconds`: no step completed, or,
 before the first step, start-up showed no sign of progress (a phase begun, a wait for the store ended) for
-that long, or STARTUP_SECONDS if longer (verdict.stall_limit says why), however long start-up takes.
+that long, or STARTUP_SECONDS if longer (verdict.stall_limit says why), however long start-up takes. An elastic
+job's round after a change of workers (rank/elastic.py) is start-up again, though steps were done: its phase
+goes back to the rendezvous, where the survivors wait for Horovod's driver and for a joining worker to start and
+import torch (or for a hung peer's own watchdog to end it), then on to the round's restore and first step; its
+silence gets the same allowance (`starting`), so a recovery is not a stall, and a rendezvous that never ends (a
+frozen peer Horovod still counts as alive) still is.
 
 Outside the job (`judged_outside`, the Airflow trigger): rank 0's heartbeat carries the same reading, judged
 as in the job however late the beat arrives. Late, it is either the job (a dead or frozen rank 0, a lost host)
@@ -20,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from .heartbeat import Heartbeat, ENDED
-from .progress import ProgressReading
+from .progress import TRAINING, ProgressReading
 from .verdict import Verdict, stall_limit, stalled, store_unavailable
 
 # A heartbeat this many intervals old is late: the writer is dead or frozen, or the store does not take
@@ -34,6 +39,13 @@ LATE_AFTER_INTERVALS = 2
 PEER_WAIT_STALLS = 2
 
 
+def starting(step: int | None, phase: str | None) -> bool:
+    """Whether the training thread is in start-up: before its first step, or in a later round's (a phase other
+    than training after steps: an elastic job's rendezvous after a change of workers, the round's restore and
+    first step). A phase of None (a heartbeat from before phases were recorded) is training."""
+    return step is None or phase not in (None, TRAINING)
+
+
 def judged_in_job(reading: ProgressReading, stall_seconds: float, store_timeout_seconds: float,
                   rank: int) -> Verdict | None:
     """The watchdog's verdict on this rank's progress, or None while it is alive."""
@@ -44,9 +56,10 @@ def judged_in_job(reading: ProgressReading, stall_seconds: float, store_timeout_
             return store_unavailable(waiting.store_uri, waiting.what, waiting.idle_seconds, store_timeout_seconds,
                                      seen_by, last_step=reading.step)
         return None
-    limit = stall_limit(stall_seconds, reading.step is None) * (PEER_WAIT_STALLS if reading.waiting_on_peers else 1)
+    start_up = starting(reading.step, reading.phase)
+    limit = stall_limit(stall_seconds, start_up) * (PEER_WAIT_STALLS if reading.waiting_on_peers else 1)
     return stalled(reading.silent_seconds, limit, reading.step, seen_by, rank=rank,
-                   phase=reading.phase if reading.step is None else None)
+                   phase=reading.phase if start_up else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,9 +129,11 @@ def judged_outside(beat: Heartbeat | None, now: float, interval: float, stall_se
     # silence, but nothing since is), less the time the store was seen slow.
     silent = unheard if beat.waiting is not None else beat.silent_seconds + unheard
     step = beat.step if beat.step is not None else records_step
-    return stalled(silent, stall_limit(stall_seconds, step is None), step,
+    # A beat from the first start-up whose records show steps since: training, whatever phase it said then.
+    start_up = starting(step, beat.phase if beat.step is not None or step is None else TRAINING)
+    return stalled(silent, stall_limit(stall_seconds, start_up), step,
                    f"the watcher: no heartbeat for {late:.0f}s (due every {interval:g}s)",
-                   phase=beat.phase if step is None else None)
+                   phase=beat.phase if start_up else None)
 
 
 def _as_written(beat: Heartbeat, stall_seconds: float, store_timeout_seconds: float) -> Verdict | None:
@@ -128,9 +143,7 @@ def _as_written(beat: Heartbeat, stall_seconds: float, store_timeout_seconds: fl
             return store_unavailable(beat.waiting.store_uri, beat.waiting.what, beat.waiting.idle_seconds,
                                      store_timeout_seconds, "the heartbeat of rank 0", last_step=beat.step)
         return None
-    return stalled(beat.silent_seconds, _limit(beat, stall_seconds), beat.step, "the heartbeat of rank 0",
-                   phase=beat.phase if beat.step is None else None)
-
-
-def _limit(beat: Heartbeat, stall_seconds: float) -> float:
-    return stall_limit(stall_seconds, beat.step is None) * (PEER_WAIT_STALLS if beat.waiting_on_peers else 1)
+    start_up = starting(beat.step, beat.phase)
+    limit = stall_limit(stall_seconds, start_up) * (PEER_WAIT_STALLS if beat.waiting_on_peers else 1)
+    return stalled(beat.silent_seconds, limit, beat.step, "the heartbeat of rank 0",
+                   phase=beat.phase if start_up else None)

@@ -1,11 +1,13 @@
 """The two liveness rules as tables: the in-job watchdog's (judged_in_job) and the watcher's outside the job
 (judged_outside): a slow store that moves bytes is waited for, one that moves nothing is STORE_UNAVAILABLE,
 and STALLED is the training thread's own silence, at start-up as in training."""
+import dataclasses
+
 import pytest
 
 from ringflow.training.health.heartbeat import ENDED, Heartbeat
 from ringflow.training.health.liveness import PEER_WAIT_STALLS, StoreSeen, judged_in_job, judged_outside
-from ringflow.training.health.progress import FETCH, FIRST_STEP, RENDEZVOUS, TRAINING, ProgressReading
+from ringflow.training.health.progress import FETCH, FIRST_STEP, RENDEZVOUS, RESTORE, TRAINING, ProgressReading
 from ringflow.training.health.store_ops import StoreOpReading
 from ringflow.training.health.verdict import STARTUP_SECONDS
 
@@ -61,6 +63,47 @@ IN_A_COLLECTIVE = [
 @pytest.mark.parametrize("name, got, expected", IN_A_COLLECTIVE, ids=[c[0] for c in IN_A_COLLECTIVE])
 def test_in_job_waiting_on_peers(name, got, expected):
     check(judged_in_job(got, STALL, STORE_TIMEOUT, rank=1), expected)
+
+
+def later_round(phase, silent, step=12, peers=False):
+    """A rank of an elastic job after a change of workers (rank/elastic.py `_reset`): steps done, its phase back
+    in start-up."""
+    return ProgressReading(step, phase, silent, 0.0, {}, None, peers)
+
+
+RECOVERY = STARTUP_SECONDS - 1  # a recovery's rendezvous: seconds past stall_seconds, within the start-up allowance
+ELASTIC = [
+    # An elastic job's round after a change of workers is start-up again: a recovery that waits for Horovod's
+    # driver and a joining worker is no stall, a rendezvous that never ends (a frozen peer still counted) is one,
+    # and silence once the round trains is judged as before.
+    ("the survivors' rendezvous, waiting for a joining worker to start", later_round(RENDEZVOUS, RECOVERY), None),
+    ("the round's restore from the commit", later_round(RESTORE, RECOVERY), None),
+    ("the round's first step", later_round(FIRST_STEP, RECOVERY), None),
+    ("a rendezvous that never ends (a frozen peer Horovod still counts as alive)",
+     later_round(RENDEZVOUS, STARTUP_SECONDS + 1),
+     ("STALLED", {"last_step": 12, "phase": RENDEZVOUS, "limit": STARTUP_SECONDS})),
+    ("silent in training after the recovery", later_round(TRAINING, STALL + 1),
+     ("STALLED", {"last_step": 12, "phase": None, "limit": STALL})),
+    ("a step in a collective after the recovery: the peers' wait", later_round(TRAINING, STALL + 1, peers=True), None),
+]
+
+
+@pytest.mark.parametrize("name, got, expected", ELASTIC, ids=[c[0] for c in ELASTIC])
+def test_in_job_after_a_change_of_workers(name, got, expected):
+    check(judged_in_job(got, STALL, STORE_TIMEOUT, rank=0), expected)
+
+
+@pytest.mark.parametrize("name, got, expected", ELASTIC, ids=[c[0] for c in ELASTIC])
+def test_outside_after_a_change_of_workers(name, got, expected):
+    """The same, from the heartbeat the new rank 0 writes: on time, and late (silent since its last word)."""
+    on_time = Heartbeat("a1", 0, 1000.0, got.step, got.silent_seconds, 1000.0 - got.silent_seconds, "running",
+                        got.phase, {}, None, 0.01, got.waiting_on_peers)
+    check(judged_outside(on_time, 1001.0, INTERVAL, STALL, STORE_TIMEOUT, 900.0, StoreSeen(0.0, 1001.0), "s3://b/run"),
+          expected)
+    if not got.waiting_on_peers:
+        late = dataclasses.replace(on_time, silent_seconds=0.0, progress_at=1000.0)  # rank 0 gone quiet since
+        check(judged_outside(late, 1000.0 + got.silent_seconds, INTERVAL, STALL, STORE_TIMEOUT, 900.0,
+                             StoreSeen(0.0, 1000.0 + got.silent_seconds), "s3://b/run"), expected)
 
 
 def check(verdict, expected):

@@ -2,12 +2,15 @@
 
 Four panels sharing the step axis: step time per rank, the share of each step spent in all-reduce per
 rank (with the run's own `max_sync_share` as a dotted line), the global gradient norm, and the loss.
-Restarts (a retried job resuming from a checkpoint) are dashed vertical lines; non-finite values are red
-marks on the top edge of their panel; the title gives the verdict (`judge`, by the thresholds the run
+Restarts (a retried job resuming from a checkpoint) are dashed vertical lines; an elastic job's changes of
+workers inside the attempt (its `membership` records, rank/elastic.py) are dash-dot lines at the commit the
+workers went back to, labelled "3→2 left" or "2→3 joined", with the steps redone shaded after it; non-finite
+values are red marks on the top edge of their panel; the title gives the verdict (`judge`, by the thresholds the run
 stored), checksum mismatches and stalls. Pure matplotlib (Agg): no display, no Airflow.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any, Iterable, Mapping
@@ -17,6 +20,37 @@ from ..remediation import remedy_words
 _RANK_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                 "#bcbd22", "#17becf")
 _MAX_RANK_LINES = 10  # beyond this, per-rank panels show min / median / max instead of one line a rank
+_CHANGE_COLOR = "#8c564b"
+_MAX_CHANGES_NAMED = 4  # the title names this many changes of workers, then counts the rest
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One change of an elastic job's workers as the plot marks it: at the step the workers went back to
+    (`step`), the `redone` steps after it trained again on the new workers."""
+
+    step: int
+    redone: int
+    label: str        # "3→2 left"
+    rank0_changed: bool
+
+    def words(self) -> str:
+        extra = [f"{self.redone} redone"] if self.redone else []
+        extra += ["new rank 0"] if self.rank0_changed else []
+        return f"{self.label} at step {self.step}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _int(value: Any, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def change_of(r: Mapping[str, Any], resumed_at: int = 0) -> Change:
+    """The mark of a `membership` record; `resumed_at`: the step the attempt started from, where workers that
+    had no commit yet went back to (commit_step None: the run folder's)."""
+    step = _int(r.get("commit_step"), resumed_at)
+    return Change(step, max(0, _int(r.get("steps_redone"))),
+                  f"{r.get('from_world_size', '?')}→{r.get('to_world_size', '?')} {r.get('why', 'changed')}",
+                  r.get("rank0_changed") is True)
 
 
 def _num(value: Any) -> float:
@@ -34,18 +68,25 @@ def _num(value: Any) -> float:
 def _series(records: Iterable[Mapping[str, Any]]):
     steps, step_time, sync_share, grad, loss, bad = [], [], [], [], [], []
     restarts, notes = [], []
-    attempt = 0
+    attempt, started_at = 0, 0
+
+    def back_to(at: int) -> None:
+        # Steps after the point the job went back to were done again: keep the redone ones.
+        keep = [i for i, s in enumerate(steps) if s is not None and s <= at]
+        for series in (steps, step_time, sync_share, grad, loss, bad):
+            series[:] = [series[i] for i in keep]
+
     for r in records:
         kind = r.get("type")
         if kind == "start":
             attempt += 1
+            started_at = _int(r.get("step"))
             if attempt > 1 or r.get("resumed_from"):
                 at = r.get("step") or 0
                 restarts.append((at, r.get("resumed_from")))
-                # Steps after the checkpoint the job resumed from were done again: keep the redone ones.
-                keep = [i for i, s in enumerate(steps) if s is not None and s <= at]
-                for series in (steps, step_time, sync_share, grad, loss, bad):
-                    series[:] = [series[i] for i in keep]
+                back_to(at)
+        elif kind == "membership":
+            back_to(change_of(r, started_at).step)
         elif kind == "step":
             times = [_num(t) for t in r.get("step_time") or []]
             syncs = [_num(s) for s in r.get("sync_time") or []]
@@ -62,6 +103,17 @@ def _series(records: Iterable[Mapping[str, Any]]):
         elif kind == "stall":
             notes.append(f"stall after step {r.get('last_step')} on rank {r.get('rank')}")
     return steps, step_time, sync_share, grad, loss, bad, restarts, notes
+
+
+def membership_changes(records: Iterable[Mapping[str, Any]]) -> list[Change]:
+    """Every change of workers the records show, oldest first."""
+    changes, started_at = [], 0
+    for r in records:
+        if r.get("type") == "start":
+            started_at = _int(r.get("step"))
+        elif r.get("type") == "membership":
+            changes.append(change_of(r, started_at))
+    return changes
 
 
 def _marker(steps) -> str:
@@ -91,9 +143,16 @@ def _per_rank(ax, steps, rows, label: str, precision: int) -> None:
     ax.legend(loc="best", fontsize=8, ncol=2 if width > 4 and width <= _MAX_RANK_LINES else 1, framealpha=0.8)
 
 
-def _mark(ax, steps, bad, restarts) -> None:
+def _mark(ax, steps, bad, restarts, changes=(), labelled=False) -> None:
     for step, source in restarts:
         ax.axvline(step, color="#555555", ls="--", lw=1)
+    for change in changes:
+        ax.axvline(change.step, color=_CHANGE_COLOR, ls="-.", lw=1)
+        if change.redone:
+            ax.axvspan(change.step, change.step + change.redone, color=_CHANGE_COLOR, alpha=0.12, lw=0)
+        if labelled:
+            ax.text(change.step, 0.98, " " + change.label, transform=ax.get_xaxis_transform(), rotation=90,
+                    va="top", ha="right", fontsize=7, color=_CHANGE_COLOR)
     bad_steps = [s for s, b in zip(steps, bad) if b]
     if bad_steps:
         ax.plot(bad_steps, [1.0] * len(bad_steps), "v", color="#d62728", ms=7, clip_on=False,
@@ -133,6 +192,7 @@ def draw_health(records: list[dict], title: str | None = None, remedies: Iterabl
     records = list(records)
     health = _health_config(records)
     steps, step_time, sync_share, grad, loss, bad, restarts, notes = _series(records)
+    changes = membership_changes(records)
     fig, axes = plt.subplots(2, 2, figsize=(13, 7.5), sharex=True, constrained_layout=True)
     (ax_time, ax_sync), (ax_grad, ax_loss) = axes
     if steps:
@@ -158,12 +218,16 @@ def draw_health(records: list[dict], title: str | None = None, remedies: Iterabl
         ax.set_title(name, fontsize=11, loc="left")
         ax.grid(True, alpha=0.3)
         if steps:
-            _mark(ax, steps, bad, restarts)
+            _mark(ax, steps, bad, restarts, changes, labelled=ax is axes[0][0])
     from matplotlib.ticker import MaxNLocator
 
     for ax in axes[1]:
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if changes:
+        named = ", ".join(c.words() for c in changes[:_MAX_CHANGES_NAMED])
+        more = f" and {len(changes) - _MAX_CHANGES_NAMED} more" if len(changes) > _MAX_CHANGES_NAMED else ""
+        notes.insert(0, f"workers changed: {named}{more} (dash-dot)")
     if restarts:
         sources = ", ".join(str(src or f"step {s}") for s, src in restarts)
         notes.insert(0, f"resumed from {sources} (dashed)")

@@ -20,6 +20,8 @@ MAX_LINES = 20
 # A verdict's reason can run to a paragraph (an OOM's lists every advice): the summary keeps its start.
 MAX_REASON_CHARS = 240
 MAX_ADVICE_LINES = 3
+# An elastic job's changes of workers are named one by one up to this many, then counted.
+MAX_CHANGES_NAMED = 4
 
 
 def _clip(text: str, limit: int = MAX_REASON_CHARS) -> str:
@@ -96,6 +98,27 @@ def _resume_line(all_records: list[Mapping[str, Any]], result: RunResult | None)
     return f"resumed from: {', '.join(points[-4:])}" + (f" (+{len(points) - 4} earlier)" if len(points) > 4 else "") + more
 
 
+def _change_words(c: Mapping[str, Any]) -> str:
+    went = f"step {c['commit_step']}" if c.get("commit_step") is not None else "the run folder"
+    cost = [f"back to {went}", f"{c.get('steps_redone', '?')} redone"]
+    cost += ["new rank 0"] if c.get("rank0_changed") is True else []
+    recovery = c.get("recovery_seconds")
+    cost += [f"{recovery:.2f}s"] if isinstance(recovery, (int, float)) and not isinstance(recovery, bool) else []
+    sizes = f"{c.get('from_world_size', '?')}→{c.get('to_world_size', '?')}"
+    return f"{sizes} {c.get('why', 'changed')} ({', '.join(cost)})"
+
+
+def _membership_line(own: list[Mapping[str, Any]], result: RunResult | None) -> str | None:
+    """This attempt's changes of workers (an elastic job, rank/elastic.py): its result's, else its records'."""
+    changes = list(result.membership_changes) if result is not None and result.membership_changes else [
+        r for r in own if r.get("type") == "membership"]
+    if not changes:
+        return None
+    named = "; ".join(_change_words(c) for c in changes[:MAX_CHANGES_NAMED])
+    more = f"; +{len(changes) - MAX_CHANGES_NAMED} more" if len(changes) > MAX_CHANGES_NAMED else ""
+    return _clip(f"workers changed {len(changes)}x: {named}{more}", 2 * MAX_REASON_CHARS)
+
+
 def _oom_lines(verdict: Verdict | None) -> list[str]:
     if verdict is None or verdict.status != OOM:
         return []
@@ -111,7 +134,8 @@ def health_summary(result: RunResult | None, verdict: Verdict | None,
                    records: Iterable[Mapping[str, Any]] | None,
                    remedies: Iterable[Mapping[str, Any]] | None = None) -> list[str]:
     """At most MAX_LINES lines: verdict and reason, steps and epochs, samples/s, max sync share, gradient
-    norm range, the slowest rank, checkpoints and the final one, resume points, OOM advice, and what the
+    norm range, the slowest rank, checkpoints and the final one, resume points, an elastic job's changes of
+    workers (result.json's membership_changes, else the attempt's records), OOM advice, and what the
     retries changed (`remedies`: the try's applied remedies; None: the result's)."""
     verdict = verdict or (result.verdict if result is not None else None)
     all_records = list(records or [])
@@ -134,6 +158,8 @@ def health_summary(result: RunResult | None, verdict: Verdict | None,
         lines.append(_checkpoint_line(own, result))
         resumed = _resume_line(all_records, result)
         lines += [resumed] if resumed else []
+    changed = _membership_line(own if records is not None else [], result)
+    lines += [changed] if changed else []
     lines += _oom_lines(verdict)
     lines += _remedy_lines(remedies if remedies is not None else result.remedies if result is not None else ())
     return lines[:MAX_LINES]

@@ -57,7 +57,9 @@ class HealthWatch:
         # Long enough for a held write to count as slow (in flight past the interval), no longer.
         self._probe_wait = PROBE_WAIT_INTERVALS * self.cfg.heartbeat_interval() if one_look else None
         self._folder = RunFolder(run)
-        self._watched: tuple[str, ObjectStore] | None = None  # (attempt, where it writes) once it claimed
+        # ((attempt, its latest claim's prefix), where it writes) once it claimed
+        self._watched: tuple[tuple[str, str], ObjectStore] | None = None
+        self._left_over: list[dict] = []  # the records an earlier claim of the attempt wrote last
         self._first_current: int | None = None  # the pointer's attempt number at the first poll
         # An OOM verdict a rank (or the launcher, for a rank the kernel killed) printed in the job's log: a
         # rank other than 0 writes no health record, so its log line is the verdict's way out (health/oom.py).
@@ -78,6 +80,7 @@ class HealthWatch:
         `now` (unix seconds, while the job runs) adds the outside stall check on the heartbeat."""
         store = self._attempt_store()
         records = self._reader.poll(store) if store is not None else []
+        records, self._left_over = self._left_over + records, []
         if self.attempt is not None and not self._follow_latest:
             records = [r for r in records if r.get("attempt") == self.attempt]  # not even a late write of another
         self._judge.feed(records)
@@ -124,11 +127,23 @@ class HealthWatch:
             self.attempt = current.id  # claimed while we watch: a live job in this run folder is this one
         if self.attempt is None:
             return None
-        if self._watched is None or self._watched[0] != self.attempt:
-            store = self._folder.attempt_store(self.attempt)
-            if store is None:
-                return None
-            self._watched, self._reader = (self.attempt, store), HealthReader()
+        # The attempt's latest claim: an elastic job whose rank 0 died claims the folder again under the same
+        # attempt id (rank/elastic.py), and writes its records and heartbeat under the new claim's prefix from
+        # then on; its old prefix's heartbeat only goes late, and judged on it the recovery would look a stall.
+        mine = [ref for ref in pointer.attempts if ref.id == self.attempt]
+        if not mine:
+            return None
+        if self._watched is None or self._watched[0] != (self.attempt, mine[-1].prefix):
+            # What its earlier claims wrote that this watch has not read (all of it when it watches the attempt
+            # only now), as far as each was visible when the next claim fenced it.
+            watched = self._watched[0][1] if self._watched is not None and self._watched[0][0] == self.attempt else None
+            prefixes = [ref.prefix for ref in mine]
+            for ref in mine[prefixes.index(watched) if watched in prefixes else 0:-1]:
+                reader = self._reader if ref.prefix == watched else HealthReader()
+                self._left_over += [r for r in reader.poll(self._folder.store.child(ref.prefix))
+                                    if ref.last_seq is None or r["seq"] <= ref.last_seq]
+            store = self._folder.store.child(mine[-1].prefix)
+            self._watched, self._reader = ((self.attempt, mine[-1].prefix), store), HealthReader()
         return self._watched[1]
 
     def _adopt(self, heartbeat) -> None:

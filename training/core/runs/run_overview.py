@@ -8,6 +8,10 @@ page precisely when something went wrong.
 
 `remedies` and `world_size_changes` are optional keys of result.json (written by the remediation on retry and the
 world-size-independent resume); the verdict evidence's `replay` likewise. A result without them shows none.
+
+An elastic job's changes of workers (rank/elastic.py's Membership) are read from the health records' `membership`
+records, every attempt's, since a run still training has no result yet; when the records cannot be read or hold
+none, from result.json's `membership_changes` (the attempt that published it).
 """
 from __future__ import annotations
 
@@ -49,6 +53,36 @@ class ProductionRow:
 
 
 @dataclasses.dataclass(frozen=True)
+class MembershipRow:
+    """One change of an elastic job's workers (a `membership` record, or an entry of result.json's
+    `membership_changes`); a field the source lacks is None."""
+    attempt: str | None
+    why: str | None              # "left" or "joined"
+    detail: str | None
+    from_world_size: int | None
+    to_world_size: int | None
+    commit_step: int | None      # the step the workers went back to; None: no commit yet (the run folder's)
+    steps_redone: int | None
+    failed_at: float | None      # unix time the change was seen
+    recovery_seconds: float | None
+    rank0_changed: bool | None
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any], attempt: str | None = None) -> "MembershipRow":
+        def typed(key: str, kind):
+            """doc[key] if it is a `kind` (a bool is no number here), else None: unknown, never a wrong figure."""
+            value = doc.get(key)
+            return value if isinstance(value, kind) and isinstance(value, bool) == (kind is bool) else None
+
+        recovery = typed("recovery_seconds", (int, float))
+        if recovery is None and None not in (typed("resumed_at", (int, float)), typed("failed_at", (int, float))):
+            recovery = doc["resumed_at"] - doc["failed_at"]
+        return cls(attempt if attempt is not None else typed("attempt", str), typed("why", str), typed("detail", str),
+                   typed("from_world_size", int), typed("to_world_size", int), typed("commit_step", int),
+                   typed("steps_redone", int), typed("failed_at", (int, float)), recovery, typed("rank0_changed", bool))
+
+
+@dataclasses.dataclass(frozen=True)
 class RunOverview:
     uri: str
     result: RunResult | None
@@ -61,6 +95,7 @@ class RunOverview:
     remedies: tuple[Mapping[str, Any], ...]
     world_size_changes: tuple[Mapping[str, Any], ...]
     problems: tuple[str, ...]
+    membership_changes: tuple[MembershipRow, ...] = ()
 
     @property
     def verdict(self) -> Verdict | None:
@@ -156,6 +191,18 @@ def _production(root: ObjectStore | None, run_uri: str, evaluation: EvalResult |
     return tuple(rows[:MAX_MODELS])
 
 
+def _membership(run: RunFolder, result: RunResult | None, problems: list[str]) -> tuple[MembershipRow, ...]:
+    """The changes of workers the health records show (every attempt's), else those result.json lists."""
+    try:
+        rows = tuple(MembershipRow.of(r) for r in run.read_health() if r.get("type") == "membership")
+    except (RunFolderError, ObjectNotFound, ValueError, OSError) as exc:
+        problems.append(f"the health records cannot be read ({exc})")
+        rows = ()
+    if rows or result is None:
+        return rows
+    return tuple(MembershipRow.of(c, result.attempt) for c in result.membership_changes)
+
+
 def read_overview(run: RunFolder, registry_root: ObjectStore | None = None) -> RunOverview:
     """Everything the run page shows about `run`; `registry_root`: the store whose models/ holds the registry
     (the store the run folder lies in), None to compare with no production model."""
@@ -177,9 +224,10 @@ def read_overview(run: RunFolder, registry_root: ObjectStore | None = None) -> R
         except ValueError as exc:
             problems.append(f"heartbeat.json cannot be read ({exc})")
         checkpoints, more = _checkpoints(run, problems)
+    membership = _membership(run, result, problems) if readable else ()
     evaluation = _evaluation(run, problems)
     return RunOverview(uri=run.uri, result=result, heartbeat=heartbeat, attempts=attempts, checkpoints=checkpoints,
                        more_checkpoints=more, evaluation=evaluation,
                        production=_production(registry_root, run.uri, evaluation, problems),
                        remedies=_records(doc.get("remedies")), world_size_changes=_records(doc.get("world_size_changes")),
-                       problems=tuple(problems))
+                       membership_changes=membership, problems=tuple(problems))

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from ringflow.training.core.runs.health_plot import _series, draw_health, save_health_plot
+from ringflow.training.core.runs.health_plot import (Change, _series, change_of, draw_health, membership_changes,
+                                                     save_health_plot)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -123,3 +124,64 @@ def test_the_title_names_what_the_retries_changed():
         plt.close(fig)
     assert "remediated: try 2: lower_learning_rate after NONFINITE; try 3: smaller_batch after OOM" in title
     assert "remediated" not in drawn([step(s) for s in range(1, 4)])[0]
+
+
+def membership(why, sizes, commit_step, redone, rank0_changed=False, at=0.0):
+    """A `membership` record as rank/elastic.py writes it (Membership.as_record)."""
+    return {"type": "membership", "why": why, "detail": "Horovod has been shut down", "from_world_size": sizes[0],
+            "to_world_size": sizes[1], "commit_step": commit_step, "steps_redone": redone, "failed_at": at,
+            "resumed_at": at + 0.6, "rank0_changed": rank0_changed, "recovery_seconds": 0.6, "seq": 1, "time": at}
+
+
+def elastic_run():
+    """Three workers, rank 0 killed at step 13 (back to the commit of step 10, 2 redone), a worker joining at
+    the commit of step 30: the step records of both rounds, as rank 0 wrote them."""
+    records = [start()] + [step(s, ranks=3) for s in range(1, 13)]
+    records += [membership("left", (3, 2), 10, 2, rank0_changed=True)] + [step(s, ranks=2) for s in range(11, 31)]
+    records += [membership("joined", (2, 3), 30, 0)] + [step(s, ranks=3) for s in range(31, 41)]
+    return records
+
+
+def test_changes_of_workers_are_marked_at_the_commit_gone_back_to():
+    records = elastic_run()
+    steps, step_time, *_ = _series(records)
+    assert steps == list(range(1, 41))  # the redone steps 11 and 12 once, as the 2 survivors trained them
+    assert [len(t) for t in step_time] == [3] * 10 + [2] * 20 + [3] * 10
+    assert membership_changes(records) == [Change(10, 2, "3→2 left", True), Change(30, 0, "2→3 joined", False)]
+    heading, panels = drawn(records)
+    assert ("workers changed: 3→2 left at step 10 (2 redone, new rank 0), 2→3 joined at step 30 (dash-dot)"
+            in heading), heading
+
+
+def test_each_panel_draws_the_changes_and_the_top_left_names_them():
+    import matplotlib.pyplot as plt
+
+    fig = draw_health(elastic_run())
+    try:
+        for ax in fig.axes:
+            lines = [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == "-."]
+            assert lines == [10, 30], ax.get_title(loc="left")
+            assert len(ax.patches) == 1  # the redone steps after step 10 shaded; the join redid none
+        texts = {ax.get_title(loc="left"): [t.get_text().strip() for t in ax.texts] for ax in fig.axes}
+        assert texts["Step time per rank"] == ["3→2 left", "2→3 joined"] and texts["Loss"] == []
+    finally:
+        plt.close(fig)
+
+
+@pytest.mark.parametrize("record, resumed_at, expected", [
+    (membership("left", (4, 3), 50, 3), 0, Change(50, 3, "4→3 left", False)),
+    # no commit yet: the workers went back to where the attempt started (the run folder's checkpoint)
+    (membership("left", (2, 1), None, 7), 20, Change(20, 7, "2→1 left", False)),
+    # a record missing its fields still marks something readable
+    ({"type": "membership"}, 0, Change(0, 0, "?→? changed", False)),
+])
+def test_the_mark_of_one_membership_record(record, resumed_at, expected):
+    assert change_of(record, resumed_at) == expected
+
+
+def test_many_changes_are_counted_in_the_title():
+    records = [start()] + [step(s) for s in range(1, 5)]
+    for n in range(6):
+        records += [membership("left" if n % 2 == 0 else "joined", (2, 2), 4 + n, 0), step(5 + n)]
+    heading, _ = drawn(records)
+    assert heading.count("→") == 4 and "and 2 more (dash-dot)" in heading

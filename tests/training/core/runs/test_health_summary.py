@@ -37,6 +37,14 @@ def result(status="succeeded", **more):
 OOM = oom_verdict(MemoryEvidence("kernel_oom_killer", 1, 2, "the launcher", limit_bytes=256 * 2**20),
                   JobShape(32, 1, 2))
 
+# An elastic job's changes of workers, as rank/elastic.py's Membership.as_record writes them.
+LEFT = {"why": "left", "detail": "Horovod has been shut down", "from_world_size": 3, "to_world_size": 2,
+        "commit_step": 10, "steps_redone": 2, "failed_at": 100.0, "resumed_at": 100.647, "rank0_changed": True,
+        "recovery_seconds": 0.647}
+JOINED = {"why": "joined", "detail": "Horovod's driver added hosts", "from_world_size": 2, "to_world_size": 3,
+          "commit_step": 400, "steps_redone": 0, "failed_at": 103.9, "resumed_at": 110.093, "rank0_changed": False,
+          "recovery_seconds": 6.193}
+
 # (result, verdict, records, lines that must appear (substrings), lines that must not)
 ROWS = {
     "a healthy resumed run": (
@@ -47,7 +55,7 @@ ROWS = {
          "slowest rank: 1 in 3 of 3 steps; the slowest computed up to 2.00x",
          "checkpoints: 1 taken this attempt, final ckpt-000000040; training blocked 0.4s",
          "resumed from: ckpt-000000010 (step 10)"],
-        ["OOM advice", "9"]),  # the first attempt's gradient norm (9) is not this one's
+        ["OOM advice", "9", "workers changed"]),  # the first attempt's gradient norm (9) is not this one's
     "a NaN, failed": (
         result("failed", verdict=Verdict("NONFINITE", "NaN/Inf in rank(s) [1] at step 40", {"step": 40}),
                resumed_from=None, samples_per_sec_after_warmup=None),
@@ -68,6 +76,16 @@ ROWS = {
         result(world_size=1), HEALTHY,
         [{"type": "start", "attempt": "t2", "step": 0}, step(5, compute=(0.01,), sync=(0.0,))],
         ["steps measured: 1", "sync share: max 0%"], ["slowest rank"]),
+    "an elastic job whose workers changed twice": (
+        result(membership_changes=(LEFT, JOINED)), HEALTHY, RUN,
+        ["workers changed 2x: 3→2 left (back to step 10, 2 redone, new rank 0, 0.65s); "
+         "2→3 joined (back to step 400, 0 redone, 6.19s)"], []),
+    "an elastic job still without a result: its records' changes": (
+        None, HEALTHY, RUN + [{"type": "membership", "attempt": "t2", **LEFT}],
+        ["workers changed 1x: 3→2 left (back to step 10, 2 redone, new rank 0, 0.65s)"], ["joined"]),
+    "no commit yet, and many changes": (
+        result(membership_changes=(LEFT | {"commit_step": None},) + (JOINED,) * 5), HEALTHY, RUN,
+        ["workers changed 6x: 3→2 left (back to the run folder, 2 redone", "; +2 more"], []),
     "many resumes and skipped checkpoints": (
         result(skipped_checkpoints=(SkippedCheckpoint("ckpt-000000050", "corrupt"),)), HEALTHY,
         [{"type": "start", "attempt": f"t{i}", "step": 10 * i, "resumed_from": f"ckpt-{10 * i:09d}"}

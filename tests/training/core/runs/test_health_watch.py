@@ -129,9 +129,9 @@ def test_a_poll_reads_only_what_is_new(tmp_path, monkeypatch):
     monkeypatch.setattr(LocalFolderStore, "get_bytes", lambda self, key: reads.append(key) or real(self, key))
     watch = HealthWatch(run.store, HEALTH, attempt="a1")
     assert watch.poll(None, None)["evidence"]["steps_measured"] == 500
-    # run.json twice (the current attempt, then where the watched one writes), health.jsonl, every segment
-    # once, a probe, heartbeat.json
-    assert len(reads) == 2 + 1 + 10 + 1 + 1
+    # run.json once (the current attempt, and where the watched one writes), health.jsonl, every segment once,
+    # a probe, heartbeat.json
+    assert len(reads) == 1 + 1 + 10 + 1 + 1
     for n in range(501, 521):
         log.append(steps(n, n)[0])
         reads.clear()
@@ -158,3 +158,60 @@ def test_one_look_at_a_late_beat_waits_for_its_probe_and_calls_the_silence(tmp_p
     run.beat("a1", 3, silent=1.0, at=time.time() - 40)  # due every 7.5 s: 40 s late, silence 41 s > 30 s
     got = read_verdict(run.store, HEALTH, now=time.time(), attempt="a1")
     assert got["status"] == "STALLED" and got["evidence"]["seconds"] > 40, got
+
+
+def reclaimed(run, attempt, *records):
+    """An elastic job's new rank 0 claims the run folder again under the same attempt id (rank/elastic.py): its
+    records and heartbeat go under the new claim's prefix."""
+    claim = RunFolder(run.store).claim(attempt)
+    log = HealthLog(claim.store, flush_seconds=0.0, attempt=attempt, first_seq=claim.ref.first_seq)
+    for rec in records:
+        log.append(rec)
+    return claim
+
+
+def membership(why="left", sizes=(3, 2), commit_step=5, redone=2):
+    return record("membership", why=why, detail="Horovod has been shut down", from_world_size=sizes[0],
+                  to_world_size=sizes[1], commit_step=commit_step, steps_redone=redone, failed_at=0.0,
+                  resumed_at=0.6, rank0_changed=True, recovery_seconds=0.6)
+
+
+def poll_until(watch, since, done, seconds=30.0):
+    """Poll until `done(verdict)`: a late beat is judged once the probe write begun on seeing it late is back."""
+    got = watch.poll(time.time(), since)
+    deadline = time.monotonic() + seconds
+    while not done(got) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        got = watch.poll(time.time(), since)
+    return got
+
+
+def test_an_elastic_recovery_that_replaced_rank_0_is_watched_under_its_new_claim(tmp_path):
+    """Rank 0 died (its last beat long ago, under the first claim); the new rank 0 claimed the folder again and
+    beats under the new prefix: no stall, and every record is judged, the old writer's last ones included."""
+    run = Run(tmp_path)
+    old = run.attempt("a1", record("start", step=0), *steps(1, 5))
+    run.beat("a1", 3, silent=0.5, at=time.time() - 100)  # the dead writer's last beat: 100 s late
+    watch, since = HealthWatch(run.store, HEALTH, attempt="a1"), time.time() - 120
+    assert watch.poll(time.time() - 99, since)["status"] == "HEALTHY"
+    for rec in steps(6, 7):  # written before it died, after the watcher's last poll
+        old.append(rec)
+    claim = reclaimed(run, "a1", membership(commit_step=5, redone=2), *steps(6, 9))
+    claim.store.put_bytes(HEARTBEAT, Heartbeat("a1", 0, time.time(), 9, 0.2, time.time() - 0.2, "running",
+                                               "training").to_json())
+    for _ in range(20):  # the probe of the old beat, begun at the first poll, comes back meanwhile
+        got = watch.poll(time.time(), since)
+        assert got["status"] == "HEALTHY" and not got["fatal"], got
+        time.sleep(0.01)
+    assert got["evidence"]["steps_measured"] == 9 + 2 and got["evidence"]["last_step"] == 9
+
+
+def test_a_stall_after_an_elastic_recovery_is_still_a_stall(tmp_path):
+    run = Run(tmp_path)
+    run.attempt("a1", record("start", step=0), *steps(1, 5))
+    claim = reclaimed(run, "a1", membership(), *steps(6, 9))
+    claim.store.put_bytes(HEARTBEAT, Heartbeat("a1", 4, time.time() - 40, 9, 0.5, time.time() - 40.5, "running",
+                                               "training").to_json())  # the new writer froze after step 9
+    got = poll_until(HealthWatch(run.store, HEALTH, attempt="a1"), time.time() - 120,
+                     lambda got: got["status"] != "HEALTHY")
+    assert got["status"] == "STALLED" and got["evidence"]["last_step"] == 9 and got["fatal"], got
