@@ -5,16 +5,21 @@ result.json as a torch rank (worker.py), with a training loop of its own. Runs i
 Why a custom loop and not Keras's `model.fit`: under Keras 3 (TensorFlow's default since 2.16) `fit` fails in
 MultiWorkerMirroredStrategy (keras-team/keras#20585, open), and the legacy tf-keras (TF_USE_LEGACY_KERAS=1)
 would be a second, deprecated Keras to pin. A loop of ours also gives the hooks the health checks need,
-which `fit` hides: the averaged gradient before it is applied (NaN/Inf stop, gradient norm), the all-reduce
-as a call of its own (its time), the cursor after every step (sample-exact checkpoints).
+which `fit` hides: the averaged gradient before it is applied (a NaN/Inf one is never applied), the
+all-reduce's time, the cursor after every step (sample-exact checkpoints).
 
     for each minibatch from the cursor on:
-        loss, grads = compute(x, y)                 forward and backward on this worker
-        grads, norm = engine.all_reduce_mean(grads)  the step's sync time
-        measure (every health.every_steps, or a non-finite norm) -> stop before the update?
-        apply(grads)                                 the optimizer step
+        out = step(x, y)     one compiled call (engines/tensorflow.compile_step): forward, backward,
+                             all-reduce, the update unless the averaged gradient is NaN/Inf;
+                             out = [loss, gradient norm, sync seconds], a tensor not read yet
+        measure (every health.every_steps, the last step; at a checkpoint-cadence step, or every step with
+                health.nonfinite_every_step, when a NaN/Inf gradient was skipped) -> stop?
         checksum (every health.checksum_every_steps) -> stop?
         cursor past this batch; heartbeat, log, throughput, checkpoint cadence
+
+The step's outputs are read (copied to Python) only at the steps that measure or log, so the loop never
+waits on a value between them: a step is one trip through Python, as in TensorFlow's own multi-worker
+custom loop (bench/results/tf_vs_plain.md compares the two).
 
 Every worker takes part in the same gathers at the same steps, so every worker reaches the same verdict.
 Only worker 0 writes (health records, checkpoints, result.json), as in the torch ranks. Checkpoints are
@@ -44,6 +49,7 @@ from .rank_run import RankRun, run_rank
 from .rank_start import RankStart, store_call
 from .samples_rate import WARMUP_STEPS, job_samples_per_sec
 from .step_timing import StepTiming
+from .engines.tensorflow import LOSS, NORM, SYNC
 from .tf_state import TfTrainingState
 
 
@@ -67,6 +73,7 @@ class TfTrainer(RankRun):
         self.rank, self.size = engine.rank, engine.size
         self.epochs = cfg.epochs
         self.step, self.cursor, self.resumed_from, self.last_loss = 0, Cursor(), None, float("nan")
+        self._pending = None  # the last step's outputs (a tensor) until they are read (_outputs)
         self.skipped_checkpoints: list[SkippedCheckpoint] = []
         self.final: str | None = None
         self.samples_per_sec: float | None = None
@@ -99,23 +106,39 @@ class TfTrainer(RankRun):
         self._resume()
         model, loss_fn, optimizer = self.model, self.loss_fn, self.optimizer
 
-        @tf.function
         def compute(x, y, scale):
             with tf.GradientTape() as tape:
                 loss = loss_fn(model(x, training=True), y) * scale
             return loss, tape.gradient(loss, variables)
 
-        @tf.function
-        def apply(grads):
-            optimizer.apply(grads)
-
-        self._compute, self._apply = compute, apply
+        self._step = engine.compile_step(compute, optimizer.apply)
+        self._step.start_at(self.step)
         self.judge = HealthJudge(cfg.health)
         self._fed = False
-        self._first_nonfinite: int | None = None
         self.faults = [f for f in cfg.faults if f.rank == self.rank]
         self._fired: set[str] = set()
         self.log = ProgressLog(self.rank, self.size, cfg.log_every_steps, cfg.batch_size, cfg.learning_rate)
+
+    # -- the step's outputs --------------------------------------------------------------------------------
+
+    def _outputs(self) -> np.ndarray:
+        """The last step's [loss, norm, sync seconds], copied to the host once, when first asked."""
+        if self._pending is not None:
+            self._read, self._pending = self._pending.numpy(), None
+            self._last_loss = float(self._read[LOSS])
+        return self._read
+
+    @property
+    def last_loss(self) -> float:
+        """This worker's loss at the last step (read from the step's outputs when asked: a log line, a
+        measurement, a checkpoint, the result)."""
+        if self._pending is not None:
+            self._outputs()
+        return self._last_loss
+
+    @last_loss.setter
+    def last_loss(self, value: float) -> None:
+        self._pending, self._last_loss = None, float(value)
 
     # -- checkpoints ---------------------------------------------------------------------------------------
 
@@ -219,11 +242,17 @@ class TfTrainer(RankRun):
         verdict = self.judge.fatal() or (self.verdict() if self.cfg.health.stop_on_degraded else None)
         return verdict if verdict is not None and verdict.is_fatal(self.cfg.health.stop_on_degraded) else None
 
-    def _measure(self, timing: StepTiming, grad_norm: float) -> Verdict | None:
+    def _measure(self, timing: StepTiming) -> Verdict | None:
         """Every worker's [step_time, sync_time, loss, first non-finite step] gathered into the step record
         (health/records.step_record: the torch monitor's shape), judged. Synchronous: the gather is a
-        small collective of its own every health.every_steps steps."""
-        first = -1.0 if self._first_nonfinite is None else float(self._first_nonfinite)
+        small collective of its own every health.every_steps steps. The first non-finite step is this
+        worker's own loss's (kept by the step on the device); grad_norm is the measured step's averaged
+        gradient's, or NaN when an earlier step's was NaN/Inf and was skipped (never applied)."""
+        first_loss = self._step.first_nonfinite_loss()
+        first = -1.0 if first_loss is None else float(first_loss)
+        grad_norm = float(self._outputs()[NORM])
+        if self._step.first_nonfinite_gradient() is not None and math.isfinite(grad_norm):
+            grad_norm = float("nan")
         rows = self.engine.allgather(np.array([[timing.step_time, timing.sync_time, self.last_loss, first]]))
         meta = {"step": timing.step, "epoch": timing.epoch, "grad_norm": grad_norm}
         return self._judge(step_record(rows.tolist(), meta, self.cfg.batch_size), force=not math.isfinite(grad_norm))
@@ -232,6 +261,18 @@ class TfTrainer(RankRun):
         local = parameter_checksum([v.numpy() for v in self.params.values()])
         sums = self.engine.allgather(np.array([[local]]))[:, 0].tolist()
         return self._judge(record("checksum", step=self.step, checksums=sums))
+
+    def _measures(self, step: int, last_step: int) -> bool:
+        """Whether this step is measured: every health.every_steps and the last step; and, when a NaN/Inf
+        gradient was skipped since, any checkpoint-cadence step (before a checkpoint can be written) or,
+        with health.nonfinite_every_step, any step. The skipped step is known alike on every worker (the
+        averaged gradient's), so every worker decides alike and their gathers stay matched."""
+        health = self.cfg.health
+        if step % health.every_steps == 0 or step == last_step:
+            return True
+        if health.nonfinite_every_step or step % self.cfg.checkpoint.cadence_steps == 0:
+            return self._timed(self._step.first_nonfinite_gradient) is not None
+        return False
 
     def _timed(self, call):
         started = time.perf_counter()
@@ -270,6 +311,8 @@ class TfTrainer(RankRun):
         self.log.on_train_start(self)
         self._last_checkpoint = time.monotonic()  # the floor counts from the first step
         health = cfg.health
+        # The loss scale as a tensor made once: 1, or NaN when a nan_gradient fault fires (_loss_scale).
+        scales = {1.0: tf.constant(1.0, tf.float32)}
         warm_step, timed_from, timed_samples, monitor_at_start = self.step + WARMUP_STEPS, None, 0, 0.0
         last_step = cfg.epochs * self.data.batches_per_epoch
         stop: Verdict | None = None
@@ -281,24 +324,21 @@ class TfTrainer(RankRun):
                     raise ConfigError("skip_rows", f"skips every row of micro-batch {b} of epoch {epoch} on rank "
                                                    f"{self.rank}", "raise batch_size, or skip fewer rows")
                 scale = self._loss_scale(self.step + 1)
-                loss, grads = self._compute(tf.constant(x), tf.constant(y), tf.constant(scale, tf.float32))
-                self.last_loss = float(loss)
-                if self._first_nonfinite is None and not math.isfinite(self.last_loss):
-                    self._first_nonfinite = self.step + 1  # where it began, on this worker
+                if scale not in scales:
+                    scales[scale] = tf.constant(scale, tf.float32)
+                self._pending = self._step(tf.constant(x), tf.constant(y), scales[scale])
+                ended = time.perf_counter()
                 samples += len(x)
-                sync_started = time.perf_counter()
-                grads, grad_norm = engine.all_reduce_mean(grads)
-                synced = time.perf_counter()
                 self.step += 1
-                timing = StepTiming(self.step, epoch, synced - step_started, synced - sync_started, samples)
-                # Before the update: a NaN/Inf gradient never reaches the model (the norm is the averaged
-                # gradient's, the same on every worker, so every worker measures here alike).
-                if health.enabled and (self.step % health.every_steps == 0 or not math.isfinite(grad_norm)
-                                       or self.step == last_step):
-                    stop = self._timed(lambda: self._measure(timing, grad_norm))
+                measure = health.enabled and self._measures(self.step, last_step)
+                # Read only when wanted: by a measurement, or by rank 0's log line (NaN: not read this step).
+                read = measure or (self.rank == 0 and self.step % cfg.log_every_steps == 0)
+                timing = StepTiming(self.step, epoch, ended - step_started,
+                                    float(self._outputs()[SYNC]) if read else math.nan, samples)
+                if measure:
+                    stop = self._timed(lambda: self._measure(timing))
                     if stop is not None:
                         break
-                self._apply(grads)
                 if health.enabled and self.step % health.checksum_every_steps == 0:
                     stop = self._timed(self._checksum)
                     if stop is not None:

@@ -28,14 +28,24 @@ def jobs_run(digits_manifest, tmp_path_factory, job_runner_type, tf_python):
     whole = tf_config(runner, "whole")
     resumed = tf_config(runner, "resumed")
     crashed = resumed | {"faults": [{"kind": "crash", "rank": 1, "step": 28}]}
+    nan = nan_config(runner)
     # The uninterrupted job and the one that crashes share nothing (run folders, ports), so they run side by
     # side: most of a launch is its two workers importing TensorFlow (~7 s of CPU each), and the rerun needs
     # only the crashed job's folder. One launch's wait less than running all three in turn.
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         running = {"whole": pool.submit(runner.run, whole), "crashed": pool.submit(runner.run, crashed)}
+        running["resumed"] = pool.submit(lambda: (running["crashed"].result(), runner.run(resumed))[1])
+        running["nan"] = pool.submit(runner.run, nan)
         out = {name: job.result() for name, job in running.items()}
-    out["resumed"] = runner.run(resumed)
-    return runner, whole, resumed, out
+    return runner, whole, resumed, out | {"nan_config": nan}
+
+
+def nan_config(runner) -> dict:
+    # Measured every 4th step, a checkpoint due every 5th: rank 1's NaN gradient at step 9 is skipped in the
+    # step, and step 10 (a checkpoint step, before measurement step 12) measures because one was skipped.
+    return runner.config("nan", engine="tensorflow", checkpoint={"every_steps": 5, "min_interval_seconds": 0},
+                         health={"every_steps": 4, "checksum_every_steps": 20},
+                         faults=[{"kind": "nan_gradient", "rank": 1, "step": 9}])
 
 
 def final_model(runner, cfg: dict) -> dict[str, np.ndarray]:
@@ -88,6 +98,24 @@ def test_the_torch_evaluate_step_loads_its_checkpoint(jobs_run):
     _, whole, _, _ = jobs_run
     doc = evaluate(whole["run_uri"])
     assert doc["checkpoint"] == "ckpt-000000044" and doc["metrics"]["accuracy"] > 0.8
+
+
+def test_a_nan_gradient_is_never_applied_and_stops_the_job_before_the_next_checkpoint(jobs_run):
+    """The step skips a NaN/Inf averaged gradient on the device and keeps where it began; the loop reads that
+    at the next measurement or checkpoint-cadence step, whichever comes first: the verdict names rank 1 and
+    step 9, found at step 10, and no checkpoint after it was written."""
+    from ringflow.training.formats import exit_codes
+
+    runner, _, _, out = jobs_run
+    cfg = out["nan_config"]
+    code, log = out["nan"]
+    assert code == exit_codes.BY_VERDICT["NONFINITE"], log[-3000:]
+    verdict = runner.result(cfg).verdict.to_dict()
+    assert verdict["status"] == "NONFINITE" and verdict["evidence"]["step"] == 9, verdict
+    assert verdict["evidence"]["ranks"] == [1] and verdict["evidence"]["detected_at_step"] == 10, verdict
+    assert runner.result(cfg).checkpoint is None and runner.checkpoints(cfg).names() == ["ckpt-000000005"]
+    steps = [r for r in runner.health(cfg) if r["type"] == "step"]
+    assert [r["step"] for r in steps] == [4, 8, 10] and steps[-1]["first_nonfinite_step"] == [None, 9]
 
 
 def test_a_resume_on_another_number_of_workers_is_refused(jobs_run):
