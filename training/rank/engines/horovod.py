@@ -13,6 +13,7 @@ from ..devices import Placement, place_rank
 from ..engine import Engine, share_host_cores
 from ..training_state import on_cpu
 from ..worker_env import elastic_slot
+from .horovod_objects import broadcast_object
 
 # Where the launchers Horovod runs under say which rank this is on its host, before hvd.init() can.
 LOCAL_RANK_ENV = (
@@ -69,8 +70,8 @@ class HorovodEngine(Engine):
         # Optimizer state travels pickled, so every rank gets rank 0's exact values and types (Adam's
         # tensor `step` included), and a resumed run matches an uninterrupted one bit for bit.
         # On the CPU: a pickled CUDA tensor would unpickle onto rank 0's GPU on every rank.
-        state = self.hvd.broadcast_object(on_cpu(optimizer.state_dict()) if self.rank == 0 else None, root_rank=0,
-                                          name="ringflow.optimizer_state")
+        state = broadcast_object(self.hvd, on_cpu(optimizer.state_dict()) if self.rank == 0 else None, root_rank=0,
+                                 name="ringflow.optimizer_state")
         optimizer.load_state_dict(state)
 
     def sync_gradients(self, optimizer) -> None:
