@@ -41,6 +41,12 @@ bench: setup
 	$(PY) -m bench.data_scaling
 	$(PY) -m bench.watcher_cost
 	$(PY) -m bench.engines_crosscheck --repeats 3  # needs the TF venv (scripts/setup.sh makes it)
+	$(PY) -m bench.tf_vs_plain --repeats 5 --epochs 30  # needs the TF venv too
+	$(PY) -m bench.user_script_bench --repeats 3
+	$(PY) -m bench.elastic_recovery --repeats 3
+	$(PY) -m bench.elastic_recovery --repeats 3 --commits-only --out elastic_commits
+	$(PY) -m bench.elastic_recovery --real-size --out elastic_recovery_real_size
+	$(PY) -m bench.ddp_restart_recovery --repeats 3
 	$(PY) -m bench.data_memory  # last: it needs root (memory cgroups)
 
 # The GPU path in minutes where a GPU exists (one short job per engine; bench/results/gpu_check.md); without

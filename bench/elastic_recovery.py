@@ -15,6 +15,19 @@ Commit cost: the elastic job at np=2 with commits every commit_every_steps (the 
 committing never (1e9 steps), interleaved, samples/s after the warm-up from result.json.
 
     .venv/bin/python -m bench.elastic_recovery [--repeats 3] [--epochs 6]
+
+At a user's size (--real-size): the workload of tests/real_size_workload.py, as bench/real_sizes.py runs it (1 GB
+of shards in S3 (moto) behind a throttling proxy of 8 MB/s shared by both ranks, a 25 M-parameter model whose
+checkpoint with Adam's state is ~300 MB), np=2, rank 1 SIGKILLed at step REAL_KILL_AT: after the checkpoint of step
+50 (the default interval) is published, so the retry resumes from it and reads its 300 MB back through the link,
+while elastic's survivor goes back to its in-memory commit of step 50 (the default interval too). Measured as above,
+plus the retry's split: kill -> the next try's `start` record (new processes, the checkpoint read back) and
+`start` -> its first step (the first data window through the link). A run takes 3-4 min to reach the kill (start-up
+and steps are bound by the link), so this case runs ONE repeat of each job by default, elastic first, and the
+bench stops each job once its measured step is in the store: what comes after it measures nothing here (the
+slow test tests/training/test_real_sizes.py runs this workload to its end). ~10 min in all:
+
+    .venv/bin/python -m bench.elastic_recovery --real-size --out elastic_recovery_real_size
 """
 from __future__ import annotations
 
@@ -24,16 +37,25 @@ if not __package__:
 import argparse
 import json
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Callable
 
-from .common import BATCH, environment, machine, read_health, read_result, shards, shown_environment, spread
+from .common import (BATCH, Moto, environment, machine, read_health, read_result, shards, shown_environment, spread,
+                     tests_module)
 from .results_file import add_results_arguments, write_results
 
 KILL_AT = 40
+# The real-size case's kill: 40 steps after the checkpoint of step 50 began its upload (~90 s through the link
+# while the data streams, bench/results/real_sizes.md; a step takes ~3 s there), before the next one (step 100).
+REAL_KILL_AT = 90
+# How long a real-size job may take to reach its measured step (start-up ~75 s, then ~3 s a step).
+REAL_TIMEOUT_SECONDS = 900
 KILL_LINE = re.compile(r"fault: SIGKILL at step (\d+) \(unix time ([0-9.]+)\)")
 
 
@@ -90,25 +112,190 @@ def commit_cost(root: Path, manifest: str, epochs: int, n: int) -> tuple[float, 
     from ringflow.training.formats.config import ElasticConfig
     from ringflow.training.store import LocalFolderStore
 
-    rates = {}
-    for every in ([ElasticConfig().commit_every_steps, 10**9] if n % 2 == 0 else [10**9, ElasticConfig().commit_every_steps]):
+    rates, share = {}, None
+    every_default = ElasticConfig().commit_every_steps
+    for every in ([every_default, 10**9] if n % 2 == 0 else [10**9, every_default]):
         config, _ = train(root, f"commits-{every}-{n}", manifest, 2, epochs, elastic={"commit_every_steps": every},
                           kill_rank=None)
-        rates[every] = read_result(LocalFolderStore(config["run_uri"])).samples_per_sec_after_warmup
-    return rates[ElasticConfig().commit_every_steps], rates[10**9]
+        result = read_result(LocalFolderStore(config["run_uri"]))
+        rates[every] = result.samples_per_sec_after_warmup
+        if every == every_default:  # measured in the job itself: one commit's time against the steps between two
+            step_seconds = 2 * BATCH / result.samples_per_sec_after_warmup
+            share = (result.elastic_commit_seconds / result.elastic_commits) / (every_default * step_seconds)
+    return rates[every_default], rates[10**9], share
+
+
+# -- at a user's size (--real-size) -----------------------------------------------------------------------------------
+
+def real_job(workload, moto: Moto, endpoint: str, run_uri: str, manifest_uri: str, folder: Path, *, elastic: bool,
+             retries: int, until: Callable[[list[dict], str], bool]) -> tuple[list[dict], str]:
+    """`ringflow train --np 2 --controller gloo --retries N` of the real-size job (the workload's config and
+    environment, the store reached through the link at `endpoint`), rank 1 SIGKILLed at REAL_KILL_AT, health every
+    step; stopped (SIGTERM: the launcher stops its ranks) once `until(records, output)` holds, polled from the
+    store itself as a watcher beside it would. The run folder's health records then, and the job's output."""
+    from ringflow.training.store import open_store
+
+    overrides = {"engine": "horovod", "health": {"every_steps": 1},
+                 "faults": [{"kind": "crash", "rank": 1, "step": REAL_KILL_AT}]} | ({"elastic": {}} if elastic else {})
+    job = workload.RealSizeJob(endpoint, moto, run_uri, manifest_uri, **overrides)
+    name = run_uri.rsplit("/", 1)[-1]
+    path, log = folder / f"{name}.json", folder / f"{name}.log"
+    path.write_text(json.dumps(job.config))
+    command = [sys.executable, "-m", "ringflow.training.core.cli", "train", str(path), "--np", str(workload.PARTITIONS),
+               "--controller", "gloo", "--retries", str(retries)]  # Gloo in both: only `elastic` differs
+    run = open_store(run_uri, moto.settings())
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, text=True, env=job.env())
+    deadline = time.monotonic() + REAL_TIMEOUT_SECONDS
+    try:
+        while True:
+            time.sleep(2)
+            output, records = log.read_text(), read_health(run)
+            if until(records, output):
+                return records, output
+            if proc.poll() is not None:
+                raise SystemExit(f"{name} exited {proc.returncode} before its measured step:\n{output[-4000:]}")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{name}: no measured step within {REAL_TIMEOUT_SECONDS} s:\n{output[-4000:]}")
+    finally:
+        if proc.poll() is None:  # measured: the rest of the job measures nothing here
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(180)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def published_before(records: list[dict], died: float) -> list[dict]:
+    """The checkpoints whose upload had ended (published) before the kill: step, MB, upload seconds."""
+    return [{"step": r["step"], "mb": round(r["bytes"] / 1e6), "upload_s": round(r["write_seconds"], 1)}
+            for r in records if r["type"] == "checkpoint" and r["time"] < died]
+
+
+def real_elastic(workload, moto: Moto, endpoint: str, bucket: str, manifest_uri: str, folder: Path, n: int) -> dict:
+    records, out = real_job(workload, moto, endpoint, f"s3://{bucket}/runs/elastic-{n}", manifest_uri, folder,
+                            elastic=True, retries=0,
+                            until=lambda records, _: any(r["type"] == "membership" for r in records))
+    _, died = killed_at(out)
+    (change,) = [r for r in records if r["type"] == "membership"]
+    return {"seconds": change["resumed_at"] - died, "steps_redone": change["steps_redone"],
+            "went_back_to": f"the commit of step {change['commit_step']}",
+            "noticed_s": change["failed_at"] - died,
+            "failed_to_next_step_s": change["resumed_at"] - change["failed_at"],
+            "published_before_kill": published_before(records, died)}
+
+
+def real_retry(workload, moto: Moto, endpoint: str, bucket: str, manifest_uri: str, folder: Path, n: int) -> dict:
+    def next_try_stepped(records: list[dict], out: str) -> bool:
+        starts = [r for r in records if r["type"] == "start"]
+        return KILL_LINE.search(out) is not None and len(starts) > 1 and any(
+            r["type"] == "step" and r.get("attempt") == starts[-1]["attempt"] for r in records)
+
+    records, out = real_job(workload, moto, endpoint, f"s3://{bucket}/runs/retry-{n}", manifest_uri, folder,
+                            elastic=False, retries=1, until=next_try_stepped)
+    step, died = killed_at(out)
+    start = [r for r in records if r["type"] == "start"][-1]
+    if start.get("resumed_from") is None:
+        raise SystemExit(f"the next try resumed from no checkpoint: none was published before the kill at step "
+                         f"{step}; raise REAL_KILL_AT (published: {published_before(records, died)})")
+    first = min((r for r in records if r["type"] == "step" and r.get("attempt") == start["attempt"]),
+                key=lambda r: r["time"])
+    return {"seconds": first["time"] - died, "steps_redone": step - 1 - start["step"],
+            "went_back_to": f"checkpoint {start['resumed_from']}", "to_start_s": start["time"] - died,
+            "start_to_step_s": first["time"] - start["time"], "published_before_kill": published_before(records, died)}
+
+
+def real_size(args: argparse.Namespace) -> None:
+    """The recovery at a user's size (the module's docstring): the workload's shards in moto, the link in front of
+    it, `args.repeats` pairs of jobs (elastic first in even repeats), the results file."""
+    from ringflow.training.formats.config import CheckpointConfig, ElasticConfig
+    from ringflow.training.store import S3Store
+
+    workload = tests_module("real_size_workload")
+    fault_proxy = tests_module("s3_fault_proxy")
+    folder = Path(tempfile.mkdtemp(prefix="ringflow-bench-elastic-real-"))
+    elastic, retry = [], []
+    with Moto(folder / "moto.log") as moto:
+        bucket = moto.new_bucket("rf-bench-elastic-real")
+        began = time.monotonic()
+        manifest_uri = workload.write_wide_shards(S3Store.from_settings(bucket, "shards", moto.settings()))
+        shard_seconds = time.monotonic() - began
+        print(f"shards written in {shard_seconds:.0f} s", flush=True)
+        with fault_proxy.FaultProxy(moto.endpoint) as proxy:
+            proxy.link(bytes_per_second=workload.LINK_BYTES_PER_SECOND, latency=workload.LINK_LATENCY)
+            for n in range(args.repeats):
+                pair = ((real_elastic, elastic), (real_retry, retry))
+                for measure, into in (pair if n % 2 == 0 else pair[::-1]):
+                    into.append(measure(workload, moto, proxy.endpoint, bucket, manifest_uri, folder, n))
+                    print(f"{measure.__name__} repeat {n + 1}: {into[-1]}", flush=True)
+    e, t = [r["seconds"] for r in elastic], [r["seconds"] for r in retry]
+    ratio = statistics.median(t) / statistics.median(e)
+    summary = {"machine": machine(), "kill_at_step": REAL_KILL_AT, "killed_rank": 1, "workers": workload.PARTITIONS,
+               "parameters": workload.parameters(), "link_bytes_per_second": workload.LINK_BYTES_PER_SECOND,
+               "link_latency_s": workload.LINK_LATENCY, "rows_per_partition": workload.ROWS_PER_PARTITION,
+               "batch": workload.BATCH, "checkpoint_every_steps": CheckpointConfig().cadence_steps,
+               "elastic_defaults": vars(ElasticConfig()), "shard_seconds": shard_seconds, "repeats": args.repeats,
+               "elastic": elastic, "retry": retry, "retry_over_elastic": ratio}
+    write_results(args, summary, real_size_lines(summary))
+
+
+def real_size_lines(summary: dict) -> list[str]:
+    """The real-size case's results file."""
+    from ringflow.training.formats.config import CheckpointConfig, ElasticConfig
+
+    workload = tests_module("real_size_workload")
+    elastic, retry, repeats = summary["elastic"], summary["retry"], summary["repeats"]
+    e, t = [r["seconds"] for r in elastic], [r["seconds"] for r in retry]
+    published = sorted({c["step"] for r in elastic + retry for c in r["published_before_kill"]})
+    return [f"# What a worker's death costs at a user's size: recovery inside the job (elastic) against a retry "
+            f"({repeats} run{'s' if repeats > 1 else ''} of each, median (min-max))", "",
+            f"The workload of tests/real_size_workload.py, as bench/real_sizes.py runs it: a "
+            f"{workload.parameters() / 1e6:.1f} M-parameter MLP (checkpoints of ~300 MB with Adam's state), 2 ranks "
+            f"(Horovod, Gloo) on 2 shared cores, {workload.PARTITIONS} partitions of {workload.ROWS_PER_PARTITION} "
+            f"rows (~1 GB) in S3 (moto) behind a link of {workload.LINK_BYTES_PER_SECOND / 1e6:g} MB/s shared by both "
+            f"ranks with {workload.LINK_LATENCY * 1000:g} ms a request; checkpoints every "
+            f"{CheckpointConfig().cadence_steps} steps and elastic commits every "
+            f"{ElasticConfig().commit_every_steps} (the defaults), health every step. Rank 1 SIGKILLed at "
+            f"step {REAL_KILL_AT}, after the checkpoint of step(s) {', '.join(map(str, published)) or 'none'} had "
+            "been published. Seconds from the kill to the end of the survivor's first step (elastic, defaults) or "
+            "of the next try's first step "
+            "(`ringflow train --retries 1`, which resumes from that checkpoint, read back through the link; a shell "
+            "retry starts at once, an Airflow task's waits its retry_delay, 30 s by default, on top). "
+            f"{'One run' if repeats == 1 else f'{repeats} interleaved runs'} of each: a run takes minutes to reach "
+            "the kill (start-up and steps are bound by the link); the bench stops each job once its measured step "
+            f"is in the store. Writing the shards took {summary['shard_seconds']:.0f} s.", "",
+            "| workers | killed | elastic: to the next step | steps redone | retry: to the next step | steps redone | "
+            "retry / elastic |", "|---|---|---|---|---|---|---|",
+            f"| 2 -> 1 | rank 1 | {spread(e)} s | {spread([r['steps_redone'] for r in elastic], 0)} | {spread(t)} s | "
+            f"{spread([r['steps_redone'] for r in retry], 0)} | **{summary['retry_over_elastic']:.1f}x** |", "",
+            f"Elastic: the survivor noticed the death {spread([r['noticed_s'] for r in elastic])} s after the kill "
+            f"and ended its first step {spread([r['failed_to_next_step_s'] for r in elastic])} s after that, from "
+            f"{elastic[0]['went_back_to']}. Retry: the next try's `start` record (new processes, the checkpoint read "
+            f"back) {spread([r['to_start_s'] for r in retry])} s after the kill, its first step (the first data "
+            f"through the link) {spread([r['start_to_step_s'] for r in retry])} s after that, from "
+            f"{retry[0]['went_back_to']}.",
+            f"Machine: {summary['machine']}"]
 
 
 def main() -> None:
     from ringflow.training.formats.config import ElasticConfig
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --real-size)")
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--commit-epochs", type=int, default=30,
                         help="epochs of the commit-cost jobs (long enough that a few commits are not lost in start-up noise)")
     parser.add_argument("--commits-only", action="store_true", help="only the commit cost (e.g. with --out elastic_commits)")
+    parser.add_argument("--real-size", action="store_true",
+                        help="only the recovery at a user's size (tests/real_size_workload.py), e.g. with "
+                             "--out elastic_recovery_real_size")
     add_results_arguments(parser, "elastic_recovery")
     args = parser.parse_args()
+    if args.real_size:
+        args.repeats = 1 if args.repeats is None else args.repeats
+        return real_size(args)
+    args.repeats = 3 if args.repeats is None else args.repeats
     cases = [] if args.commits_only else [(2, 1), (3, 1), (3, 0)]  # (workers, the rank killed)
     summary = {"machine": machine(), "environment": shown_environment(), "kill_at_step": KILL_AT,
                "epochs": args.epochs, "defaults": vars(ElasticConfig()), "cases": {}}
@@ -131,15 +318,17 @@ def main() -> None:
             rows.append(f"| {np_} -> {np_ - 1} | rank {kill_rank}{' (the writer)' if kill_rank == 0 else ''} | "
                         f"{spread(e)} s | {spread([r['steps_redone'] for r in elastic], 0)} | {spread(t)} s | "
                         f"{spread([r['steps_redone'] for r in retry], 0)} | **{ratio:.1f}x** |")
-        with_commits, without = [], []
+        with_commits, without, shares = [], [], []
         for n in range(args.repeats):
-            a, b = commit_cost(root, manifests[2], args.commit_epochs, n)
+            a, b, share = commit_cost(root, manifests[2], args.commit_epochs, n)
             with_commits.append(a)
             without.append(b)
-            print(f"commits repeat {n + 1}: {a:,.0f} vs {b:,.0f} samples/s", flush=True)
+            shares.append(share)
+            print(f"commits repeat {n + 1}: {a:,.0f} vs {b:,.0f} samples/s; in the job, {share:.2%} of the time",
+                  flush=True)
         ratios = [a / b for a, b in zip(with_commits, without)]
         summary["commits"] = {"every_steps": ElasticConfig().commit_every_steps, "with": with_commits,
-                              "without": without, "ratio": ratios}
+                              "without": without, "ratio": ratios, "share_in_job": shares}
     lines = [f"# What a worker's death costs: recovery inside the job (elastic) against a retry ({args.repeats} "
              "interleaved repeats, median (min-max))", "",
              f"A rank SIGKILLed at step {KILL_AT} of a Horovod job (bench MLP, batch {BATCH} per worker, "
@@ -152,7 +341,11 @@ def main() -> None:
              f"Commits at their default interval (every {ElasticConfig().commit_every_steps} steps, np=2, "
              f"{args.commit_epochs} epochs a job): "
              f"{spread(with_commits, 0)} samples/s against {spread(without, 0)} without commits: "
-             f"**{statistics.median(ratios):.3f}x** ({min(ratios):.3f}-{max(ratios):.3f}) per repeat.", "",
+             f"**{statistics.median(ratios):.3f}x** ({min(ratios):.3f}-{max(ratios):.3f}) per repeat: jobs run one "
+             "after the other, so this ratio carries the host's noise between two runs. Measured inside the job "
+             "instead (result.json's elastic_commit_seconds / elastic_commits, rank 0's training thread, against the "
+             "steps between two commits at the job's own samples/s): the commits take "
+             f"**{statistics.median(shares):.2%}** ({min(shares):.2%}-{max(shares):.2%}) of the training time.", "",
              "Where a killed worker was not the peer the others were waiting on, they wait out the peer timeout "
              f"(elastic.peer_timeout_seconds, {ElasticConfig().peer_timeout_seconds:.0f} s) before they notice: "
              "that is the 3-worker rows' spread.",

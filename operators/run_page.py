@@ -127,7 +127,7 @@ def _membership_row(m: MembershipRow) -> list[str]:
     went = known(m.commit_step) if m.commit_step is not None else '<span class="muted">the run folder\'s</span>'
     rank0 = {True: "yes", False: "no", None: None}[m.rank0_changed]
     return [_e(_when(m.failed_at)), f"{known(m.from_world_size)} → {known(m.to_world_size)}", known(m.why),
-            known(m.detail), went, known(m.steps_redone),
+            known(m.who), known(m.detail), went, known(m.steps_redone),
             known(m.recovery_seconds, f"{m.recovery_seconds:.2f}" if m.recovery_seconds is not None else None),
             known(rank0), known(m.attempt)]
 
@@ -136,7 +136,7 @@ def _membership(o: RunOverview) -> str:
     """An elastic job's changes of workers inside its attempts (rank/elastic.py): what each cost."""
     if not o.membership_changes:
         return ""
-    headers = ("when", "workers", "why", "detail", "went back to the commit of step", "steps redone",
+    headers = ("when", "workers", "why", "who", "detail", "went back to the commit of step", "steps redone",
                "recovery (s)", "rank 0 changed", "attempt")
     return ("<h2>Membership changes</h2>"
             + _table(headers, [_membership_row(m) for m in o.membership_changes], "membership-changes")

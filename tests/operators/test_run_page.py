@@ -79,7 +79,8 @@ def running(root):
 
 def change(why, sizes, commit_step, redone, rank0_changed, failed_at=1767225600.0):
     """A change of an elastic job's workers as rank/elastic.py's Membership.as_record writes it."""
-    return {"why": why, "detail": "Horovod has been shut down" if why == "left" else "Horovod's driver added hosts",
+    return {"why": why, "detail": "a collective failed" if why == "left" else "Horovod's driver added hosts",
+            "left" if why == "left" else "joined": ["127.0.1:0"], "seen_at_step": (commit_step or 0) + redone,
             "from_world_size": sizes[0], "to_world_size": sizes[1], "commit_step": commit_step,
             "steps_redone": redone, "failed_at": failed_at, "resumed_at": failed_at + 0.65,
             "rank0_changed": rank0_changed, "recovery_seconds": 0.65}
@@ -113,21 +114,21 @@ STATES = [
     (running, ["NONE", "no result yet: training is running (step 12, phase training)", "rf-a1", "none published"],
      ["Evidence", "Remediated", "Membership changes"]),
     (elastic_running, ['data-testid="membership-changes"', "2026-01-01 00:00:00 UTC", "3 → 2", "left",
-                       "Horovod has been shut down", "<td>10</td><td>2</td><td>0.65</td><td>yes</td><td>rf-a1</td>",
+                       "left: 127.0.1:0", "a collective failed", "<td>10</td><td>2</td><td>0.65</td><td>yes</td><td>rf-a1</td>",
                        "training is running (step 14"], ["Remediated"]),
-    (elastic_done, ["Membership changes", "3 → 2", "2 → 3", "joined", "the run folder's</span></td><td>12",
+    (elastic_done, ["Membership changes", "3 → 2", "2 → 3", "joined: 127.0.1:0", "the run folder's</span></td><td>12",
                     "<td>400</td><td>0</td><td>0.65</td><td>no</td><td>rf-a1</td>"], ["Evidence"]),
 ]
 
 
 @pytest.mark.parametrize("doc, attempt, expected", [
     (change("left", (3, 2), 10, 2, True) | {"attempt": "a1"}, None,
-     MembershipRow("a1", "left", "Horovod has been shut down", 3, 2, 10, 2, 1767225600.0, 0.65, True)),
+     MembershipRow("a1", "left", "a collective failed", 3, 2, 10, 2, 1767225600.0, 0.65, True, "left: 127.0.1:0")),
     # result.json's entries name no attempt: the result's; recovery from the times when not given
     ({"why": "joined", "from_world_size": 2, "to_world_size": 3, "failed_at": 100.0, "resumed_at": 106.5}, "a2",
      MembershipRow("a2", "joined", None, 2, 3, None, None, 100.0, 6.5, None)),
     # a value of the wrong type reads as unknown, not as a wrong figure
-    ({"from_world_size": "3", "steps_redone": True, "rank0_changed": 1, "failed_at": None}, None,
+    ({"from_world_size": "3", "steps_redone": True, "rank0_changed": 1, "failed_at": None, "left": "127.0.1:0"}, None,
      MembershipRow(None, None, None, None, None, None, None, None, None, None)),
 ])
 def test_a_membership_change_is_read_leniently(doc, attempt, expected):

@@ -32,11 +32,16 @@ def test_a_killed_writer_is_replaced_and_a_worker_rejoins_without_a_retry(elasti
     assert code == 0 and f"fault: SIGKILL at step {KILLED_AT}" in out, out[-5000:]
     result = module_jobs.result(cfg)
     assert result.succeeded and result.world_size == 3 and result.resumed_from is None, result
+    # rank 0's commits, its first round's and the later ones (the last rank 0 joined in round 0, as a survivor)
+    assert result.elastic_commits > 3 and 0 < result.elastic_commit_seconds < 5, result
     left, joined = result.membership_changes
     assert (left["why"], left["from_world_size"], left["to_world_size"], left["rank0_changed"]) == ("left", 3, 2, True)
     assert left["commit_step"] <= KILLED_AT and left["steps_redone"] == KILLED_AT - 1 - left["commit_step"]
     assert (joined["why"], joined["from_world_size"], joined["to_world_size"], joined["steps_redone"]) == ("joined", 2, 3, 0)
     assert "workers changed (left" in out and "workers changed (joined" in out
+    # who: the killed worker's slot left, and the worker started on that slot after its cooldown joined
+    assert len(left["left"]) == 1 and not left["joined"] and joined["joined"] == left["left"] and not joined["left"]
+    assert left["seen_at_step"] == KILLED_AT - 1, left
     # The new rank 0 claimed the run folder (the old writer, were it alive, is fenced): one attempt id, two claims.
     pointer = json.loads((module_jobs.root / "elastic-horovod" / "run.json").read_text())
     claims = [a["id"] for a in pointer["history"]] + [pointer["attempt"]["id"]]

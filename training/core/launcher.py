@@ -30,10 +30,11 @@ from ..health.oom import oom_line
 from ..health.oom_advice import JobShape
 from .failure_policy import Decision, Observation, decide
 from ..rank.engines import ENGINE_ENV, engine_name
-from ..formats.engines import CONTROLLERS, DEFAULT_CONTROLLER, TABLE, EngineError, engine_spec
+from ..formats.engines import CONTROLLERS, DDP, DEFAULT_CONTROLLER, TABLE, EngineError, engine_spec
 from ..formats.tf_config import tf_worker_env
 from .preflight import preflight
 from .elastic_hosts import elastic_command, too_few_workers
+from ..rank.peer_copy import copy_folder, remove as remove_peer_copies
 from ..rank.worker_env import ATTEMPT_ENV
 
 
@@ -97,23 +98,33 @@ def tf_worker_commands(config_path: str, num_workers: int, python: str,
             for index in range(num_workers)]
 
 
-def torchrun_command(config_path: str, num_workers: int, python: str = sys.executable,
-                     port: int | None = None) -> list[str]:
-    """torchrun for one host: a c10d rendezvous on 127.0.0.1 at a free port, N ranks, no restarts (a failed
-    job is retried by whoever launched it, and resumes from its checkpoint).
+# How many times torchrun restarts every worker of an elastic DDP job within one try (ddp_elastic.py), before
+# the job ends and the task's retry resumes it from the store as without elastic.
+DDP_ELASTIC_RESTARTS = 3
+# A new TCP store for every round of workers: torchrun otherwise shares its rendezvous store with them, and the
+# restarted ranks read the dead ranks' Gloo addresses from it (torch 2.13: connectFullMesh "Connection refused").
+RESTARTABLE_TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
-    Not torchrun's elastic mode (`--nnodes MIN:MAX`, `--max-restarts`): when membership changes it too stops
-    every worker and restarts all of them, which then resume from the last checkpoint, so it saves no work over
-    a retry; and its restart reruns the same script with no say in the data order, so the restarted workers
-    would have to find their place in the data themselves. ringflow's retry does that restart with what elastic
-    mode cannot: the global sample cursor (rank/stream_deal.py) deals the unseen rows of the epoch to the new
-    number of workers, sample-exact, the accumulation and learning rate rescaled (rank/world_size_change.py), the
-    health verdict of the failed try in hand, and on Kubernetes a worker count the cluster can place now
-    (operators/train.py's min_workers)."""
+
+def torchrun_command(config_path: str, num_workers: int, python: str = sys.executable,
+                     port: int | None = None, restarts: int = 0) -> list[str]:
+    """torchrun for one host: a c10d rendezvous on 127.0.0.1 at a free port, N ranks, `restarts` restarts.
+
+    Without elastic, none: a failed job is retried by whoever launched it, and resumes from its checkpoint.
+    With elastic (DDP_ELASTIC_RESTARTS, rank/ddp_elastic.py), a worker's death makes torchrun stop every
+    worker and start them all again at once, in the same try and attempt, and they resume from the newest
+    copy of the state a host keeps in memory (rank/peer_copy.py), not from the store. One agent for the
+    host's workers (`--nnodes 1`): `--nnodes MIN:MAX` counts agents (hosts), and with one there is nothing
+    to shrink to; a restart brings back as many workers.
+
+    Not torchft: it recovers a replica group per step without a restart, but its sampler drops the samples of
+    a group that went down (by its own docstring) and it needs a lighthouse server besides the job; ringflow's
+    global cursor (rank/stream_deal.py) keeps every sample trained once across a restart on any world size,
+    and the accumulation and learning rate are rescaled (rank/world_size_change.py)."""
     endpoint = f"127.0.0.1:{port or free_port()}"
     return [python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(num_workers),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--local-addr", "127.0.0.1",
-            "--max-restarts", "0", "-m", "ringflow.training", config_path]
+            "--max-restarts", str(restarts), "-m", "ringflow.training", config_path]
 
 
 # The launcher programs this ringflow has (the engine table's `launcher`), each one's command; torchrun has no
@@ -215,7 +226,11 @@ def run_attempt(config_path: str, num_workers: int, controller: str = DEFAULT_CO
                     launcher_code = _run_tf_workers(tracker, tf_workers, env, on_job_line, grace)
                 else:
                     command = launch_command(engine, config_path, num_workers, controller)
-                    if cfg.elastic is not None:  # each worker a host of its own (elastic_hosts.py)
+                    if cfg.elastic is not None and engine == DDP:  # torchrun restarts, from the peer copy
+                        command = torchrun_command(config_path, num_workers, restarts=DDP_ELASTIC_RESTARTS)
+                        env = env | RESTARTABLE_TORCHRUN_ENV
+                        stack.callback(remove_peer_copies, copy_folder(cfg.run_uri, attempt))
+                    elif cfg.elastic is not None:  # each worker a host of its own (elastic_hosts.py)
                         slots = stack.enter_context(tempfile.TemporaryDirectory(prefix="ringflow-elastic-"))
                         command, slots_env = elastic_command(command, cfg.elastic, num_workers, slots)
                         env = env | slots_env

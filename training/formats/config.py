@@ -275,18 +275,23 @@ class ElasticConfig:
     """Recovery inside the job (engine "horovod", ringflow's own loop; rank/elastic.py): the job runs under
     Horovod's elastic mode, and when a worker dies the survivors go back to their last in-memory commit, deal
     the epoch's unseen rows among themselves and go on, without a retry. Fewer than `min_workers` left ends
-    the job as before (the task's retry resumes from the last checkpoint).
+    the job as before (the task's retry resumes from the last checkpoint). With engine "ddp" (rank/ddp_elastic.py)
+    torchrun restarts every worker at once instead, in the same try, and they resume from the newest copy of the
+    state a host keeps on its memory disk (written every commit_every_steps steps) or the store's newest
+    checkpoint, whichever is newer; rejoin_seconds, peer_timeout_seconds and wait_seconds are Horovod's only.
 
     min_workers: the fewest workers the job trains on. max_workers: the most (a worker that comes back, or a
     new slot, joins up to it); None: the launch's worker count. commit_every_steps: every this many steps each
     rank copies the training state into its own memory (model, optimizer, the global cursor, the step): what
     the survivors go back to, so what a death costs at most in steps redone. rejoin_seconds: how long a slot
     whose worker died stays out before a new worker is started on it (Horovod's blacklist cooldown); None:
-    never (the job goes on with the survivors). peer_timeout_seconds: how long a collective waits for a peer
-    before it fails (Gloo's timeout; Horovod's default is 30 s): a worker whose peer died notices at once only
-    when it was talking to that peer; the others wait this long, so it bounds the recovery. A step on which one
-    rank lags the others by more than this fails as if a worker had died (the survivors go back to the commit
-    and all of them go on). wait_seconds: how long the job waits, with fewer than min_workers left, for workers
+    never (the job goes on with the survivors). peer_timeout_seconds: how long Gloo waits on a silent peer
+    process before the collective fails (Horovod's default is 30 s): a worker whose peer died notices at once
+    only when it was talking to that peer; the others wait this long, so it bounds the recovery. Only a peer
+    process that answers nothing counts: a rank whose training thread lags (a slow step, a hang) keeps its
+    Horovod background thread talking, and a hang is the stall watchdog's (rank/elastic.py). It also bounds one
+    message's transfer between two ranks: a job whose commit broadcast to a joining worker (the model and
+    optimizer, pickled) takes longer on its network needs more. wait_seconds: how long the job waits, with fewer than min_workers left, for workers
     to come back (a rejoin, a new slot) before it ends and the task's retry takes over (Horovod's elastic
     timeout; its default is 600 s: fewer than min_workers is the retry's business, soon).
     """
@@ -295,7 +300,7 @@ class ElasticConfig:
     max_workers: int | None = None
     commit_every_steps: int = 50
     rejoin_seconds: float | None = None
-    peer_timeout_seconds: float = 10.0
+    peer_timeout_seconds: float = 3.0
     wait_seconds: float = 60.0
 
     def __post_init__(self) -> None:
@@ -359,9 +364,13 @@ def check_engine_fits(cfg: "JobConfig", engine: str) -> None:
                  'use "bf16" or "fp32" with local SGD (fp16\'s loss scaling skips steps on each rank alone, which '
                  "would put the ranks' averaging steps out of line), or remove ddp.local_sgd")
     if cfg.elastic is not None:
-        _require(engine == HOROVOD, "elastic", f"is set, but the engine is {engine!r}",
-                 f'use "engine": "{HOROVOD}" for recovery inside the job (Horovod elastic), or remove elastic: '
-                 "under DDP and TensorFlow a worker's death ends the job and the retry resumes from the last checkpoint")
+        _require(engine in (HOROVOD, DDP), "elastic", f"is set, but the engine is {engine!r}",
+                 f'use "engine": "{HOROVOD}" (Horovod elastic) or "{DDP}" (torchrun\'s restart from a peer copy) for '
+                 "recovery inside the job, or remove elastic: under TensorFlow a worker's death ends the job and the "
+                 "retry resumes from the last checkpoint")
+        _require(engine != DDP or cfg.ddp.local_sgd is None, "elastic", "is set with ddp.local_sgd",
+                 "remove one of them: a DDP restart resumes from one host's copy of the state, and under local SGD "
+                 "each rank's optimizer state is its own")
         _require(cfg.entry is None, "elastic", "is set with an entry script",
                  "remove elastic: recovery inside the job runs ringflow's own loop (a script's own Horovod elastic "
                  "code runs as it is under entry)")

@@ -116,10 +116,11 @@ def check_backend(name: str, backend_kind: str) -> EngineSpec:
     return found
 
 
-# Where recovery inside the job (the config's `elastic`: Horovod elastic, rank/elastic.py) runs: local processes,
-# whose launcher ringflow makes elastic (core/elastic_hosts.py). An MPIJob's launcher runs plain mpirun and a
-# TrainJob's runtime torchrun or mpirun: neither starts Horovod's elastic driver, so there a death ends the job
-# and the task's retry resumes from the last checkpoint.
+# Where recovery inside the job (the config's `elastic`) runs: local processes, whose launcher ringflow makes
+# elastic: horovodrun's elastic driver (Horovod: rank/elastic.py, core/elastic_hosts.py) or torchrun with restarts
+# and a copy of the state on the host's memory disk (DDP: rank/ddp_elastic.py). An MPIJob's launcher runs plain
+# mpirun and a TrainJob's runtime torchrun or mpirun as the cluster's runtime says: neither is made elastic, so
+# there a death ends the job and the task's retry resumes from the last checkpoint.
 ELASTIC_BACKENDS = (LOCAL,)
 
 
@@ -127,6 +128,6 @@ def check_elastic_backend(elastic: bool, backend_kind: str) -> None:
     """EngineError if a job with `elastic` set is to run where recovery inside the job cannot."""
     if elastic and backend_kind not in ELASTIC_BACKENDS:
         raise EngineError(f"elastic is set, but {_BACKEND_CREATES.get(backend_kind, backend_kind)} cannot recover "
-                          f"inside the job (its launcher does not start Horovod's elastic driver): remove elastic "
-                          f"(a death then ends the job and the retry resumes from the last checkpoint), or run "
-                          f"{_BACKEND_HOW[LOCAL]}")
+                          f"inside the job (its launcher is not made elastic: no Horovod elastic driver, no torchrun "
+                          f"restarts): remove elastic (a death then ends the job and the retry resumes from the last "
+                          f"checkpoint), or run {_BACKEND_HOW[LOCAL]}")

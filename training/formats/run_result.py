@@ -12,7 +12,8 @@
 
 `world_size_changes`: every resume of this run on another number of workers so far, oldest first
 (rank/world_size_change.py: the accumulation and learning-rate factor each chose); empty when none.
-`membership_changes`: an elastic job's changes of workers inside this attempt (rank/elastic.py), oldest first.
+`membership_changes`: an elastic job's changes of workers inside this attempt (rank/elastic.py), oldest first;
+`elastic_commits`, `elastic_commit_seconds`: its commits on rank 0 and their time on the training thread.
 
 `remedies`: what the operator's retries changed before this attempt (`remediation: "auto"`,
 training/core/remediation.py), oldest first, as the ranks got it in their config: the result says what
@@ -97,6 +98,10 @@ class RunResult:
     # first: who left or joined, the world sizes, the commit the survivors went back to, the steps redone and
     # how long the recovery took.
     membership_changes: tuple[dict[str, Any], ...] = ()
+    # An elastic job's commits on rank 0 (rank/elastic.py): how many, and its training thread's time in them (the
+    # state's copy and the check for changed hosts); None when the job is not elastic.
+    elastic_commits: int | None = None
+    elastic_commit_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -176,7 +181,9 @@ class RunResult:
                        remedies=tuple(dict(r) for r in doc.get("remedies") or ()),
                        skipped_rows=tuple(RowRef(str(r["file"]), int(r["row"])) for r in doc.get("skipped_rows") or ()),
                        script=doc.get("script"), metrics=dict(doc.get("metrics") or {}),
-                       membership_changes=tuple(dict(c) for c in doc.get("membership_changes") or ()))
+                       membership_changes=tuple(dict(c) for c in doc.get("membership_changes") or ()),
+                       elastic_commits=doc.get("elastic_commits"),
+                       elastic_commit_seconds=_float(doc.get("elastic_commit_seconds")))
         except ResultError as exc:
             raise ResultError(f"{where}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:

@@ -15,7 +15,7 @@ retry of the whole job.
                    own memory, then Horovod's check for changed hosts, a collective, so every rank raises
                    HostsUpdatedInterrupt at the same step
         a change   a collective that failed (a peer died: HorovodInternalError) or hosts that changed: the
-                   change is recorded (Membership), the round's trainer let go, hvd.shutdown() + hvd.init()
+                   change is recorded (commits.Membership), the round's trainer let go, hvd.shutdown() + hvd.init()
 
 A rank that hangs (alive, its training thread blocked outside a collective) ends itself when its stall watchdog
 fires; its peers, blocked in a collective with it (in_a_collective), wait longer (liveness.PEER_WAIT_STALLS), so
@@ -27,12 +27,11 @@ Checkpoints go to the store as always; a commit is memory only.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any
 
 import horovod.torch as hvd
 import torch
@@ -42,52 +41,13 @@ from horovod.runner.elastic.worker import HostUpdateResult
 
 from ..formats.config import JobConfig
 from ..health.progress import RENDEZVOUS
-from ..health.records import record
-from .callbacks.base import Callback
-from .callbacks.checkpointing import training_state
-from .callbacks.logging import say
 from .engines.horovod import HorovodEngine
+from .engines.horovod_objects import broadcast_object
+from .commits import JOINED, LEFT, ROUND_META, Commit, CountedCommits, Membership, record_change
 from .rank_start import RankStart
-from .training_state import TrainingState
 from .worker_env import launcher_rank
 
-# Why the workers changed, in the records.
-LEFT, JOINED = "left", "joined"
-# A commit's round (ElasticRun.round), in its meta.
-ROUND_META = "elastic_round"
-
-
-@dataclasses.dataclass(frozen=True)
-class Commit:
-    """The training state one rank copied into its memory at a step: what a checkpoint of that step would hold
-    (`state`) and say in its manifest (`meta`, Checkpointing.meta), so a round resumes from it as from one."""
-
-    state: TrainingState
-    meta: Mapping[str, Any]
-
-    @property
-    def step(self) -> int:
-        return self.state.step
-
-
-@dataclasses.dataclass(frozen=True)
-class _CommitManifest:
-    meta: Mapping[str, Any]
-    name: str
-
-
-@dataclasses.dataclass(frozen=True)
-class _CommitAsCheckpoint:
-    """What the Trainer reads of a found checkpoint (its manifest's meta and name), for a commit."""
-
-    manifest: _CommitManifest
-
-
-def as_found(commit: Commit) -> tuple[_CommitAsCheckpoint, TrainingState]:
-    return _CommitAsCheckpoint(_CommitManifest(dict(commit.meta), f"the commit of step {commit.step}")), commit.state
-
-
-class ElasticState(State):
+class ElasticState(State, CountedCommits):
     """Horovod's elastic State over ringflow's commits: save copies the round's training state into memory,
     restore keeps the last commit (`committed`) for the next round, sync hands the newest commit to every worker."""
 
@@ -128,59 +88,8 @@ class ElasticState(State):
         if newest < 0:
             return  # nobody has committed: the round resumes from the run folder
         root = steps.index(newest)
-        self.committed = hvd.broadcast_object(self.committed if hvd.rank() == root else None, root_rank=root,
-                                           name="ringflow.commit")
-
-
-class ElasticCommit(Callback):
-    """Every `every` steps, and as the round starts, the commit (ElasticState.commit: save, then the
-    collective check for changed hosts, which raises HostsUpdatedInterrupt on every rank alike). Last in a
-    step, after the checkpoint: a commit holds what the step's checkpoint holds."""
-
-    def __init__(self, state: ElasticState, every: int):
-        self.state, self.every = state, every
-        self._on_first_step = None
-
-    def on_first_step(self, call) -> None:
-        """`call()` once, after the round's first step (a recovery ends there)."""
-        self._on_first_step = call
-
-    def on_train_start(self, loop) -> None:
-        self.state.commit()
-
-    def on_step_end(self, loop, timing) -> None:
-        if self._on_first_step is not None:
-            self._on_first_step()
-            self._on_first_step = None
-        if timing.step % self.every == 0:
-            self.state.commit()
-
-
-@dataclasses.dataclass(frozen=True)
-class Membership:
-    """One change of an elastic job's workers, as the records, result.json and the log say it."""
-
-    why: str                 # LEFT (a collective failed: a worker died or was cut off) or JOINED (hosts added)
-    detail: str              # the error Horovod raised, in a line
-    from_world_size: int
-    to_world_size: int
-    commit_step: int | None  # the step the survivors went back to (None: no commit yet, the run folder's)
-    steps_redone: int        # steps trained after that commit, lost with the change
-    failed_at: float         # unix time the change was seen (the collective failed, the commit raised)
-    resumed_at: float        # unix time the next round's first step ended
-    rank0_changed: bool = False
-
-    @property
-    def recovery_seconds(self) -> float:
-        return self.resumed_at - self.failed_at
-
-    def as_record(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"recovery_seconds": round(self.recovery_seconds, 3)}
-
-    def describe(self) -> str:
-        went = f"back to the commit of step {self.commit_step}" if self.commit_step is not None else "from the run folder"
-        return (f"workers changed ({self.why}: {self.detail}): {self.from_world_size} -> {self.to_world_size}, "
-                f"{went}, {self.steps_redone} step(s) redone, its first step {self.recovery_seconds:.2f}s after")
+        self.committed = broadcast_object(hvd, self.committed if hvd.rank() == root else None, root_rank=root,
+                                          name="ringflow.commit")
 
 
 class ElasticRun:
@@ -196,6 +105,7 @@ class ElasticRun:
         self.trainer = None
         self.round = 0  # the job's round: 0 until the first change of workers, one more after each
         self.resumed_from: str | None = None  # the run folder's checkpoint the first round resumed from
+        self.workers: tuple[str, ...] = ()  # this round's workers by name, in rank order
         self._pending: dict[str, Any] | None = None  # the change seen, until the next round has resumed
 
     # -- what run_rank's store-failure path reads --------------------------------------------------------------
@@ -226,6 +136,7 @@ class ElasticRun:
         # the commit it resumes from.
         self.round = state.committed.meta[ROUND_META] + 1 if state.committed is not None else 0
         engine = HorovodEngine(hvd, self.cfg.horovod, self.placement)
+        self.workers = tuple(hvd.allgather_object(worker_name(os.environ), name="ringflow.workers"))
         self._take_writer(engine.rank)
         trainer = self.trainer = self.make_trainer(self.cfg, engine, self.start, self)
         state.trainer = trainer
@@ -245,11 +156,10 @@ class ElasticRun:
 
     def _recovered(self, trainer, seen: dict[str, Any]) -> None:
         """After the first step of the round that followed a change: the change, as it cost."""
-        change = Membership(**seen, to_world_size=trainer.size, resumed_at=time.time())
-        self.changes.append(change)
-        if trainer.rank == 0:
-            say(change.describe())
-            trainer.health_log.append(record("membership", **change.as_record()), force_flush=True)
+        seen = dict(seen)
+        before = seen.pop("workers")
+        record_change(self.changes, trainer, seen, left=tuple(w for w in before if w not in self.workers),
+                      joined=tuple(w for w in self.workers if w not in before))
 
     def _seen(self, why: str, exc: BaseException, trainer) -> None:
         """A change of workers seen by this rank: what it costs, kept until the next round has resumed; the
@@ -257,12 +167,14 @@ class ElasticRun:
         commit = self.state.committed
         step = trainer.loop.step if trainer.loop is not None else trainer.step
         detail = ("Horovod's driver added hosts" if why == JOINED else "Horovod's driver removed hosts"
-                  if isinstance(exc, HostsUpdatedInterrupt) else " ".join(str(exc).split()).split(". ")[0][:160])
+                  if isinstance(exc, HostsUpdatedInterrupt) else "a collective failed: a peer died or stopped "
+                  f"answering (Horovod: {' '.join(str(exc).split()).split('. ')[0][:120]})")
         # A step past the commit is redone; HostsUpdatedInterrupt comes right after a commit (none redone).
         self._pending = {"why": why, "detail": detail, "from_world_size": trainer.size,
                          "commit_step": commit.step if commit is not None else None,
                          "steps_redone": step - commit.step if commit is not None else step,
-                         "failed_at": time.time(), "rank0_changed": False}
+                         "failed_at": time.time(), "rank0_changed": False, "seen_at_step": step,
+                         "workers": self.workers}
         print(f"[ringflow] rank {trainer.rank}: workers changed at step {step} ({why}: {detail})", flush=True)
         trainer.let_go()
 
@@ -282,6 +194,12 @@ class ElasticRun:
             if start.health_log is not None:
                 start.health_log.close()
             start.guard, start.health_log = None, None
+
+
+def worker_name(environ) -> str:
+    """A worker's name in the membership records: its slot (the host name Horovod's driver started it on: on one
+    machine, a name of the loopback address of its own, core/elastic_hosts.py) and its local rank there."""
+    return f"{environ.get('HOROVOD_HOSTNAME', 'localhost')}:{environ.get('HOROVOD_LOCAL_RANK', '0')}"
 
 
 def run(cfg: JobConfig, make_trainer) -> int:

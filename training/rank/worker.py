@@ -36,7 +36,8 @@ from .checkpoint_writer import AsyncCheckpointWriter, WrittenCheckpoint
 from ..formats.config import JobConfig
 from .data import Cursor, PartitionData
 from .engine import Engine
-from .engines import start_engine
+from .engines import ENGINE_ENV, engine_name, start_engine
+from ..formats.engines import DDP
 from .monitor import SyncHealthMonitor
 from ..health.progress import RESTORE
 from ..health.records import HealthLog, record
@@ -98,7 +99,7 @@ class Trainer(RankRun):
         progress.phase(RESTORE)
         commit = elastic.state.committed if elastic is not None else None
         if commit is not None:  # a later round of an elastic job: the survivors' commit, as a checkpoint
-            from .elastic import as_found
+            from .commits import as_found
 
             found = as_found(commit)
         else:
@@ -157,7 +158,7 @@ class Trainer(RankRun):
             *([self.garbage_collection] if self.garbage_collection else []),
             *([TrainerStatusReporting(reporter, self.size)] if reporter is not None else []), self.checkpointing]
         if elastic is not None:  # last: a commit holds what the step's checkpoint holds
-            from .elastic import ElasticCommit
+            from .commits import ElasticCommit
 
             self.elastic_commit = ElasticCommit(elastic.state, cfg.elastic.commit_every_steps)
             self.callbacks.append(self.elastic_commit)
@@ -269,7 +270,10 @@ class Trainer(RankRun):
                                                      if self.checkpointing is not None and self.rank == 0 else None),
                          world_size_changes=tuple(self.world_size_changes),
                          membership_changes=tuple(c.as_record() for c in self.elastic.changes)
-                         if self.elastic is not None else ())
+                         if self.elastic is not None else (),
+                         elastic_commits=self.elastic.state.commits if self.elastic is not None else None,
+                         elastic_commit_seconds=(self.elastic.state.commit_seconds if self.elastic is not None
+                                                 else None))
 
     def replayed(self, verdict: Verdict) -> Verdict:
         """Replay the verdict's step on every rank (replay.py) and, on rank 0, add what the ranks found to its
@@ -332,7 +336,7 @@ class Trainer(RankRun):
     def commit(self):
         """This rank's state now, copied into memory, with what a checkpoint of it would say (an elastic
         commit: rank/elastic.py)."""
-        from .elastic import ROUND_META, Commit
+        from .commits import ROUND_META, Commit
 
         loop = self.loop
         commit = Commit(training_state(loop).host_copy(), self.checkpointing.meta(loop) | {ROUND_META: self.elastic.round})
@@ -380,6 +384,13 @@ class Trainer(RankRun):
 
 
 def main(cfg: JobConfig) -> int:
+    if cfg.elastic is not None and engine_name(cfg, os.environ.get(ENGINE_ENV)) == DDP:
+        # DDP elastic: torchrun restarts every worker, which resume from a host's copy (ddp_elastic.py)
+        from .ddp_elastic import run as run_restarted
+
+        return run_restarted(cfg, lambda cfg, engine, start, elastic: Trainer(cfg, engine, start=start,
+                                                                              elastic=elastic),
+                             device_memory=cuda_peak_bytes)
     if cfg.elastic is not None:  # Horovod elastic: rounds of trainers, one per membership (elastic.py)
         from .elastic import run as run_elastic
 

@@ -20,6 +20,13 @@ def test_ddp_runs_under_torchrun_with_a_loopback_c10d_rendezvous():
     assert cmd[-3:] == ["-m", "ringflow.training", "/j.json"]
 
 
+def test_an_elastic_ddp_job_is_restarted_by_torchrun_itself():
+    cmd = launcher.torchrun_command("/j.json", 3, python="/py", restarts=launcher.DDP_ELASTIC_RESTARTS)
+    flags = dict(zip(cmd[3:-3:2], cmd[4:-3:2]))
+    assert flags["--max-restarts"] == str(launcher.DDP_ELASTIC_RESTARTS) and launcher.DDP_ELASTIC_RESTARTS > 0
+    assert flags["--nnodes"] == "1"  # one agent for the host's workers: a restart brings back as many
+
+
 def test_horovod_runs_under_horovodrun_with_its_controller():
     cmd = launcher.launch_command("horovod", "/j.json", 2, controller="gloo")
     assert cmd[0].endswith("horovodrun") and "--gloo" in cmd and cmd[-2:] == ["ringflow.training", "/j.json"]

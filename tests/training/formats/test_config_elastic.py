@@ -31,7 +31,7 @@ def test_elastic_is_off_unless_given(section, expected, bounds_of_3):
     ({"elastic": {"wait_seconds": 0}}, "elastic.wait_seconds", "use a number > 0"),
     ({"elastic": {"workers": 2}}, "elastic.workers", "remove it or use one of"),
     ({"elastic": 2}, "elastic", "give a JSON object"),
-    ({"engine": "ddp", "elastic": {}}, "elastic", 'use "engine": "horovod" for recovery inside the job'),
+    ({"engine": "ddp", "elastic": {}, "ddp": {"local_sgd": {"period": 4}}}, "elastic", "is set with ddp.local_sgd"),
     ({"engine": "tensorflow", "elastic": {}}, "elastic", 'use "engine": "horovod"'),
     ({"elastic": {}, "entry": {"script": "train.py"}}, "elastic", "recovery inside the job runs ringflow's own loop"),
 ])

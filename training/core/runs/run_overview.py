@@ -66,6 +66,7 @@ class MembershipRow:
     failed_at: float | None      # unix time the change was seen
     recovery_seconds: float | None
     rank0_changed: bool | None
+    who: str | None = None       # "left: 127.0.1:0; joined: …" from the record's worker names; None: not recorded
 
     @classmethod
     def of(cls, doc: Mapping[str, Any], attempt: str | None = None) -> "MembershipRow":
@@ -77,9 +78,13 @@ class MembershipRow:
         recovery = typed("recovery_seconds", (int, float))
         if recovery is None and None not in (typed("resumed_at", (int, float)), typed("failed_at", (int, float))):
             recovery = doc["resumed_at"] - doc["failed_at"]
+        names = {key: [n for n in doc.get(key) or () if isinstance(n, str)] if isinstance(doc.get(key), list) else []
+                 for key in ("left", "joined")}
+        who = "; ".join(f"{key}: {', '.join(found)}" for key, found in names.items() if found) or None
         return cls(attempt if attempt is not None else typed("attempt", str), typed("why", str), typed("detail", str),
                    typed("from_world_size", int), typed("to_world_size", int), typed("commit_step", int),
-                   typed("steps_redone", int), typed("failed_at", (int, float)), recovery, typed("rank0_changed", bool))
+                   typed("steps_redone", int), typed("failed_at", (int, float)), recovery, typed("rank0_changed", bool),
+                   who)
 
 
 @dataclasses.dataclass(frozen=True)
