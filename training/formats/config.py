@@ -289,9 +289,11 @@ class ElasticConfig:
     process before the collective fails (Horovod's default is 30 s): a worker whose peer died notices at once
     only when it was talking to that peer; the others wait this long, so it bounds the recovery. Only a peer
     process that answers nothing counts: a rank whose training thread lags (a slow step, a hang) keeps its
-    Horovod background thread talking, and a hang is the stall watchdog's (rank/elastic.py). It also bounds one
-    message's transfer between two ranks: a job whose commit broadcast to a joining worker (the model and
-    optimizer, pickled) takes longer on its network needs more. wait_seconds: how long the job waits, with fewer than min_workers left, for workers
+    Horovod background thread talking, and a hang is the stall watchdog's (rank/elastic.py). It also bounds the
+    rendezvous (Horovod uses one timeout for both): the survivors wait this long for a joining worker that is
+    still importing torch, and one message's transfer (the commit broadcast to it). 3 s recovers in 0.35-4.0 s
+    (bench/results/elastic_recovery.md) but failed a join on a loaded 2-core host (the newcomer's start took
+    longer): the default keeps 10 s. wait_seconds: how long the job waits, with fewer than min_workers left, for workers
     to come back (a rejoin, a new slot) before it ends and the task's retry takes over (Horovod's elastic
     timeout; its default is 600 s: fewer than min_workers is the retry's business, soon).
     """
@@ -300,7 +302,7 @@ class ElasticConfig:
     max_workers: int | None = None
     commit_every_steps: int = 50
     rejoin_seconds: float | None = None
-    peer_timeout_seconds: float = 3.0
+    peer_timeout_seconds: float = 10.0
     wait_seconds: float = 60.0
 
     def __post_init__(self) -> None:
