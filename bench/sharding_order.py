@@ -74,10 +74,19 @@ def write_dataset(path: Path, rows: int) -> int:
     return rows * (FEATURES * 4 + 8)
 
 
+def partitions_flag(env: dict[str, str]) -> str:
+    """How the revision `env` runs names the shard step's file count: `--partitions` since 6134c7d, `--workers`
+    before (the per-rank baseline's spelling, which this checkout refuses)."""
+    help_text = subprocess.run([sys.executable, "-m", "ringflow.training.core.cli", "shard", "--help"], env=env,
+                               capture_output=True, text=True).stdout
+    return "--partitions" if "--partitions" in help_text else "--workers"
+
+
 def shard(env: dict[str, str], dataset: Path, out: Path) -> float:
+    flag = partitions_flag(env)
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "ringflow.training.core.cli", "shard", str(dataset), str(out),
-                    "--partitions", "2", "--batch-size", str(BATCH), "--eval-fraction", "0.0"],
+                    flag, "2", "--batch-size", str(BATCH), "--eval-fraction", "0.0"],
                    env=env, check=True, capture_output=True)
     return time.perf_counter() - started
 

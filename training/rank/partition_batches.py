@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..formats.config import ConfigError, RowRef
-from ..formats.tensor_columns import tensor_matrix
+from ..formats.tensor_columns import column_shape, tensor_matrix, value_size
 from ..health.progress import Progress
 from ..health.store_ops import StoreOp
 from ..formats.manifest import ShardManifest, ShardSchema
@@ -126,16 +126,39 @@ def to_arrays(table: "pa.Table | pa.RecordBatch", schema: ShardSchema) -> tuple[
     manifest's mean/std; y int64 class indices or float32 values."""
     if not isinstance(table, (pa.Table, pa.RecordBatch)):  # a DataFrame (older callers)
         table = pa.Table.from_pandas(table, preserve_index=False)
-    parts = []
+    # Each column's chunks written straight into one (rows, elements) matrix, then normalized in place, all
+    # columns at once: no column is concatenated from its chunks first (a window read from several files has
+    # one chunk per file) and no per-column temporaries (the loader thread shares the rank's core with
+    # training: bench/results/stream_profile.md). The same float32 operations as column by column.
+    rows = table.num_rows
+    widths = [value_size(column_shape(table.schema.field(spec.name).type)[0]) for spec in schema.feature_columns]
+    starts = np.concatenate([[0], np.cumsum(widths)]).astype(int).tolist()
+    x = np.empty((rows, starts[-1]), dtype=np.float32)
     for i, spec in enumerate(schema.feature_columns):
-        values, _ = tensor_matrix(table.column(spec.name), np.float32)
-        if schema.feature_mean:
-            values = (values - np.float32(schema.feature_mean[i])) / np.float32(schema.feature_std[i])
-        parts.append(values)
-    x = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
-    x = np.ascontiguousarray(x, dtype=np.float32).reshape(len(x), *schema.input_shape)
-    y = table.column(schema.target).to_numpy()
+        column, at = table.column(spec.name), 0
+        for chunk in (column.chunks if isinstance(column, pa.ChunkedArray) else [column]):
+            values = _plain(chunk)
+            values = tensor_matrix(chunk, np.float32)[0] if values is None else values.reshape(-1, 1)
+            x[at:at + len(values), starts[i]:starts[i + 1]] = values
+            at += len(values)
+    if schema.feature_mean:
+        x -= np.repeat(np.asarray(schema.feature_mean, dtype=np.float32), widths)
+        x /= np.repeat(np.asarray(schema.feature_std, dtype=np.float32), widths)
+    x = x.reshape(rows, *schema.input_shape)
+    target = table.column(schema.target)
+    plain = [_plain(c) for c in (target.chunks if isinstance(target, pa.ChunkedArray) else [target])]
+    y = (np.concatenate(plain) if plain else np.zeros(0)) if all(v is not None for v in plain) else target.to_numpy()
     return x, y.astype(np.int64) if schema.task == "classification" else y.astype(np.float32)
+
+
+def _plain(chunk: "pa.Array") -> np.ndarray | None:
+    """A chunk of plain numbers without nulls, as a numpy view of its buffer; None for any other. Not
+    Array.to_numpy: its first call imports pandas (~0.4 s, on the loader thread of a rank that otherwise never
+    imports it: bench/results/stream_profile.md)."""
+    if chunk.null_count or not (pa.types.is_floating(chunk.type) or pa.types.is_integer(chunk.type)):
+        return None
+    dtype = np.dtype(chunk.type.to_pandas_dtype())
+    return np.frombuffer(chunk.buffers()[1], dtype=dtype, count=len(chunk), offset=chunk.offset * dtype.itemsize)
 
 
 def check_skip_rows(skip_rows: Sequence[RowRef], manifest: ShardManifest, shards_uri: str) -> None:
@@ -290,19 +313,24 @@ class PartitionBatches:
         entries = [self.entries[self.blocks[b].file] for b in blocks]
         return sum(e.row_groups[self.blocks[b].group].length for e, b in zip(entries, blocks))
 
-    def _read(self, blocks: Sequence[int], moved) -> "pa.Table":
-        """The rows of `blocks`, in that order: each file's row groups in one read, put back in order."""
+    def _read(self, blocks: Sequence[int], moved) -> tuple["pa.Table", np.ndarray | None]:
+        """The rows of `blocks`: each file's row groups in one read, the files' tables joined as they came
+        (a chunk each, no copy), and which of its rows are `blocks`' rows in that order (None: all of them,
+        in order). Not sliced into blocks and put back in order here: that left a chunk per block, which
+        to_arrays then had to join column by column (bench/results/stream_profile.md); the order is a
+        permutation the window's gather takes for free."""
         by_file: dict[int, list[int]] = {}
         for b in blocks:
             by_file.setdefault(self.blocks[b].file, []).append(b)
-        pieces: dict[int, pa.Table] = {}
+        tables, start, at = [], {}, 0
         for file, mine in by_file.items():
-            table = self._source(file, moved).read([self.blocks[b].group for b in mine], self._columns, moved)
-            at = 0
+            tables.append(self._source(file, moved).read([self.blocks[b].group for b in mine], self._columns, moved))
             for b in mine:
-                pieces[b] = table.slice(at, self.blocks[b].rows)
-                at += self.blocks[b].rows
-        return pa.concat_tables([pieces[b] for b in blocks]) if len(blocks) > 1 else pieces[blocks[0]]
+                start[b], at = at, at + self.blocks[b].rows
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        if [start[b] for b in blocks] == sorted(start.values()):
+            return table, None
+        return table, np.concatenate([np.arange(start[b], start[b] + self.blocks[b].rows) for b in blocks])
 
     def _ids(self, blocks: Sequence[int]) -> np.ndarray:
         """(file, row in file) of every row of `blocks`, in that order."""
@@ -324,11 +352,16 @@ class PartitionBatches:
                             if spans else np.zeros(0, dtype=np.int64)]
             ids = self._ids(w.groups)[order]
             if not self._keep_decoded:
-                x, y = self._decode(self._read(w.groups, op.moved))
-                index = self._index(order)
+                table, read_order = self._read(w.groups, op.moved)
+                x, y = self._decode(table)
+                index = self._index(order if read_order is None else read_order[order])
             else:  # this rank's rows of the window, permuted, picked straight from the decoded stream
                 if self._decoded is None:  # rows in block order
-                    self._decoded = self._decode(self._read(range(len(self.blocks)), op.moved))
+                    table, read_order = self._read(range(len(self.blocks)), op.moved)
+                    x, y = self._decode(table)
+                    if read_order is not None:
+                        x, y = x[self._index(read_order)], y[self._index(read_order)]
+                    self._decoded = x, y
                 x, y = self._decoded
                 rows = np.concatenate([np.arange(self._group_start[g], self._group_start[g] + self.group_rows[g])
                                        for g in w.groups])
