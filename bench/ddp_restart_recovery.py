@@ -31,10 +31,10 @@ import tempfile
 from pathlib import Path
 
 from .common import BATCH, environment, machine, read_health, read_result, shards, shown_environment, spread
+from .elastic_recovery import commit_share, killed_at
 from .results_file import add_results_arguments, write_results
 
 KILL_AT = 60  # after the default copy interval (50): a restart goes back to the copy of step 50
-KILL_LINE = re.compile(r"fault: SIGKILL at step (\d+) \(unix time ([0-9.]+)\)")
 RESUMED_LINE = re.compile(r"torchrun restarted the workers \(restart \d+\): resuming from (the peer copy of step \d+|"
                           r"the store's checkpoint of step \d+|the start)")
 
@@ -56,13 +56,6 @@ def train(root: Path, name: str, manifest: str, np_: int, epochs: int, *, elasti
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{out[-3000:]}")
     return config, out
-
-
-def killed_at(out: str) -> tuple[int, float]:
-    found = KILL_LINE.search(out)
-    if found is None:
-        raise SystemExit(f"no kill line in the job's output:\n{out[-3000:]}")
-    return int(found.group(1)), float(found.group(2))
 
 
 def restart_recovery(root: Path, manifest: str, np_: int, epochs: int, n: int) -> dict:
@@ -93,7 +86,6 @@ def retry_recovery(root: Path, manifest: str, np_: int, epochs: int, n: int) -> 
 def copy_cost(root: Path, manifest: str, epochs: int, n: int) -> tuple[float, float, float]:
     """samples/s with elastic and without, and the copies' share of the training time measured in the elastic
     job itself (result.json: rank 0's training-thread time in commits, against the steps between two)."""
-    from ringflow.training.formats.config import ElasticConfig
     from ringflow.training.store import LocalFolderStore
 
     rates, share = {}, None
@@ -102,9 +94,7 @@ def copy_cost(root: Path, manifest: str, epochs: int, n: int) -> tuple[float, fl
         result = read_result(LocalFolderStore(config["run_uri"]))
         rates[elastic] = result.samples_per_sec_after_warmup
         if elastic:
-            step_seconds = 2 * BATCH / result.samples_per_sec_after_warmup
-            share = (result.elastic_commit_seconds / result.elastic_commits) / (
-                ElasticConfig().commit_every_steps * step_seconds)
+            share = commit_share(result, 2)
     return rates[True], rates[False], share
 
 

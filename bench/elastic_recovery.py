@@ -108,6 +108,15 @@ def retry_recovery(root: Path, manifest: str, np_: int, epochs: int, n: int, kil
     return {"seconds": first["time"] - died, "steps_redone": step - 1 - resumed}
 
 
+def commit_share(result, np_: int) -> float:
+    """The commits' share of the training time, measured in the job itself (result.json: rank 0's training
+    thread's time in commits) against the steps between two commits at the job's own samples/s."""
+    from ringflow.training.formats.config import ElasticConfig
+
+    step_seconds = np_ * BATCH / result.samples_per_sec_after_warmup
+    return (result.elastic_commit_seconds / result.elastic_commits) / (ElasticConfig().commit_every_steps * step_seconds)
+
+
 def commit_cost(root: Path, manifest: str, epochs: int, n: int) -> tuple[float, float]:
     from ringflow.training.formats.config import ElasticConfig
     from ringflow.training.store import LocalFolderStore
@@ -119,9 +128,8 @@ def commit_cost(root: Path, manifest: str, epochs: int, n: int) -> tuple[float, 
                           kill_rank=None)
         result = read_result(LocalFolderStore(config["run_uri"]))
         rates[every] = result.samples_per_sec_after_warmup
-        if every == every_default:  # measured in the job itself: one commit's time against the steps between two
-            step_seconds = 2 * BATCH / result.samples_per_sec_after_warmup
-            share = (result.elastic_commit_seconds / result.elastic_commits) / (every_default * step_seconds)
+        if every == every_default:
+            share = commit_share(result, 2)
     return rates[every_default], rates[10**9], share
 
 
