@@ -8,7 +8,9 @@ import pytest
 
 from hosts import Cluster, sh
 
-pytestmark = [pytest.mark.service, pytest.mark.background]
+# own_lane: in the third lane (scripts/test.sh), before the real-size test, not beside the background lane's
+# Airflow and TensorFlow tests: there, once, a retry's rank waited out start-up's 60 s in its rendezvous.
+pytestmark = [pytest.mark.service, pytest.mark.background, pytest.mark.own_lane]
 
 
 def _namespaces() -> set[str]:

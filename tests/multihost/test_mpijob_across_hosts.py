@@ -27,7 +27,9 @@ import mpi_operator as op
 from hosts import STORE_MOUNT, Cluster
 from mpijob_hosts import MPIJobOnHosts, write_json
 
-pytestmark = [pytest.mark.service, pytest.mark.background]
+# own_lane: in the third lane (scripts/test.sh), before the real-size test, not beside the background lane's
+# Airflow and TensorFlow tests: there, once, a retry's rank waited out start-up's 60 s in its rendezvous.
+pytestmark = [pytest.mark.service, pytest.mark.background, pytest.mark.own_lane]
 
 JOB = "rf-multihost"
 NAMESPACE = "ringflow"

@@ -55,7 +55,8 @@ def test_rank_0_killed_while_its_checkpoint_uploads(module_jobs):
     change = only_change(module_jobs, cfg, code, out)
     assert (change["why"], change["from_world_size"], change["to_world_size"], change["rank0_changed"]) == (
         "left", 2, 1, True)
-    assert change["commit_step"] == 10, change
+    # The upload runs beside training: the training thread may have committed step 15 before the kill came.
+    assert change["commit_step"] >= 10, change
     assert_every_row_once(cfg, [change])
     # The killed upload left no checkpoint of step 10 that claims to be complete; the survivor's final one is.
     newest = module_jobs.checkpoints(cfg).latest_valid()

@@ -31,7 +31,8 @@ def steps_of(records, attempt):
     return {r["step"]: r for r in records if r.get("type") == "step" and r.get("attempt") == attempt}
 
 
-@pytest.mark.background  # link-bound: scripts/test.sh runs it beside the rest of the suite
+@pytest.mark.background  # link-bound: scripts/test.sh runs it beside the rest of the suite,
+@pytest.mark.own_lane  # in a lane of its own (~13 minutes)
 @pytest.mark.timeout(3600)  # ~10 minutes on 2 idle cores: two attempts through an 8 MB/s link
 def test_a_healthy_job_at_real_size_behind_a_slow_link_is_never_stopped_and_resumes_sample_exact(
         s3_server, wide_shards, tmp_path):
