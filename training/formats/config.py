@@ -118,6 +118,16 @@ class CheckpointConfig:
         return DEFAULT_CHECKPOINT_MIN_INTERVAL_SECONDS if self.every_steps is None else 0.0
 
 
+# Before the first step, start-up moves from phase to phase (progress.py) and every wait for the store is
+# judged by the bytes it moves; between two such signs it does work it cannot measure (the rendezvous, where
+# every rank waits for the others to start and import torch and Horovod; building the model; the first
+# broadcast), which takes tens of seconds on a busy host. So before the first step the silence allowed is
+# this, or stall_seconds if longer, however long start-up takes as a whole; so is the watcher's outside the
+# job before the attempt's first heartbeat, and an elastic job's rendezvous after a worker left
+# (health/verdict.stall_limit, health/liveness.starting; ElasticConfig.wait_seconds stays under it).
+STARTUP_SECONDS = 60.0
+
+
 @dataclasses.dataclass(frozen=True)
 class HealthConfig:
     """Gradient-sync health: what is measured how often, and where the verdict's lines are drawn."""
@@ -198,6 +208,9 @@ class HorovodConfig:
     """Horovod knobs. Defaults chosen by bench/throughput.py on a 2-core CPU machine."""
 
     fusion_threshold_mb: float = 64.0
+    # The background thread sleeps this long between its rounds of negotiation, so every all-reduce waits for it.
+    # 0.2 ms cut the all-reduce alone of the bench model's gradient from 1.1 to 0.3 ms at np=1 and to 0.6 at np=2,
+    # but not the job's samples/s beyond this host's noise (bench/results/scaling_breakdown.md): Horovod's 1 ms stays.
     cycle_time_ms: float = 1.0
     fp16_compression: bool = False
     backward_passes_per_step: int = 1
@@ -295,7 +308,9 @@ class ElasticConfig:
     (bench/results/elastic_recovery.md) but failed a join on a loaded 2-core host (the newcomer's start took
     longer): the default keeps 10 s. wait_seconds: how long the job waits, with fewer than min_workers left, for workers
     to come back (a rejoin, a new slot) before it ends and the task's retry takes over (Horovod's elastic
-    timeout; its default is 600 s: fewer than min_workers is the retry's business, soon).
+    timeout; its default is 600 s: fewer than min_workers is the retry's business, soon). It stays under the
+    silence allowed in a rendezvous (health.stall_seconds, or STARTUP_SECONDS if longer), or the wait would end
+    in a stall verdict instead of its own reason (JobConfig's check).
     """
 
     min_workers: int = 1
@@ -303,7 +318,7 @@ class ElasticConfig:
     commit_every_steps: int = 50
     rejoin_seconds: float | None = None
     peer_timeout_seconds: float = 10.0
-    wait_seconds: float = 60.0
+    wait_seconds: float = 45.0
 
     def __post_init__(self) -> None:
         _positive_int(self, "min_workers", "elastic.min_workers")
@@ -376,6 +391,13 @@ def check_engine_fits(cfg: "JobConfig", engine: str) -> None:
         _require(cfg.entry is None, "elastic", "is set with an entry script",
                  "remove elastic: recovery inside the job runs ringflow's own loop (a script's own Horovod elastic "
                  "code runs as it is under entry)")
+        # The survivors wait for workers in a rendezvous, which the watchdogs judge as start-up: a wait as long as
+        # that allowance would end in a stall verdict instead of the launcher's own reason.
+        allowed = max(cfg.health.stall_seconds, STARTUP_SECONDS)
+        _require(engine != HOROVOD or cfg.elastic.wait_seconds < allowed, "elastic.wait_seconds",
+                 f"is {cfg.elastic.wait_seconds:g} s, not under the {allowed:g} s a worker may wait in a rendezvous "
+                 f"before it is judged stalled (health.stall_seconds, or {STARTUP_SECONDS:g} s if longer)",
+                 f"use less than {allowed:g} s, or raise health.stall_seconds above it")
     if engine == TENSORFLOW:
         _require(cfg.precision == "fp32", "precision", f'is {cfg.precision!r} with engine "{TENSORFLOW}"',
                  f'use "fp32": the TensorFlow engine trains in fp32 on CPUs, or use engine {others} for bf16/fp16')

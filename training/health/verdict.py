@@ -27,7 +27,7 @@ import statistics
 from collections import Counter, deque
 from typing import Any, Iterable, Mapping
 
-from ..formats.config import HealthConfig
+from ..formats.config import STARTUP_SECONDS, HealthConfig
 
 HEALTHY, DEGRADED, STALLED, DIVERGED, NONFINITE = "HEALTHY", "DEGRADED", "STALLED", "DIVERGED", "NONFINITE"
 # The store, not the job: a store operation the job had to wait for moved nothing for
@@ -64,15 +64,6 @@ class Verdict:
         if not doc:
             return None
         return cls(doc["status"], doc.get("reason", ""), doc.get("evidence") or {})
-
-
-# Before the first step, start-up moves from phase to phase (progress.py) and every wait for the store is
-# judged by the bytes it moves; between two such signs it does work it cannot measure (the rendezvous, where
-# every rank waits for the others to start and import torch and Horovod; building the model; the first
-# broadcast), which takes tens of seconds on a busy host. So before the first step the silence allowed is
-# this, or stall_seconds if longer, however long start-up takes as a whole; so is the watcher's outside the
-# job before the attempt's first heartbeat.
-STARTUP_SECONDS = 60.0
 
 
 def stall_limit(stall_seconds: float, starting: bool) -> float:

@@ -20,7 +20,7 @@ def test_each_slot_is_a_name_of_its_own_for_the_loopback_address():
 
 @pytest.mark.job  # runs the discovery script
 @pytest.mark.parametrize("elastic, np_, expected", [
-    (ElasticConfig(), 3, ["--min-np", "1", "--max-np", "3", "--elastic-timeout", "60"]),
+    (ElasticConfig(), 3, ["--min-np", "1", "--max-np", "3", "--elastic-timeout", "45"]),
     (ElasticConfig(min_workers=2, max_workers=4, rejoin_seconds=2.4, wait_seconds=5), 2,
      ["--min-np", "2", "--max-np", "4", "--elastic-timeout", "5", "--blacklist-cooldown-range", "2"]),
 ])

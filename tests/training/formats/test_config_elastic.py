@@ -34,11 +34,21 @@ def test_elastic_is_off_unless_given(section, expected, bounds_of_3):
     ({"engine": "ddp", "elastic": {}, "ddp": {"local_sgd": {"period": 4}}}, "elastic", "is set with ddp.local_sgd"),
     ({"engine": "tensorflow", "elastic": {}}, "elastic", 'use "engine": "horovod"'),
     ({"elastic": {}, "entry": {"script": "train.py"}}, "elastic", "recovery inside the job runs ringflow's own loop"),
+    # the survivors' wait in a rendezvous as long as start-up's allowance: a stall verdict, not the wait's reason
+    ({"elastic": {"wait_seconds": 120}}, "elastic.wait_seconds", "use less than 120 s"),
+    ({"elastic": {"wait_seconds": 60}, "health": {"stall_seconds": 12}}, "elastic.wait_seconds",
+     "use less than 60 s, or raise health.stall_seconds"),
 ])
 def test_bad_elastic_settings_say_what_to_do(fields, field, says):
     with pytest.raises(ConfigError) as err:
         JobConfig.from_dict(BASE | fields)
     assert err.value.field == field and says in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("stall_seconds, wait_seconds", [(12, 45), (12, 59), (300, 299), (120, 119)])
+def test_a_wait_under_the_rendezvous_allowance_is_taken(stall_seconds, wait_seconds):
+    cfg = JobConfig.from_dict(BASE | {"elastic": {"wait_seconds": wait_seconds}, "health": {"stall_seconds": stall_seconds}})
+    assert cfg.elastic.wait_seconds == wait_seconds
 
 
 def test_an_elastic_worker_re_inits_horovod_without_the_cycle_time():
