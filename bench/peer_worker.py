@@ -50,8 +50,12 @@ class PlainLoop:
             idx = self.order[(self.step * batch) % (len(x) - batch):][:batch]
             self.optimizer.zero_grad()
             loss_fn(self.model(x[idx]), y[idx]).backward()
+            self.after_backward()
             self.optimizer.step()
             self.step += 1
+
+    def after_backward(self) -> None:
+        """Between the backward pass and the optimizer step (a subclass's own gradient exchange)."""
 
 
 def plain_horovod(hvd, rank: int, size: int, features: int, hidden, batch: int, prefix: str = "") -> PlainLoop:
