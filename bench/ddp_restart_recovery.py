@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 from .common import BATCH, environment, machine, read_health, read_result, shards, shown_environment, spread
-from .elastic_recovery import commit_share, killed_at
+from .elastic_recovery import commit_share, in_memory_cost, killed_at, side_by_side
 from .results_file import add_results_arguments, write_results
 
 KILL_AT = 60  # after the default copy interval (50): a restart goes back to the copy of step 50
@@ -117,29 +117,19 @@ def main() -> None:
         root = Path(tmp)
         manifests = {np_: shards(root, np_) for np_ in (2, 3)}
         for np_ in (2, 3):
-            restart, retry = [], []
-            for n in range(args.repeats):  # interleaved, the order alternating
-                pair = ((retry_recovery, retry), (restart_recovery, restart))
-                for measure, into in (pair if n % 2 else pair[::-1]):
-                    into.append(measure(root, manifests[np_], np_, args.epochs, n))
-                print(f"np={np_} repeat {n + 1}: restart {restart[-1]}, retry {retry[-1]}", flush=True)
+            restart, retry = side_by_side(
+                args.repeats, lambda n: restart_recovery(root, manifests[np_], np_, args.epochs, n),
+                lambda n: retry_recovery(root, manifests[np_], np_, args.epochs, n), f"np={np_}", "restart")
             e, t = [r["seconds"] for r in restart], [r["seconds"] for r in retry]
             ratio = statistics.median(t) / statistics.median(e)
             summary["cases"][f"np{np_}-rank1"] = {"restart": restart, "retry": retry, "retry_over_restart": ratio}
             rows.append(f"| {np_} -> {np_} | rank 1 | {spread(e)} s | {spread([r['steps_redone'] for r in restart], 0)} "
                         f"| {restart[0]['resumed_from']} | {spread(t)} s | "
                         f"{spread([r['steps_redone'] for r in retry], 0)} | **{ratio:.1f}x** |")
-        with_copies, without, shares = [], [], []
-        for n in range(args.repeats):
-            a, b, share = copy_cost(root, manifests[2], args.copy_epochs, n)
-            with_copies.append(a)
-            without.append(b)
-            shares.append(share)
-            print(f"copies repeat {n + 1}: {a:,.0f} vs {b:,.0f} samples/s; in the job, {share:.2%} of the time",
-                  flush=True)
-        ratios = [a / b for a, b in zip(with_copies, without)]
-        summary["copies"] = {"every_steps": ElasticConfig().commit_every_steps, "with": with_copies,
-                             "without": without, "ratio": ratios, "share_in_job": shares}
+        summary["copies"] = in_memory_cost(args.repeats, lambda n: copy_cost(root, manifests[2], args.copy_epochs, n),
+                                           "copies")
+        copies = summary["copies"]
+        with_copies, without, ratios, shares = (copies[k] for k in ("with", "without", "ratio", "share_in_job"))
     lines = [f"# What a DDP worker's death costs: torchrun's restart from the peer copy against a retry "
              f"({args.repeats} interleaved repeats, median (min-max))", "",
              f"Rank 1 SIGKILLed at step {KILL_AT} of a DDP job (bench MLP, batch {BATCH} per worker, {args.epochs} "

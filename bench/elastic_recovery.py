@@ -117,7 +117,7 @@ def commit_share(result, np_: int) -> float:
     return (result.elastic_commit_seconds / result.elastic_commits) / (ElasticConfig().commit_every_steps * step_seconds)
 
 
-def commit_cost(root: Path, manifest: str, epochs: int, n: int) -> tuple[float, float]:
+def commit_cost(root: Path, manifest: str, epochs: int, n: int) -> tuple[float, float, float]:
     from ringflow.training.formats.config import ElasticConfig
     from ringflow.training.store import LocalFolderStore
 
@@ -131,6 +131,35 @@ def commit_cost(root: Path, manifest: str, epochs: int, n: int) -> tuple[float, 
         if every == every_default:
             share = commit_share(result, 2)
     return rates[every_default], rates[10**9], share
+
+
+def side_by_side(repeats: int, recover: Callable[[int], dict], retry: Callable[[int], dict], label: str,
+                 recovered_as: str) -> tuple[list[dict], list[dict]]:
+    """`repeats` of (recovery inside the job, a retry), interleaved, which goes first alternating: each
+    measure gets the repeat's number."""
+    recovered, retried = [], []
+    for n in range(repeats):
+        pair = ((retry, retried), (recover, recovered))
+        for measure, into in (pair if n % 2 else pair[::-1]):
+            into.append(measure(n))
+        print(f"{label} repeat {n + 1}: {recovered_as} {recovered[-1]}, retry {retried[-1]}", flush=True)
+    return recovered, retried
+
+
+def in_memory_cost(repeats: int, cost: Callable[[int], tuple[float, float, float]], what: str) -> dict:
+    """`repeats` of `cost(n)` -> (samples/s with the in-memory copies, without, their share of the job's training
+    time), as the results' summary holds them."""
+    from ringflow.training.formats.config import ElasticConfig
+
+    with_copies, without, shares = [], [], []
+    for n in range(repeats):
+        a, b, share = cost(n)
+        with_copies.append(a)
+        without.append(b)
+        shares.append(share)
+        print(f"{what} repeat {n + 1}: {a:,.0f} vs {b:,.0f} samples/s; in the job, {share:.2%} of the time", flush=True)
+    return {"every_steps": ElasticConfig().commit_every_steps, "with": with_copies, "without": without,
+            "ratio": [a / b for a, b in zip(with_copies, without)], "share_in_job": shares}
 
 
 # -- at a user's size (--real-size) -----------------------------------------------------------------------------------
@@ -312,13 +341,10 @@ def main() -> None:
         root = Path(tmp)
         manifests = {np_: shards(root, np_) for np_ in {2} | {np_ for np_, _ in cases}}
         for np_, kill_rank in cases:
-            elastic, retry = [], []
-            for n in range(args.repeats):  # interleaved, the order alternating
-                pair = ((retry_recovery, retry), (elastic_recovery, elastic))
-                for measure, into in (pair if n % 2 else pair[::-1]):
-                    into.append(measure(root, manifests[np_], np_, args.epochs, n, kill_rank))
-                print(f"np={np_} kill rank {kill_rank} repeat {n + 1}: elastic {elastic[-1]}, retry {retry[-1]}",
-                      flush=True)
+            elastic, retry = side_by_side(
+                args.repeats, lambda n: elastic_recovery(root, manifests[np_], np_, args.epochs, n, kill_rank),
+                lambda n: retry_recovery(root, manifests[np_], np_, args.epochs, n, kill_rank),
+                f"np={np_} kill rank {kill_rank}", "elastic")
             e = [r["seconds"] for r in elastic]
             t = [r["seconds"] for r in retry]
             ratio = statistics.median(t) / statistics.median(e)
@@ -326,17 +352,10 @@ def main() -> None:
             rows.append(f"| {np_} -> {np_ - 1} | rank {kill_rank}{' (the writer)' if kill_rank == 0 else ''} | "
                         f"{spread(e)} s | {spread([r['steps_redone'] for r in elastic], 0)} | {spread(t)} s | "
                         f"{spread([r['steps_redone'] for r in retry], 0)} | **{ratio:.1f}x** |")
-        with_commits, without, shares = [], [], []
-        for n in range(args.repeats):
-            a, b, share = commit_cost(root, manifests[2], args.commit_epochs, n)
-            with_commits.append(a)
-            without.append(b)
-            shares.append(share)
-            print(f"commits repeat {n + 1}: {a:,.0f} vs {b:,.0f} samples/s; in the job, {share:.2%} of the time",
-                  flush=True)
-        ratios = [a / b for a, b in zip(with_commits, without)]
-        summary["commits"] = {"every_steps": ElasticConfig().commit_every_steps, "with": with_commits,
-                              "without": without, "ratio": ratios, "share_in_job": shares}
+        summary["commits"] = in_memory_cost(args.repeats, lambda n: commit_cost(root, manifests[2], args.commit_epochs, n),
+                                            "commits")
+        commits = summary["commits"]
+        with_commits, without, ratios, shares = (commits[k] for k in ("with", "without", "ratio", "share_in_job"))
     lines = [f"# What a worker's death costs: recovery inside the job (elastic) against a retry ({args.repeats} "
              "interleaved repeats, median (min-max))", "",
              f"A rank SIGKILLed at step {KILL_AT} of a Horovod job (bench MLP, batch {BATCH} per worker, "
