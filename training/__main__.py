@@ -25,7 +25,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, leave_when_done: bool = False) -> int:
+    """The rank's exit code. leave_when_done: a rank that ran the user's script leaves the process without
+    the interpreter's finalization (rank/process_exit.py); the entry point's, not a caller's in-process."""
     args = parser().parse_args(argv)  # a bad argument: usage and one error line, exit 2 (exit_codes.CONFIG)
     try:
         cfg = load_job_config(args.config)
@@ -45,7 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.entry is not None:  # the user's own code, whatever the engine (its launcher started this rank)
         from .rank.script_rank import main as run_script
 
-        return run_script(cfg, engine)
+        code = run_script(cfg, engine)
+        if leave_when_done:
+            from .rank.process_exit import leave
+
+            leave(code)
+        return code
     if engine_spec(engine).starts_workers_itself:
         from .rank.tensorflow_worker import main as run_worker
     else:
@@ -55,4 +62,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(leave_when_done=True))

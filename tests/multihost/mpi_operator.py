@@ -8,7 +8,9 @@ multi-host tests give the launcher and the workers exactly what the operator wou
 - the SSH Secret: an ECDSA P-521 key pair mounted at spec.sshAuthMountPath as id_rsa, id_rsa.pub and
   authorized_keys (the operator keeps the "id_rsa" names), files owned by root, mode 0644 unless the
   mount path is /root/.ssh (then 0600);
-- pod hostnames: "<job>-launcher" and "<job>-worker-<i>", subdomain "<job>-worker".
+- pod hostnames: "<job>-launcher" and "<job>-worker-<i>", subdomain "<job>-worker";
+- /etc/mpi/discover_hosts.sh (mode 0555), Horovod elastic's host discovery: "#!/bin/sh" and "echo <fqdn>" for each
+  worker pod now Running, sorted by name (v0.8.2 updateDiscoverHostsInConfigMap).
 """
 from __future__ import annotations
 
@@ -33,6 +35,12 @@ def worker_fqdn(job: str, index: int, namespace: str) -> str:
 
 def hostfile(job: str, namespace: str, workers: int, slots: int) -> str:
     return "".join(f"{worker_fqdn(job, i, namespace)} slots={slots}\n" for i in range(workers))
+
+
+def discover_hosts(job: str, namespace: str, running: list[int]) -> str:
+    """discover_hosts.sh as the operator writes it when the worker pods `running` are Running."""
+    names = sorted(worker_fqdn(job, i, namespace) for i in running)
+    return "#!/bin/sh\n" + "".join(f"echo {name}\n" for name in names)
 
 
 def launcher_env(slots: int) -> dict[str, str]:

@@ -36,8 +36,9 @@ class MPIJobOnHosts:
         self.cluster, self.launcher, self.workers = cluster, launcher, workers
         self.spec, self.settings, self.folder = spec, settings, folder
         self.manifest = build_mpijob(spec, settings)
-        if len(workers) != spec.num_workers:
-            raise ValueError(f"{len(workers)} hosts for {spec.num_workers} workers")
+        replicas = self.manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
+        if len(workers) != replicas:
+            raise ValueError(f"{len(workers)} hosts for {replicas} worker pods")
         folder.mkdir(parents=True, exist_ok=True)
         # The ConfigMap volume, the operator's hostfile ConfigMap and its SSH Secret.
         self.config_dir = folder / "configmap"
@@ -47,8 +48,12 @@ class MPIJobOnHosts:
         self.mpi_dir = folder / "mpi"
         self.mpi_dir.mkdir(exist_ok=True)
         namespace = settings.namespace or "default"
-        (self.mpi_dir / "hostfile").write_text(op.hostfile(spec.name, namespace, spec.num_workers,
+        (self.mpi_dir / "hostfile").write_text(op.hostfile(spec.name, namespace, replicas,
                                                            self.manifest["spec"]["slotsPerWorker"]))
+        # Every worker pod of the MPIJob Running (their sshd; a rank that dies leaves its pod Running).
+        discover = self.mpi_dir / "discover_hosts.sh"
+        discover.write_text(op.discover_hosts(spec.name, namespace, list(range(len(workers)))))
+        discover.chmod(0o555)
         self.ssh_dir = folder / "ssh"
         op.write_ssh_secret(self.ssh_dir, settings.ssh_path)
         self.launcher_log = folder / "launcher.log"

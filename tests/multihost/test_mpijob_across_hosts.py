@@ -8,7 +8,9 @@ Operator's hostfile, environment and keys; the hosts are network namespaces runn
 - a retry after the link is back resumes from the last checkpoint and ends like the uninterrupted run;
 - rank 0's host frozen and cut off from the launcher but not from the store (a node gone dark whose pod
   outlives its MPIJob): the retry, a new MPIJob on other hosts, claims the run folder and succeeds; when the
-  old host comes back, its rank 0 ends FENCED without writing anything.
+  old host comes back, its rank 0 ends FENCED without writing anything;
+- with `elastic`, the launcher runs Horovod's elastic driver over the operator's discovery script: a rank
+  SIGKILLed on its host is recovered inside the job and a new worker joins on that host, every row once.
 """
 from __future__ import annotations
 
@@ -309,3 +311,44 @@ def test_a_host_cut_off_from_the_launcher_but_not_from_the_store_ends_fenced(clu
         dark.set_link(True)
         dark.kill_all()
     assert dark.pids() == [], dark.process_names()
+
+
+def test_an_elastic_mpijob_goes_on_without_a_dead_worker_and_takes_it_back(cluster, mpijob):
+    """`elastic` on an MPIJob: the launcher runs Horovod's elastic driver over the worker pods the operator's
+    discover_hosts.sh lists, started over ssh. Rank 1's process is SIGKILLed mid-epoch on its host: rank 0 goes
+    back to its last commit and trains on alone, then, after the cooldown, the driver starts a new worker on the
+    dead one's host (its pod still Running) and it joins. One launcher run, no retry; every training row of
+    every epoch is trained on exactly once."""
+    from elastic_rows import assert_every_row_once
+
+    killed_at = 30  # mid-epoch 1: 22 steps an epoch on 2 workers
+    # A wider MLP than digits needs (1.1 M parameters), so that the survivor still trains when the new worker,
+    # started over ssh after the cooldown, has imported torch and joins (digits' own MLP ends within seconds).
+    config = job_config("elastic") | {
+        "epochs": 40, "model": {"hidden": [1024, 1024]}, "checkpoint": {"every_steps": 200},
+        "elastic": {"min_workers": 1, "commit_every_steps": 5, "rejoin_seconds": 2},
+        "faults": [{"kind": "crash", "rank": 1, "step": killed_at}],
+        "row_log_dir": f"{STORE_MOUNT}/rows/elastic"}
+    job = mpijob(config)
+    assert job.launcher_argv[:4] == ["horovodrun", "-np", str(WORKERS), "--gloo"], job.launcher_argv
+    rc, log = job.run(timeout=600)
+    assert rc == 0 and f"fault: SIGKILL at step {killed_at}" in log, f"horovodrun exited {rc}:\n{tail(log, 80)}"
+    run_dir = host_path(cluster, config["run_uri"])
+    result = read_result(LocalFolderStore(str(run_dir)))
+    assert result.succeeded and result.resumed_from is None and result.world_size == WORKERS, result
+    left, joined = result.membership_changes
+    assert (left["why"], left["from_world_size"], left["to_world_size"]) == ("left", 2, 1), left
+    assert (joined["why"], joined["from_world_size"], joined["to_world_size"]) == ("joined", 1, 2), joined
+    # Who: the dead rank's pod (the driver numbers ranks its own way: rank 1 may run on either), and the rank
+    # that joined ran on that same pod.
+    fqdns = [op.worker_fqdn(JOB, i, NAMESPACE) for i in range(WORKERS)]
+    (gone,) = left["left"]
+    assert joined["joined"] == left["left"] and gone.split(":")[0] in fqdns, (left, joined)
+    assert "workers changed (left" in log and "workers changed (joined" in log, tail(log, 80)
+    # Reached over ssh as mpiuser: on every pod once for the driver's interface probe and once for its rank, and
+    # on the dead rank's pod a third time, for the rank that joined.
+    accepted = [job.worker_log(i).read_text().count("Accepted publickey for mpiuser") for i in range(WORKERS)]
+    assert accepted[fqdns.index(gone.split(":")[0])] == 3 and sorted(accepted) == [2, 3], accepted
+    on_this_machine = config | {"manifest_uri": str(host_path(cluster, config["manifest_uri"])),
+                                "row_log_dir": str(host_path(cluster, config["row_log_dir"]))}
+    assert_every_row_once(on_this_machine, [left, joined])

@@ -53,6 +53,13 @@ def test_a_killed_worker_restarts_every_worker_from_the_peer_copy_without_a_retr
     assert len(claims) == 2 and {result.attempt} == set(claims), pointer
     records = module_jobs.health(cfg)
     assert [(r["why"], r["commit_step"]) for r in records if r["type"] == "membership"] == [("left", went_back)]
+    # The first round's rank 0, its collective failed or stopped by torchrun's SIGTERM (rank/last_word.py), wrote
+    # its records before it went, not only those its log's thread had flushed (every second): the history keeps
+    # the step and checksum records of step 5, appended at step 10 (the gathers are collected one measurement
+    # later), a moment before the death. Step 10's, still in flight, died with the round.
+    assert "writing the health records not yet written" in out, out[-6000:]
+    round_0 = [(r["type"], r["step"]) for r in records[:[r["type"] for r in records].index("membership")]]
+    assert round_0 == [("start", 0), ("step", 5), ("checksum", 5)], round_0
     # Removed when the job ended.
     assert not os.path.exists(copy_folder(cfg["run_uri"], result.attempt))
 

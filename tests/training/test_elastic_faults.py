@@ -1,8 +1,8 @@
 """Recovery inside the job, the deaths a commit and an upload make harder (rank/elastic.py; the mid-epoch kill
 and the rejoin are test_elastic_horovod.py's): a worker SIGKILLed inside an elastic commit, rank 0 SIGKILLed while
-its checkpoint upload is in flight, a rank that hangs (alive, silent) and is dropped, and a death that leaves
-fewer than min_workers, which falls back to the retry. Each is one `ringflow train`; every training row of every
-epoch is trained on exactly once."""
+its checkpoint upload is in flight, a rank that hangs (alive, silent) and one that is frozen (SIGSTOP), each
+dropped, and a death that leaves fewer than min_workers, which falls back to the retry. Each is one
+`ringflow train`; every training row of every epoch is trained on exactly once."""
 import pytest
 
 from elastic_rows import assert_every_row_once
@@ -72,6 +72,21 @@ def test_a_hung_rank_is_dropped(module_jobs):
     cfg["health"] = cfg["health"] | {"stall_seconds": 12}
     code, out = module_jobs.run(cfg, np=3, timeout=240)
     assert "fault: hanging at step 8" in out and "seen by the watchdog of rank 2" in out, out[-5000:]
+    change = only_change(module_jobs, cfg, code, out)
+    assert (change["why"], change["from_world_size"], change["to_world_size"]) == ("left", 3, 2), (change, out[-8000:])
+    assert change["commit_step"] == 5 and change["steps_redone"] == 2, change
+    assert_every_row_once(cfg, [change])
+
+
+def test_a_frozen_rank_is_dropped(module_jobs):
+    """Rank 2 is SIGSTOPped (every thread frozen, its watchdog too, so it cannot end itself as a hung rank
+    does): the launcher sees it stopped for peer_timeout_seconds, kills it and says so, and the survivors go on
+    from their commit. The job succeeds in one try."""
+    cfg = elastic_config(module_jobs, "elastic-frozen", [{"kind": "stop", "rank": 2, "step": 8}], epochs=3,
+                         peer_timeout_seconds=4)
+    code, out = module_jobs.run(cfg, np=3, timeout=240)
+    assert "fault: SIGSTOP at step 8" in out, out[-5000:]
+    assert "(T stopped)" in out and "over elastic.peer_timeout_seconds (4 s): killed" in out, out[-5000:]
     change = only_change(module_jobs, cfg, code, out)
     assert (change["why"], change["from_world_size"], change["to_world_size"]) == ("left", 3, 2), (change, out[-8000:])
     assert change["commit_step"] == 5 and change["steps_redone"] == 2, change

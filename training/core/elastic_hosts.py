@@ -56,11 +56,10 @@ def write_discovery_script(folder: str, names: list[str]) -> str:
 
 def elastic_arguments(elastic: ElasticConfig, num_workers: int, discovery: str) -> list[str]:
     """horovodrun's elastic options for a launch of `num_workers` (replacing -H): the bounds, the discovery
-    script, the loopback interface (without it horovodrun waits forever at start on a host with several), how
-    long fewer than min_workers may wait for slots, and the rejoin cooldown."""
+    script, how long fewer than min_workers may wait for slots, and the rejoin cooldown."""
     fewest, most = elastic.bounds(num_workers)
     args = ["--min-np", str(fewest), "--max-np", str(most), "--host-discovery-script", discovery,
-            "--network-interface", "lo", "--elastic-timeout", str(max(1, round(elastic.wait_seconds)))]
+            "--elastic-timeout", str(max(1, round(elastic.wait_seconds)))]
     if elastic.rejoin_seconds is not None:
         seconds = max(1, round(elastic.rejoin_seconds))
         args += ["--blacklist-cooldown-range", str(seconds), str(seconds)]
@@ -75,4 +74,6 @@ def elastic_command(command: list[str], elastic: ElasticConfig, num_workers: int
     at = command.index("-H")
     rest = [a for a in command[at + 2:] if a not in ("--mpi", "--gloo")]
     elastic_args = elastic_arguments(elastic, num_workers, write_discovery_script(folder, names))
+    # The loopback interface: without it horovodrun waits for ever at start on a host with several.
+    elastic_args += ["--network-interface", "lo"]
     return command[:at] + ["--gloo", *elastic_args] + rest, {ELASTIC_SLOTS_ENV: ",".join(names)}

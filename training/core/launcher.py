@@ -21,6 +21,7 @@ from .backends.base import JobState
 from .backends.processes.stop import (
     KILL_WAIT_SECONDS, ProcessesRemain, grace_from_env, stop_leftovers, stop_processes,
 )
+from .backends.processes.frozen_watch import FrozenWatch
 from .backends.processes.oom_watch import OomWatch
 from .backends.processes.supervise import shell_status
 from .backends.processes.tracker import RELEASE_WAIT_SECONDS, ProcessTracker
@@ -221,7 +222,10 @@ def run_attempt(config_path: str, num_workers: int, controller: str = DEFAULT_CO
                     ended_for.append(too_few)
                     _say(too_few)
 
-            with oom.running():
+            # An elastic job's process the kernel reports stopped is killed once its peers gave up on it.
+            frozen = (FrozenWatch(tracker.members, cfg.elastic.peer_timeout_seconds, _say).running()
+                      if cfg.elastic is not None else contextlib.nullcontext())
+            with oom.running(), frozen:
                 if tf_workers is not None:
                     launcher_code = _run_tf_workers(tracker, tf_workers, env, on_job_line, grace)
                 else:

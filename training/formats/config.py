@@ -285,13 +285,14 @@ class DdpConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ElasticConfig:
-    """Recovery inside the job (engine "horovod", ringflow's own loop; rank/elastic.py): the job runs under
-    Horovod's elastic mode, and when a worker dies the survivors go back to their last in-memory commit, deal
+    """Recovery inside the job (engine "horovod", ringflow's own loop; rank/elastic.py; local processes or an
+    MPIJob, kubernetes/mpijob.py): the job runs under Horovod's elastic mode, and when a worker dies the survivors go back to their last in-memory commit, deal
     the epoch's unseen rows among themselves and go on, without a retry. Fewer than `min_workers` left ends
     the job as before (the task's retry resumes from the last checkpoint). With engine "ddp" (rank/ddp_elastic.py)
     torchrun restarts every worker at once instead, in the same try, and they resume from the newest copy of the
     state a host keeps on its memory disk (written every commit_every_steps steps) or the store's newest
-    checkpoint, whichever is newer; rejoin_seconds, peer_timeout_seconds and wait_seconds are Horovod's only.
+    checkpoint, whichever is newer; rejoin_seconds and wait_seconds are Horovod's only, and so is peer_timeout_seconds,
+    but for a stopped worker process (below).
 
     min_workers: the fewest workers the job trains on. max_workers: the most (a worker that comes back, or a
     new slot, joins up to it); None: the launch's worker count. commit_every_steps: every this many steps each
@@ -306,7 +307,9 @@ class ElasticConfig:
     rendezvous (Horovod uses one timeout for both): the survivors wait this long for a joining worker that is
     still importing torch, and one message's transfer (the commit broadcast to it). 3 s recovers in 0.35-4.0 s
     (bench/results/elastic_recovery.md) but failed a join on a loaded 2-core host (the newcomer's start took
-    longer): the default keeps 10 s. wait_seconds: how long the job waits, with fewer than min_workers left, for workers
+    longer): the default keeps 10 s. A worker process the kernel reports stopped (SIGSTOP) this long, with
+    either engine, is killed by the launcher, so that the job goes on without it
+    (backends/processes/frozen_watch.py). wait_seconds: how long the job waits, with fewer than min_workers left, for workers
     to come back (a rejoin, a new slot) before it ends and the task's retry takes over (Horovod's elastic
     timeout; its default is 600 s: fewer than min_workers is the retry's business, soon). It stays under the
     silence allowed in a rendezvous (health.stall_seconds, or STARTUP_SECONDS if longer), or the wait would end
@@ -340,6 +343,13 @@ class ElasticConfig:
     def bounds(self, num_workers: int) -> tuple[int, int]:
         """(fewest, most) workers of a launch of `num_workers`."""
         return self.min_workers, self.max_workers if self.max_workers is not None else num_workers
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> "ElasticConfig":
+        """The config's `elastic` section alone, checked as JobConfig checks it (for a launcher that reads no
+        other section: kubernetes/mpijob.py)."""
+        _require(isinstance(doc, Mapping), "elastic", f"is a {type(doc).__name__}", "give a JSON object")
+        return _build(cls, doc, "elastic.")
 
 
 # The collective implementations TensorFlow offers on CPUs (tf.distribute.experimental.CommunicationImplementation):
@@ -416,8 +426,9 @@ class FaultConfig:
     give it on every rank: health judges the smallest share across ranks). `oom` raises the engine's
     out-of-memory error when the per-worker batch is above `above_batch`, as a rank whose activations no longer
     fit would (a smaller batch then trains: the OOM remedy's test). `crash` SIGKILLs the rank before the
-    step's backward; `crash_in_commit` inside an elastic job's commit of the step (its state copied, before
-    the collective check for changed hosts: rank/elastic.py); `crash_in_upload` (rank 0) from the
+    step's backward; `stop` SIGSTOPs it there (frozen, every thread: the launcher's FrozenWatch);
+    `crash_in_commit` inside an elastic job's commit of the step (its state copied, before the collective check
+    for changed hosts: rank/elastic.py); `crash_in_upload` (rank 0) from the
     checkpoint writer's thread once the first bytes of the step's checkpoint are written, before its
     MANIFEST."""
 
@@ -428,8 +439,8 @@ class FaultConfig:
     on_try: int = 1
     above_batch: int = 0
 
-    KINDS = ("nan_gradient", "slow_rank", "slow_sync", "perturb_replica", "hang", "crash", "crash_in_commit",
-             "crash_in_upload", "oom")
+    KINDS = ("nan_gradient", "slow_rank", "slow_sync", "perturb_replica", "hang", "stop", "crash",
+             "crash_in_commit", "crash_in_upload", "oom")
 
     def __post_init__(self) -> None:
         _require(self.kind in self.KINDS, "faults[].kind", f"is {self.kind!r}", f"use one of {self.KINDS}")

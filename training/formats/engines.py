@@ -118,10 +118,12 @@ def check_backend(name: str, backend_kind: str) -> EngineSpec:
 
 # Where recovery inside the job (the config's `elastic`) runs: local processes, whose launcher ringflow makes
 # elastic: horovodrun's elastic driver (Horovod: rank/elastic.py, core/elastic_hosts.py) or torchrun with restarts
-# and a copy of the state on the host's memory disk (DDP: rank/ddp_elastic.py). An MPIJob's launcher runs plain
-# mpirun and a TrainJob's runtime torchrun or mpirun as the cluster's runtime says: neither is made elastic, so
-# there a death ends the job and the task's retry resumes from the last checkpoint.
-ELASTIC_BACKENDS = (LOCAL,)
+# and a copy of the state on the host's memory disk (DDP: rank/ddp_elastic.py); and an MPIJob, whose launcher
+# then runs horovodrun's elastic driver over the worker pods the MPI Operator's discovery script lists
+# (kubernetes/mpijob.py). A TrainJob's runtime runs torchrun or mpirun as the cluster's ClusterTrainingRuntime
+# says, not made elastic by ringflow: there a death ends the job and the task's retry resumes from the last
+# checkpoint.
+ELASTIC_BACKENDS = (LOCAL, MPIJOB)
 
 
 def check_elastic_backend(elastic: bool, backend_kind: str) -> None:
@@ -130,4 +132,4 @@ def check_elastic_backend(elastic: bool, backend_kind: str) -> None:
         raise EngineError(f"elastic is set, but {_BACKEND_CREATES.get(backend_kind, backend_kind)} cannot recover "
                           f"inside the job (its launcher is not made elastic: no Horovod elastic driver, no torchrun "
                           f"restarts): remove elastic (a death then ends the job and the retry resumes from the last "
-                          f"checkpoint), or run {_BACKEND_HOW[LOCAL]}")
+                          f"checkpoint), or run {_BACKEND_HOW[LOCAL]} or {_BACKEND_HOW[MPIJOB]}")

@@ -47,9 +47,10 @@ from ..formats.run_folder import RunFolder
 from .callbacks.base import Callback
 from .callbacks.logging import say
 from .commits import LEFT, Commit, CountedCommits, record_change
+from .last_word import SIGTERM_WORD_SECONDS, on_sigterm
 from .peer_copy import (META_FILE, BeatFile, Choice, Source, choose, copy_folder, copy_name, newest_copy, read_end,
                         remove, same_host_only, write_end)
-from .rank_start import RankStart, store_call
+from .rank_start import RankStart, store_call, within
 from .training_state import STATE_FILE, TrainingState
 from .worker_env import ATTEMPT_ENV, launcher_local_rank
 
@@ -301,7 +302,17 @@ def run(cfg: JobConfig, make_trainer, device_memory=None) -> int:
     from .engines import start_engine
     from .rank_run import run_rank
 
+    started: list[RankStart] = []
+
+    def write_records() -> None:
+        if started and started[0].health_log is not None:
+            started[0].health_log.close()
+
     def trainer(cfg, engine, start):
+        started.append(start)
+        # A survivor of a death whose collective did not fail is stopped by torchrun with SIGTERM: rank 0's
+        # unwritten health records go first (last_word.py).
+        on_sigterm(write_records, lambda line: say(f"rank {engine.rank}: {line}"))
         peers = PeerCopyRun.begin(cfg, engine, start)
         made = make_trainer(cfg, engine, start, peers)
         peers.attach(made)
@@ -312,7 +323,15 @@ def run(cfg: JobConfig, make_trainer, device_memory=None) -> int:
     if ended is not None:  # a rank ended the job on purpose: torchrun's restart does not undo it
         say(f"a rank ended this job with exit code {ended} before torchrun restarted it: ending with it")
         return ended
-    code = run_rank(cfg, start_engine, trainer, device_memory=device_memory)
+    try:
+        code = run_rank(cfg, start_engine, trainer, device_memory=device_memory)
+    except Exception:
+        # A survivor whose collective failed with the dead peer (Gloo: the connection closed) ends with that
+        # error, and torchrun restarts every worker: rank 0's unwritten health records go first.
+        say("a collective failed (a peer is gone): writing the health records not yet written before torchrun "
+            "restarts every worker")
+        within(SIGTERM_WORD_SECONDS, write_records)
+        raise
     if code != 0:
         write_end(folder, code)
     return code

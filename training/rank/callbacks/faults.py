@@ -39,6 +39,10 @@ class FaultInjection(Callback):
         if self._due("hang", step) is not None:
             print(f"[ringflow] fault: hanging at step {step}", file=sys.stderr, flush=True)
             time.sleep(10**6)
+        if self._due("stop", step) is not None:
+            print(f"[ringflow] fault: SIGSTOP at step {step} (unix time {time.time():.3f})", file=sys.stderr,
+                  flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
         if self._due("crash", step) is not None:
             _sigkill(f"at step {step}")
         oom = self._due("oom", step)

@@ -6,6 +6,7 @@ keys and its own labels; everything else is here, so the snapshot tests show exa
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..job_spec import JobSpec, JobSpecError
@@ -15,12 +16,15 @@ from .job_parts import (CONFIG_FILE, CONFIG_MOUNT_PATH, FORWARDED_ENV,
                                                              S3_ENDPOINT_ENV, S3_SECRET_KEYS, build_configmap,
                                                              configmap_name)
 from .settings import MPIJobSettings, Resources, RunPolicy, SettingsError
+from ringflow.training.core.elastic_hosts import elastic_arguments
+from ringflow.training.formats.config import ConfigError, ElasticConfig
 from ringflow.training.formats.engines import DEFAULT_ENGINE, MPIJOB, EngineError, check_backend, check_elastic_backend
 
 __all__ = [
     "API_VERSION", "KIND", "CONFIG_MOUNT_PATH", "CONFIG_FILE", "S3_SECRET_KEYS", "S3_ENDPOINT_ENV", "FORWARDED_ENV",
     "MPIJobSettings", "Resources", "RunPolicy", "SettingsError",
-    "build_mpijob", "build_configmap", "configmap_name", "mpirun_command",
+    "build_mpijob", "build_configmap", "configmap_name", "mpirun_command", "launcher_command",
+    "DISCOVER_HOSTS_SCRIPT",
 ]
 
 # The MPIJob CRD (kubeflow/mpi-operator v0.8.2), for the manifests here and the API calls in client.py.
@@ -49,6 +53,43 @@ def mpirun_command(spec: JobSpec, settings: MPIJobSettings) -> list[str]:
     """The launcher's command line. The MPI Operator provides the hostfile (OMPI_MCA_orte_default_hostfile)."""
     names = list(FORWARDED_ENV) + P.store_env_names(settings) + sorted(spec.env)
     return P.mpirun_command(spec.num_workers, names, settings.python, settings.run_as_root)
+
+
+# What the MPI Operator (v0.8.2, updateDiscoverHostsInConfigMap) mounts beside the hostfile, mode 0555: a script
+# that prints one line per worker pod now Running (`echo <pod>.<job>-worker.<ns>.svc`, no slots), rewritten as
+# pods start and stop. Horovod elastic's host discovery for an MPIJob (the operator's own elastic example).
+DISCOVER_HOSTS_SCRIPT = "/etc/mpi/discover_hosts.sh"
+
+
+def elastic(spec: JobSpec) -> ElasticConfig | None:
+    """The job's `elastic` section, checked (the ranks check the whole config again)."""
+    doc = spec.config.get("elastic")
+    if doc is None:
+        return None
+    try:
+        return ElasticConfig.from_dict(doc)
+    except ConfigError as e:
+        raise JobSpecError(str(e)) from None
+
+
+def horovodrun_elastic_command(spec: JobSpec, settings: MPIJobSettings, recovery: ElasticConfig) -> list[str]:
+    """The launcher's command line for a job with `elastic` (rank/elastic.py): Horovod's elastic driver with
+    the Gloo controller, over the worker pods the operator's discovery script lists, one slot each, started
+    over ssh on the workers' sshd port as mpirun would reach them. horovodrun hands its whole environment to
+    the ranks (the store's credentials among it), as mpirun's -x does by name. Its own interface probe finds
+    the pods' network (no --network-interface: a pod's is not known here)."""
+    python = settings.python
+    horovodrun = os.path.join(os.path.dirname(python), "horovodrun") if "/" in python else "horovodrun"
+    return [horovodrun, "-np", str(spec.num_workers), "--gloo",
+            *elastic_arguments(recovery, spec.num_workers, DISCOVER_HOSTS_SCRIPT),
+            "--slots", "1", "--ssh-port", str(settings.ssh_port),
+            python, "-m", "ringflow.training", P.config_path()]
+
+
+def launcher_command(spec: JobSpec, settings: MPIJobSettings) -> list[str]:
+    """mpirun, or Horovod's elastic driver when the job has `elastic`."""
+    recovery = elastic(spec)
+    return mpirun_command(spec, settings) if recovery is None else horovodrun_elastic_command(spec, settings, recovery)
 
 
 def _launcher_env(spec: JobSpec, settings: MPIJobSettings) -> list[dict[str, Any]]:
@@ -86,7 +127,8 @@ def _container(name: str, command: list[str], settings: MPIJobSettings, resource
 
 
 def build_mpijob(spec: JobSpec, settings: MPIJobSettings) -> dict[str, Any]:
-    """The MPIJob for this spec: one launcher running mpirun, spec.num_workers workers running sshd."""
+    """The MPIJob for this spec: one launcher running mpirun (Horovod's elastic driver with `elastic`),
+    spec.num_workers workers running sshd."""
     if not isinstance(settings, MPIJobSettings):
         raise SettingsError("settings must be an MPIJobSettings (use MPIJobSettings.from_dict for JSON)")
     _check_engine(spec)
@@ -94,7 +136,8 @@ def build_mpijob(spec: JobSpec, settings: MPIJobSettings) -> dict[str, Any]:
     P.check_env(spec)
     P.check_pinned(spec)
     labels = L.job_labels(spec.labels)
-    command = mpirun_command(spec, settings)
+    command = launcher_command(spec, settings)
+    recovery = elastic(spec)
     launcher = _container("launcher", command, settings, settings.launcher)
     launcher["env"] = _launcher_env(spec, settings)
     sshd = ["/usr/sbin/sshd", "-De"]
@@ -125,7 +168,9 @@ def build_mpijob(spec: JobSpec, settings: MPIJobSettings) -> dict[str, Any]:
                     "template": _template(labels, _pod_spec(spec, settings, launcher)),
                 },
                 "Worker": {
-                    "replicas": spec.num_workers,
+                    # With elastic, up to max_workers: the pods beyond the launch's count are the slots a new
+                    # worker joins on (Horovod starts one there as soon as the discovery script lists it).
+                    "replicas": spec.num_workers if recovery is None else recovery.bounds(spec.num_workers)[1],
                     # The operator never recreates a failed worker pod; restarting it in place lets a
                     # launcher retry find every worker again.
                     "restartPolicy": "OnFailure",

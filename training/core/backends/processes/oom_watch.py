@@ -16,6 +16,7 @@ import threading
 from typing import Callable
 
 from . import proc
+from .poller import Poller
 from .proc import Process
 from ....health.memory_limits import MemoryLimits, memories_in_log, oom_kills
 from ....health.oom import KERNEL_OOM_KILLER, MemoryEvidence, oom_in_log, oom_verdict
@@ -88,26 +89,6 @@ class OomWatch:
         self._found(oom_verdict(evidence, self._shape))
         return self._verdict
 
-    def running(self) -> "_Looking":
+    def running(self) -> Poller:
         """While in this context, `look` every POLL_SECONDS on a thread; once more on the way out."""
-        return _Looking(self)
-
-
-class _Looking:
-    def __init__(self, watch: OomWatch):
-        self._watch, self._stopped = watch, threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ringflow-oom-watch", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stopped.wait(POLL_SECONDS):
-            if self._watch.look() is not None:
-                return
-
-    def __enter__(self) -> OomWatch:
-        self._thread.start()
-        return self._watch
-
-    def __exit__(self, *exc: object) -> None:
-        self._stopped.set()
-        self._thread.join()
-        self._watch.look()
+        return Poller(lambda: self.look() is not None, POLL_SECONDS, "ringflow-oom-watch", look_on_exit=True)

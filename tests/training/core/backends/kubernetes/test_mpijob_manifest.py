@@ -42,6 +42,12 @@ CASES = {
              run_policy={"clean_pod_policy": "All", "backoff_limit": 0, "active_deadline_seconds": 7200,
                          "ttl_seconds_after_finished": 600}),
     ),
+    "mpijob-elastic": (
+        spec(num_workers=3, config={"engine": "horovod", "epochs": 3, "elastic": {
+            "min_workers": 2, "max_workers": 4, "rejoin_seconds": 30, "wait_seconds": 40}}),
+        dict(image=IMAGE, namespace="training", s3_secret_name="ringflow-minio",
+             s3_endpoint="http://minio.ringflow:9000"),
+    ),
 }
 
 
@@ -91,6 +97,25 @@ def test_launcher_runs_mpirun_with_world_size_and_forwarded_env():
                         "RINGFLOW_S3_ENDPOINT"}
     root = mpirun_command(spec(num_workers=3), MPIJobSettings(image=IMAGE, run_as_root=True))
     assert root[:4] == ["mpirun", "-np", "3", "--allow-run-as-root"]
+
+
+def test_an_elastic_job_runs_horovods_elastic_driver_over_the_operators_discovery_script():
+    """The launcher: horovodrun's elastic driver (Gloo) over the worker pods /etc/mpi/discover_hosts.sh lists,
+    one slot each, over the workers' sshd port; there are max_workers worker pods (slots to join on)."""
+    job_spec, settings = CASES["mpijob-elastic"]
+    mpijob = build_mpijob(job_spec, MPIJobSettings.from_dict(settings))
+    launcher = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    assert launcher["command"] + launcher["args"] == [
+        "horovodrun", "-np", "3", "--gloo", "--min-np", "2", "--max-np", "4",
+        "--host-discovery-script", "/etc/mpi/discover_hosts.sh", "--elastic-timeout", "40",
+        "--blacklist-cooldown-range", "30", "30", "--slots", "1", "--ssh-port", "2222",
+        "python", "-m", "ringflow.training", "/etc/ringflow/job.json"]
+    assert mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 4
+    venv = build_mpijob(job_spec, MPIJobSettings(image=IMAGE, python="/opt/venv/bin/python"))
+    assert venv["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"] == [
+        "/opt/venv/bin/horovodrun"]
+    with pytest.raises(JobSpecError, match="elastic.min_workers"):
+        build_mpijob(spec(config={"elastic": {"min_workers": 0}}), MPIJobSettings(image=IMAGE))
 
 
 def test_credentials_come_only_from_the_secret():

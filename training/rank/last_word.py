@@ -1,0 +1,43 @@
+"""A rank stopped with SIGTERM writes what it has not yet written before it goes.
+
+torchrun stops every worker with SIGTERM (then SIGKILL after 30 s) when one of an elastic DDP job's workers dies,
+and starts them all again (ddp_elastic.py): without a handler, rank 0 ends at once and the health records it
+had not yet written (up to health.flush_seconds of them) are lost from the run's history. A Python signal
+handler would not do: it runs on the main thread, between bytecodes, and the training thread is the main thread,
+blocked in a collective while its peer is gone. So SIGTERM only writes a byte to a pipe (signal.set_wakeup_fd)
+and a thread of its own, waiting on that pipe, writes the records (at most `seconds`) and ends the process with
+SIGTERM's status (143).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Callable
+
+from .rank_start import within
+
+# How long a stopped rank tries to write its records: torchrun waits 30 s before SIGKILL, and a restart waits
+# for the rank to go, so a store that hangs costs the restart this long at most.
+SIGTERM_WORD_SECONDS = 5.0
+
+
+def on_sigterm(last_word: Callable[[], None], say: Callable[[str], None],
+               seconds: float = SIGTERM_WORD_SECONDS) -> None:
+    """From now on, SIGTERM runs `last_word` (at most `seconds`) and then ends the process (128 + SIGTERM).
+    Call from the main thread, before training."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: None)  # the C handler's byte is what counts
+
+    def wait() -> None:
+        while signal.SIGTERM not in os.read(read_end, 64):
+            pass
+        say("SIGTERM: writing the health records not yet written, then ending")
+        within(seconds, last_word)
+        sys.stderr.flush()
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=wait, name="ringflow-sigterm", daemon=True).start()

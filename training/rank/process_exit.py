@@ -1,0 +1,31 @@
+"""How a rank that ran the user's own script ends: as Python would, less the interpreter's finalization.
+
+A script's libraries leave native threads behind that Python does not own: Gloo's worker threads (torch's
+process group, a DDP reducer) may still hold tensors, and when the interpreter is torn down under them the
+process aborts (`terminate called without an active exception`, SIGABRT) after the script had finished and
+the rank had written its result: seen here once after a script's own `dist.destroy_process_group()`, and
+pytorch/pytorch#179291 describes the mechanism. The launcher then counts a failed worker, and the try is lost.
+So the rank does what finalization would do for the script and its result (its non-daemon threads joined, its
+atexit handlers run, stdout and stderr flushed), then `os._exit`, skipping the teardown of modules and native
+objects.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from typing import NoReturn
+
+
+def leave(code: int) -> NoReturn:
+    # The interpreter's own first step of finalization, from the main thread: threading's exit hooks (a thread
+    # pool's workers told to end), then every non-daemon thread joined (a script's upload thread finishes).
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()  # the script's handlers (a tracker's flush), logging's shutdown
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            pass
+    os._exit(code)
