@@ -107,7 +107,10 @@ def mpijob(cluster, training_image, tmp_path):
     def make(config: dict, attempt: int = 1) -> MPIJobOnHosts:
         spec = JobSpec(name=JOB, config=config, num_workers=WORKERS, env=RANK_ENV)
         settings = MPIJobSettings(image=training_image, namespace=NAMESPACE)
-        job = MPIJobOnHosts(cluster, cluster.hosts[0], cluster.hosts[1:], spec, settings,
+        # This job's pods by name: a test before may have added hosts of its own (the fenced retry's).
+        hosts = {h.name: h for h in cluster.hosts}
+        job = MPIJobOnHosts(cluster, hosts[op.launcher_hostname(JOB)],
+                            [hosts[op.worker_hostname(JOB, i)] for i in range(WORKERS)], spec, settings,
                             tmp_path / f"attempt-{attempt}")
         made.append(job)
         return job
@@ -352,3 +355,38 @@ def test_an_elastic_mpijob_goes_on_without_a_dead_worker_and_takes_it_back(clust
     on_this_machine = config | {"manifest_uri": str(host_path(cluster, config["manifest_uri"])),
                                 "row_log_dir": str(host_path(cluster, config["row_log_dir"]))}
     assert_every_row_once(on_this_machine, [left, joined])
+
+
+@pytest.mark.parametrize("fault, rank0_changed", [
+    ({"kind": "crash_in_commit", "rank": 1, "step": 10}, False),
+    ({"kind": "crash_in_upload", "rank": 0, "step": 10}, True),
+], ids=["in-a-commit", "rank-0-in-an-upload"])
+def test_an_elastic_mpijob_recovers_from_a_death_in_a_commit_or_an_upload(cluster, mpijob, fault, rank0_changed):
+    """The deaths a commit and an upload make harder, across hosts: a rank SIGKILLed inside the commit of step 10
+    (the survivor goes back to that very commit, nothing redone), and rank 0, the run folder's writer,
+    SIGKILLed with its checkpoint of step 10 half written (the survivor on the other host becomes rank 0,
+    claims the run folder, and its checkpoints are the valid ones). One launcher run each; every row once."""
+    from elastic_rows import assert_every_row_once
+
+    run = f"elastic-{fault['kind']}"
+    config = job_config(run) | {
+        "epochs": 3, "checkpoint": {"every_steps": 10},
+        "elastic": {"min_workers": 1, "commit_every_steps": 5}, "faults": [fault],
+        "row_log_dir": f"{STORE_MOUNT}/rows/{run}"}
+    rc, log = mpijob(config).run(timeout=600)
+    assert rc == 0 and "fault: SIGKILL in the" in log, f"horovodrun exited {rc}:\n{tail(log, 80)}"
+    run_store = LocalFolderStore(str(host_path(cluster, config["run_uri"])))
+    result = read_result(run_store)
+    assert result.succeeded and result.resumed_from is None, result
+    (change,) = result.membership_changes
+    assert (change["why"], change["from_world_size"], change["to_world_size"], change["rank0_changed"]) == (
+        "left", 2, 1, rank0_changed), change
+    if fault["kind"] == "crash_in_commit":
+        assert (change["commit_step"], change["steps_redone"]) == (10, 0), change
+    else:  # the upload runs beside training: the survivor may have committed step 15 before the kill came
+        assert change["commit_step"] >= 10, change
+        newest = RunFolder(run_store).checkpoints().latest_valid()
+        assert newest.manifest.step > 10 and newest.manifest.meta.get("final"), newest.manifest
+    on_this_machine = config | {"manifest_uri": str(host_path(cluster, config["manifest_uri"])),
+                                "row_log_dir": str(host_path(cluster, config["row_log_dir"]))}
+    assert_every_row_once(on_this_machine, [change])

@@ -63,6 +63,7 @@ def test_rank_0_killed_while_its_checkpoint_uploads(module_jobs):
     assert newest.manifest.step > 10 and newest.manifest.meta.get("final"), newest.manifest
 
 
+@pytest.mark.background  # mostly a hang waited out (stall_seconds): beside the main lane (scripts/test.sh)
 def test_a_hung_rank_is_dropped(module_jobs):
     """Rank 2 hangs (alive, its training thread blocked): its peers' collective times out after
     peer_timeout_seconds and they go back to their commit; the hung rank's own watchdog ends it after
@@ -78,6 +79,7 @@ def test_a_hung_rank_is_dropped(module_jobs):
     assert_every_row_once(cfg, [change])
 
 
+@pytest.mark.background  # mostly a frozen rank waited out (peer_timeout_seconds): beside the main lane (scripts/test.sh)
 def test_a_frozen_rank_is_dropped(module_jobs):
     """Rank 2 is SIGSTOPped (every thread frozen, its watchdog too, so it cannot end itself as a hung rank
     does): the launcher sees it stopped for peer_timeout_seconds, kills it and says so, and the survivors go on
@@ -93,6 +95,7 @@ def test_a_frozen_rank_is_dropped(module_jobs):
     assert_every_row_once(cfg, [change])
 
 
+@pytest.mark.background  # mostly wait_seconds waited out, then a retry: beside the main lane (scripts/test.sh)
 def test_fewer_than_min_workers_falls_back_to_the_retry(module_jobs):
     """min_workers 2 of 2 and a worker dies with no slot to come back: the job ends once wait_seconds pass, the
     log says why in one line, and the retry (`--retries 1`) resumes from the last checkpoint as without elastic."""

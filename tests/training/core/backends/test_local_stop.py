@@ -15,7 +15,8 @@ from ringflow.training.core.backends.local import LocalProcessBackend
 from ringflow.training.core.backends.processes import proc
 from ringflow.training.core.backends.processes.tracking import reopen
 
-pytestmark = pytest.mark.job
+# background: mostly frozen jobs' stop grace waited out, beside the main lane (scripts/test.sh).
+pytestmark = [pytest.mark.job, pytest.mark.background]
 TESTS = str(Path(__file__).resolve().parents[2])  # where unruly_model.py is, for the ranks' PYTHONPATH
 
 
