@@ -47,7 +47,12 @@ def main(argv: list[str] | None = None, leave_when_done: bool = False) -> int:
     if cfg.entry is not None:  # the user's own code, whatever the engine (its launcher started this rank)
         from .rank.script_rank import main as run_script
 
-        code = run_script(cfg, engine)
+        try:
+            code = run_script(cfg, engine)
+        except BaseException as exc:  # a traceback as Python prints it, then the same way out
+            if not leave_when_done:
+                raise
+            code = _printed(exc)
         if leave_when_done:
             from .rank.process_exit import leave
 
@@ -59,6 +64,19 @@ def main(argv: list[str] | None = None, leave_when_done: bool = False) -> int:
         from .rank.worker import main as run_worker
 
     return run_worker(cfg)
+
+
+def _printed(exc: BaseException) -> int:
+    """The exit code Python gives an uncaught `exc`, its traceback printed as Python prints it."""
+    if isinstance(exc, SystemExit):
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    import traceback
+
+    traceback.print_exception(exc)
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
 if __name__ == "__main__":

@@ -303,9 +303,10 @@ def run(cfg: JobConfig, make_trainer, device_memory=None) -> int:
     from .rank_run import run_rank
 
     started: list[RankStart] = []
+    written = threading.Lock()  # once: the failure's path and SIGTERM's thread may both get here
 
     def write_records() -> None:
-        if started and started[0].health_log is not None:
+        if written.acquire(blocking=False) and started and started[0].health_log is not None:
             started[0].health_log.close()
 
     def trainer(cfg, engine, start):
@@ -325,11 +326,12 @@ def run(cfg: JobConfig, make_trainer, device_memory=None) -> int:
         return ended
     try:
         code = run_rank(cfg, start_engine, trainer, device_memory=device_memory)
-    except Exception:
+    except Exception as exc:
         # A survivor whose collective failed with the dead peer (Gloo: the connection closed) ends with that
-        # error, and torchrun restarts every worker: rank 0's unwritten health records go first.
-        say("a collective failed (a peer is gone): writing the health records not yet written before torchrun "
-            "restarts every worker")
+        # error, as does a rank that failed on its own, and torchrun restarts every worker: rank 0's unwritten
+        # health records go first.
+        say(f"this rank failed ({type(exc).__name__}; a collective's when a peer is gone): writing the health "
+            "records not yet written before torchrun restarts every worker")
         within(SIGTERM_WORD_SECONDS, write_records)
         raise
     if code != 0:

@@ -6,7 +6,8 @@ had not yet written (up to health.flush_seconds of them) are lost from the run's
 handler would not do: it runs on the main thread, between bytecodes, and the training thread is the main thread,
 blocked in a collective while its peer is gone. So SIGTERM only writes a byte to a pipe (signal.set_wakeup_fd)
 and a thread of its own, waiting on that pipe, writes the records (at most `seconds`) and ends the process with
-SIGTERM's status (143).
+SIGTERM's status (143). A child forked from the rank gets SIGTERM's default back (its parent's pipe and thread
+are not its own).
 """
 from __future__ import annotations
 
@@ -31,13 +32,35 @@ def on_sigterm(last_word: Callable[[], None], say: Callable[[str], None],
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
     signal.signal(signal.SIGTERM, lambda _signum, _frame: None)  # the C handler's byte is what counts
+    # SIGTERM is held back in the forking thread across the fork, so a child signalled before its hook ran
+    # still ends on its own default, not through the parent's pipe.
+    os.register_at_fork(before=_hold_sigterm, after_in_parent=_release_sigterm, after_in_child=_default_sigterm)
 
     def wait() -> None:
-        while signal.SIGTERM not in os.read(read_end, 64):
-            pass
+        while True:
+            got = os.read(read_end, 64)
+            if not got:  # the pipe was closed: nothing will come
+                return
+            if signal.SIGTERM in got:
+                break
         say("SIGTERM: writing the health records not yet written, then ending")
         within(seconds, last_word)
         sys.stderr.flush()
         os._exit(128 + signal.SIGTERM)
 
     threading.Thread(target=wait, name="ringflow-sigterm", daemon=True).start()
+
+
+def _hold_sigterm() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+def _release_sigterm() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def _default_sigterm() -> None:
+    """In a forked child: its SIGTERM its own again (the default: end), not a byte in the parent's pipe."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _release_sigterm()

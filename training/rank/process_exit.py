@@ -21,11 +21,24 @@ from typing import NoReturn
 def leave(code: int) -> NoReturn:
     # The interpreter's own first step of finalization, from the main thread: threading's exit hooks (a thread
     # pool's workers told to end), then every non-daemon thread joined (a script's upload thread finishes).
-    threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()  # the script's handlers (a tracker's flush), logging's shutdown
+    # Then the script's atexit handlers (a tracker's flush), logging's shutdown. Whatever one step raises (a
+    # Ctrl-C while threads are joined), the next runs and the code stands.
+    for step in (threading._shutdown, atexit._run_exitfuncs):  # type: ignore[attr-defined]
+        try:
+            step()
+        except BaseException as exc:  # noqa: BLE001 - the exit goes on
+            _tell(f"[ringflow] while ending: {type(exc).__name__}: {exc}")
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except (OSError, ValueError):  # a closed pipe: nothing more can be said
             pass
     os._exit(code)
+
+
+def _tell(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError, AttributeError):
+        pass

@@ -29,6 +29,7 @@ SCRIPT = textwrap.dedent("""
     pool = ThreadPoolExecutor(1)  # its worker is a non-daemon thread that ends only when threading's hooks run
     pool.submit(lambda: None).result()
     atexit.register(lambda: open(out + ".atexit", "w").write("ran"))
+    atexit.register(lambda: 1 / 0)  # a handler that fails (run first): the others still run, the code stands
     print("last words", end="")
     leave(3)
 """)

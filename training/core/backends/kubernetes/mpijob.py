@@ -67,22 +67,29 @@ def elastic(spec: JobSpec) -> ElasticConfig | None:
     if doc is None:
         return None
     try:
-        return ElasticConfig.from_dict(doc)
+        recovery = ElasticConfig.from_dict(doc)
     except ConfigError as e:
         raise JobSpecError(str(e)) from None
+    if spec.num_workers < 2:
+        # Horovod 0.28.1's elastic driver waits for two hosts before it starts when it probes their network
+        # interfaces (gloo_run._get_min_start_hosts): one worker pod would wait for ever.
+        raise JobSpecError(f"elastic is set on an MPIJob of {spec.num_workers} worker: Horovod's elastic driver "
+                           "starts only with two worker pods or more; use num_workers >= 2, or remove elastic")
+    return recovery
 
 
 def horovodrun_elastic_command(spec: JobSpec, settings: MPIJobSettings, recovery: ElasticConfig) -> list[str]:
     """The launcher's command line for a job with `elastic` (rank/elastic.py): Horovod's elastic driver with
     the Gloo controller, over the worker pods the operator's discovery script lists, one slot each, started
     over ssh on the workers' sshd port as mpirun would reach them. horovodrun hands its whole environment to
-    the ranks (the store's credentials among it), as mpirun's -x does by name. Its own interface probe finds
-    the pods' network (no --network-interface: a pod's is not known here)."""
+    the ranks (the store's credentials among it) on each rank's ssh command line, where mpirun's -x passes
+    variables by name: inside the pods, the process list shows them. Its own interface probe finds the pods'
+    network (no --network-interface: a pod's is not known here), which needs two worker pods to start."""
     python = settings.python
     horovodrun = os.path.join(os.path.dirname(python), "horovodrun") if "/" in python else "horovodrun"
     return [horovodrun, "-np", str(spec.num_workers), "--gloo",
             *elastic_arguments(recovery, spec.num_workers, DISCOVER_HOSTS_SCRIPT),
-            "--slots", "1", "--ssh-port", str(settings.ssh_port),
+            "--slots-per-host", "1", "--ssh-port", str(settings.ssh_port),
             python, "-m", "ringflow.training", P.config_path()]
 
 
@@ -140,6 +147,11 @@ def build_mpijob(spec: JobSpec, settings: MPIJobSettings) -> dict[str, Any]:
     recovery = elastic(spec)
     launcher = _container("launcher", command, settings, settings.launcher)
     launcher["env"] = _launcher_env(spec, settings)
+    launcher_pod = _pod_spec(spec, settings, launcher)
+    if recovery is not None:
+        # horovodrun hands its whole environment to every rank on one command line: not the variables
+        # Kubernetes adds for each Service of the namespace (they can exceed a single argument's length).
+        launcher_pod["enableServiceLinks"] = False
     sshd = ["/usr/sbin/sshd", "-De"]
     if not settings.run_as_root:
         sshd += ["-f", "/home/mpiuser/.sshd_config"]
@@ -165,12 +177,13 @@ def build_mpijob(spec: JobSpec, settings: MPIJobSettings) -> dict[str, Any]:
                     "replicas": 1,
                     # OnFailure: the launcher Job retries mpirun in place, up to runPolicy.backoffLimit.
                     "restartPolicy": "OnFailure",
-                    "template": _template(labels, _pod_spec(spec, settings, launcher)),
+                    "template": _template(labels, launcher_pod),
                 },
                 "Worker": {
-                    # With elastic, up to max_workers: the pods beyond the launch's count are the slots a new
-                    # worker joins on (Horovod starts one there as soon as the discovery script lists it).
-                    "replicas": spec.num_workers if recovery is None else recovery.bounds(spec.num_workers)[1],
+                    # With elastic too: the launch's count. A pod more (the replicas raised, up to max_workers)
+                    # is a slot a new worker joins on once the discovery script lists it; spare pods made here
+                    # would hold the launcher back (WaitForWorkersReady) until every one was scheduled.
+                    "replicas": spec.num_workers,
                     # The operator never recreates a failed worker pod; restarting it in place lets a
                     # launcher retry find every worker again.
                     "restartPolicy": "OnFailure",

@@ -1,5 +1,6 @@
 """The launcher's eye on an elastic job's frozen processes: one the kernel reports stopped (/proc state T: a
-SIGSTOP, a terminal's SIGTSTP, a freezer) stays a member of the job for ever, and every survivor waits on it.
+SIGSTOP, a terminal's SIGTSTP) stays a member of the job for ever, and every survivor waits on it. (A cgroup
+freezer's processes show as sleeping, not stopped: not seen here.)
 
 A stopped process runs nothing, its watchdog thread included, so it cannot end itself the way a hung rank does
 (health/liveness.py). Horovod's driver counts it alive as long as it exists, so the survivors' rendezvous waits
@@ -52,13 +53,16 @@ class FrozenWatch:
         by_identity = {p.identity: p for p in members}
         killed = []
         for identity in overdue(self._since, now, self._limit):
-            process = proc.with_command(by_identity[identity])
+            stopped_for = now - self._since.pop(identity)
+            process = proc.current(by_identity[identity])  # read again: a SIGCONT since is not killed
+            if process is None or process.state != STOPPED:
+                continue
+            process = proc.with_command(process)
             if proc.send(process, signal.SIGKILL):
                 killed.append(process)
-                self._say(f"{process.describe()} was stopped for {now - self._since[identity]:.0f} s, over "
+                self._say(f"{process.describe()} was stopped for {stopped_for:.0f} s, over "
                           f"elastic.peer_timeout_seconds ({self._limit:g} s): killed, so that the job goes on "
-                          "without it")
-            del self._since[identity]
+                          "without it (a rank; a launcher's death ends the job)")
         self.killed += killed
         return killed
 

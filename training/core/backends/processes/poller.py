@@ -1,6 +1,7 @@
 """A launcher-side watch's thread: `look` every few seconds while the job runs."""
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Callable
 
@@ -15,9 +16,16 @@ class Poller:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def _run(self) -> None:
+        failures = 0
         while not self._stopped.wait(self._seconds):
-            if self._look():
-                return
+            try:
+                if self._look():
+                    return
+            except Exception as exc:  # noqa: BLE001 - a failed look (a process gone mid-read) is not the job's end
+                failures += 1
+                if failures in (1, 10, 100):
+                    print(f"[ringflow] {self._thread.name}: a look failed ({failures}x): {exc!r}", file=sys.stderr,
+                          flush=True)
 
     def __enter__(self) -> "Poller":
         self._thread.start()

@@ -101,16 +101,20 @@ def test_launcher_runs_mpirun_with_world_size_and_forwarded_env():
 
 def test_an_elastic_job_runs_horovods_elastic_driver_over_the_operators_discovery_script():
     """The launcher: horovodrun's elastic driver (Gloo) over the worker pods /etc/mpi/discover_hosts.sh lists,
-    one slot each, over the workers' sshd port; there are max_workers worker pods (slots to join on)."""
+    one slot each, over the workers' sshd port; the launch's count of worker pods (spare ones would hold the
+    launcher back); no Service variables in the environment it forwards; at least two worker pods."""
     job_spec, settings = CASES["mpijob-elastic"]
     mpijob = build_mpijob(job_spec, MPIJobSettings.from_dict(settings))
     launcher = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     assert launcher["command"] + launcher["args"] == [
         "horovodrun", "-np", "3", "--gloo", "--min-np", "2", "--max-np", "4",
         "--host-discovery-script", "/etc/mpi/discover_hosts.sh", "--elastic-timeout", "40",
-        "--blacklist-cooldown-range", "30", "30", "--slots", "1", "--ssh-port", "2222",
+        "--blacklist-cooldown-range", "30", "30", "--slots-per-host", "1", "--ssh-port", "2222",
         "python", "-m", "ringflow.training", "/etc/ringflow/job.json"]
-    assert mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 4
+    assert mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 3
+    assert mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["enableServiceLinks"] is False
+    with pytest.raises(JobSpecError, match="starts only with two worker pods or more"):
+        build_mpijob(spec(num_workers=1, config={"elastic": {}}), MPIJobSettings(image=IMAGE))
     venv = build_mpijob(job_spec, MPIJobSettings(image=IMAGE, python="/opt/venv/bin/python"))
     assert venv["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"] == [
         "/opt/venv/bin/horovodrun"]
