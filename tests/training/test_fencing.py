@@ -23,7 +23,8 @@ from ringflow.training.core.registry.model_registry import ModelRegistry
 from ringflow.training.formats.run_folder import RunFolder
 from ringflow.training.store import S3Store
 
-pytestmark = pytest.mark.job
+# background: mostly a frozen attempt and its retry waited out, beside the main lane (scripts/test.sh).
+pytestmark = [pytest.mark.job, pytest.mark.background]
 
 
 def descendants(pid: int) -> list[int]:
