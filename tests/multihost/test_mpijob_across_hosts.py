@@ -77,6 +77,14 @@ def assert_same_parameters(a: dict, b: dict) -> None:
         assert torch.equal(a[name], b[name]), f"parameter {name} differs: max |diff| {(a[name] - b[name]).abs().max()}"
 
 
+def assert_every_row_once_here(cluster: Cluster, config: dict, changes: list[dict]) -> None:
+    """elastic_rows.assert_every_row_once on the pods' row logs and manifest, read where they are on this machine."""
+    from elastic_rows import assert_every_row_once
+
+    assert_every_row_once(config | {"manifest_uri": str(host_path(cluster, config["manifest_uri"])),
+                                    "row_log_dir": str(host_path(cluster, config["row_log_dir"]))}, changes)
+
+
 def tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
@@ -322,8 +330,6 @@ def test_an_elastic_mpijob_goes_on_without_a_dead_worker_and_takes_it_back(clust
     back to its last commit and trains on alone, then, after the cooldown, the driver starts a new worker on the
     dead one's host (its pod still Running) and it joins. One launcher run, no retry; every training row of
     every epoch is trained on exactly once."""
-    from elastic_rows import assert_every_row_once
-
     killed_at = 30  # mid-epoch 1: 22 steps an epoch on 2 workers
     # A wider MLP than digits needs (1.1 M parameters), so that the survivor still trains when the new worker,
     # started over ssh after the cooldown, has imported torch and joins (digits' own MLP ends within seconds).
@@ -352,9 +358,7 @@ def test_an_elastic_mpijob_goes_on_without_a_dead_worker_and_takes_it_back(clust
     # on the dead rank's pod a third time, for the rank that joined.
     accepted = [job.worker_log(i).read_text().count("Accepted publickey for mpiuser") for i in range(WORKERS)]
     assert accepted[fqdns.index(gone.split(":")[0])] == 3 and sorted(accepted) == [2, 3], accepted
-    on_this_machine = config | {"manifest_uri": str(host_path(cluster, config["manifest_uri"])),
-                                "row_log_dir": str(host_path(cluster, config["row_log_dir"]))}
-    assert_every_row_once(on_this_machine, [left, joined])
+    assert_every_row_once_here(cluster, config, [left, joined])
 
 
 @pytest.mark.parametrize("fault, rank0_changed", [
@@ -366,8 +370,6 @@ def test_an_elastic_mpijob_recovers_from_a_death_in_a_commit_or_an_upload(cluste
     (the survivor goes back to that very commit, nothing redone), and rank 0, the run folder's writer,
     SIGKILLed with its checkpoint of step 10 half written (the survivor on the other host becomes rank 0,
     claims the run folder, and its checkpoints are the valid ones). One launcher run each; every row once."""
-    from elastic_rows import assert_every_row_once
-
     run = f"elastic-{fault['kind']}"
     config = job_config(run) | {
         "epochs": 3, "checkpoint": {"every_steps": 10},
@@ -387,6 +389,4 @@ def test_an_elastic_mpijob_recovers_from_a_death_in_a_commit_or_an_upload(cluste
         assert change["commit_step"] >= 10, change
         newest = RunFolder(run_store).checkpoints().latest_valid()
         assert newest.manifest.step > 10 and newest.manifest.meta.get("final"), newest.manifest
-    on_this_machine = config | {"manifest_uri": str(host_path(cluster, config["manifest_uri"])),
-                                "row_log_dir": str(host_path(cluster, config["row_log_dir"]))}
-    assert_every_row_once(on_this_machine, [change])
+    assert_every_row_once_here(cluster, config, [change])

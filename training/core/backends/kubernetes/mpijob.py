@@ -23,7 +23,7 @@ from ringflow.training.formats.engines import DEFAULT_ENGINE, MPIJOB, EngineErro
 __all__ = [
     "API_VERSION", "KIND", "CONFIG_MOUNT_PATH", "CONFIG_FILE", "S3_SECRET_KEYS", "S3_ENDPOINT_ENV", "FORWARDED_ENV",
     "MPIJobSettings", "Resources", "RunPolicy", "SettingsError",
-    "build_mpijob", "build_configmap", "configmap_name", "mpirun_command", "launcher_command",
+    "build_mpijob", "build_configmap", "configmap_name", "mpirun_command",
     "DISCOVER_HOSTS_SCRIPT",
 ]
 
@@ -93,12 +93,6 @@ def horovodrun_elastic_command(spec: JobSpec, settings: MPIJobSettings, recovery
             python, "-m", "ringflow.training", P.config_path()]
 
 
-def launcher_command(spec: JobSpec, settings: MPIJobSettings) -> list[str]:
-    """mpirun, or Horovod's elastic driver when the job has `elastic`."""
-    recovery = elastic(spec)
-    return mpirun_command(spec, settings) if recovery is None else horovodrun_elastic_command(spec, settings, recovery)
-
-
 def _launcher_env(spec: JobSpec, settings: MPIJobSettings) -> list[dict[str, Any]]:
     # PYTHONPATH and LD_LIBRARY_PATH must exist for `-x` (the image sets them); only the launcher gets the
     # credentials, and mpirun hands them to the ranks, so worker pods (sshd only) never hold them.
@@ -143,8 +137,9 @@ def build_mpijob(spec: JobSpec, settings: MPIJobSettings) -> dict[str, Any]:
     P.check_env(spec)
     P.check_pinned(spec)
     labels = L.job_labels(spec.labels)
-    command = launcher_command(spec, settings)
-    recovery = elastic(spec)
+    recovery = elastic(spec)  # mpirun, or Horovod's elastic driver when the job has `elastic`
+    command = (mpirun_command(spec, settings) if recovery is None
+               else horovodrun_elastic_command(spec, settings, recovery))
     launcher = _container("launcher", command, settings, settings.launcher)
     launcher["env"] = _launcher_env(spec, settings)
     launcher_pod = _pod_spec(spec, settings, launcher)

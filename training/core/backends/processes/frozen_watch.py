@@ -43,7 +43,6 @@ class FrozenWatch:
                  clock: Callable[[], float] = time.monotonic):
         self._members, self._limit, self._say, self._clock = members, limit_seconds, say, clock
         self._since: dict[tuple[int, int], float] = {}
-        self.killed: list[Process] = []
 
     def look(self) -> list[Process]:
         """Read the members once; kill those stopped too long. What it killed now."""
@@ -63,7 +62,6 @@ class FrozenWatch:
                 self._say(f"{process.describe()} was stopped for {stopped_for:.0f} s, over "
                           f"elastic.peer_timeout_seconds ({self._limit:g} s): killed, so that the job goes on "
                           "without it (a rank; a launcher's death ends the job)")
-        self.killed += killed
         return killed
 
     def running(self) -> Poller:
