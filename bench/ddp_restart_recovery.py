@@ -148,9 +148,10 @@ def main() -> None:
              "/ elastic_commits: rank 0's training thread, the copy into memory; the write is its own thread's), "
              f"against the steps between two copies: **{statistics.median(shares):.2%}** "
              f"({min(shares):.2%}-{max(shares):.2%}) of the training time.", "",
-             "A restart starts every worker anew (imports, rendezvous): unlike Horovod's elastic survivors, the "
-             "time to the next step is a process start's, and what the copy saves is the store's read of the "
-             "checkpoint and the steps since it.",
+             "A restart starts every worker anew, each a fork of torchrun's own process with torch and the rank "
+             "already imported (rank/forked_torchrun.py; a retry starts a new torchrun, which imports them again): the "
+             "time to the next step is a fork, a rendezvous and the copy's load; the copy also saves the store's "
+             "read of the checkpoint and the steps since it.",
              f"Machine: {summary['machine']}"]
     write_results(args, summary, lines)
 

@@ -374,7 +374,9 @@ def main() -> None:
              "steps between two commits at the job's own samples/s): the commits take "
              f"**{statistics.median(shares):.2%}** ({min(shares):.2%}-{max(shares):.2%}) of the training time.", "",
              "Where a killed worker was not the peer the others were waiting on, they wait out the peer timeout "
-             f"(elastic.peer_timeout_seconds, {ElasticConfig().peer_timeout_seconds:.0f} s) before they notice: "
+             f"(elastic.peer_timeout_seconds, {ElasticConfig().peer_timeout_seconds:g} s: the collectives' own "
+             "timeout, docker/build-horovod.sh's gloo-op-timeout patch; the rendezvous keeps "
+             f"rendezvous_timeout_seconds, {ElasticConfig().rendezvous_timeout_seconds:g} s) before they notice: "
              "that is the 3-worker rows' spread.",
              f"Machine: {summary['machine']}"]
     write_results(args, summary, lines)

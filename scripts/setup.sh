@@ -110,11 +110,12 @@ echo "[setup] installing ringflow and its dependencies"
 # Horovod's build needs the compilers and MPI headers (apt) and torch (above).
 [ -n "${side_pids[apt]:-}" ] && wait_side apt
 "$root"/scripts/setup-multihost.sh  # nothing left to install: checks that it is all there
-if ! "$py" -c "import horovod.torch" 2>/dev/null; then
+# Built, or rebuilt when the installed one lacks a patch of docker/build-horovod.sh's.
+if ! PYTHON="$py" docker/build-horovod.sh --installed 2>/dev/null; then
   echo "[setup] building Horovod $HOROVOD_VERSION (about 3 minutes the first time)"
   "$py" -m pip install --quiet cmake packaging psutil pyyaml cloudpickle
   PYTHON="$py" docker/build-horovod.sh "$cache/wheels"
-  "$py" -m pip install --quiet "$cache"/wheels/horovod-"$HOROVOD_VERSION"-*.whl
+  "$py" -m pip install --quiet --force-reinstall --no-deps "$cache"/wheels/horovod-"$HOROVOD_VERSION"-*.whl
 fi
 [ -n "${side_pids[tensorflow]:-}" ] && wait_side tensorflow
 # tf-keras for users' Keras scripts (versions.env): --no-deps, since it requires the `tensorflow` wheel, which would

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import tomllib
+import zipfile
 
 import pytest
 
@@ -300,23 +301,31 @@ def test_the_gpu_variant_builds_horovod_with_nccl_on_a_pinned_cuda_base():
     assert horovod.rfind('if [ "${GPU}" = "1" ]', 0, check) > horovod.index("horovodrun --check-build")
 
 
-@pytest.mark.job  # runs the script (no network: PYTHON=false stops it before any download)
-@pytest.mark.parametrize("note, gpu_ops, reused", [
-    (None, "", True),            # a CPU wheel (the wheelhouse's, or one from before notes were kept)
-    (None, "NCCL", False),       # a GPU build never takes a CPU wheel
-    ("NCCL", "NCCL", True),
-    ("NCCL", "", False),         # nor a CPU build a GPU one
+@pytest.mark.job  # runs the script (no network: its python fails `-m pip`, so a rebuild stops before any download)
+@pytest.mark.parametrize("note, gpu_ops, patched, reused", [
+    (None, "", True, True),            # a CPU wheel (the wheelhouse's, or one from before notes were kept)
+    (None, "NCCL", True, False),       # a GPU build never takes a CPU wheel
+    ("NCCL", "NCCL", True, True),
+    ("NCCL", "", True, False),         # nor a CPU build a GPU one
+    (None, "", False, False),          # a wheel built before the script's patches (gloo-op-timeout) is rebuilt
 ])
-def test_build_horovod_reuses_a_wheel_only_for_the_same_gpu_operations(tmp_path, note, gpu_ops, reused):
+def test_build_horovod_reuses_a_wheel_only_for_the_same_gpu_operations_and_patches(tmp_path, note, gpu_ops, patched,
+                                                                                   reused):
     version = versions_env()["HOROVOD_VERSION"]
+    patches = re.search(r"^patches='(.*)'$", (DOCKER / "build-horovod.sh").read_text(), re.M).group(1)
     wheel = tmp_path / f"horovod-{version}-cp311-cp311-linux_x86_64.whl"
-    wheel.write_bytes(b"")
+    with zipfile.ZipFile(wheel, "w") as whl:
+        whl.writestr("horovod/__init__.py", f"__version__ = '{version}'\n"
+                     + (f"RINGFLOW_PATCHES = {patches}\n" if patched else ""))
     if note is not None:
         (tmp_path / f"horovod-{version}.gpu-operations").write_text(note)
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": "false", "HOROVOD_GPU_OPERATIONS": gpu_ops}
+    python = tmp_path / "python"  # reads the wheel; `-m pip download` fails, where a real rebuild would begin
+    python.write_text(f'#!/bin/sh\n[ "$1" = -m ] && exit 3\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(python), "HOROVOD_GPU_OPERATIONS": gpu_ops}
     proc = subprocess.run(["bash", str(DOCKER / "build-horovod.sh"), str(tmp_path)], env=env, capture_output=True,
                           text=True, timeout=60)
     if reused:
         assert proc.returncode == 0 and "already built" in proc.stdout and wheel.exists()
-    else:  # the stale wheel is gone and the build started (and stopped at the fake python)
-        assert proc.returncode != 0 and "rebuilding" in proc.stdout and not wheel.exists()
+    else:  # the stale wheel is gone and the build started (and stopped at pip)
+        assert proc.returncode != 0 and "rebuilding" in proc.stdout and not wheel.exists(), proc.stdout + proc.stderr

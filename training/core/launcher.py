@@ -15,6 +15,7 @@ import tempfile
 import sys
 import threading
 import uuid
+from pathlib import Path
 from typing import Callable
 
 from .backends.base import JobState
@@ -107,6 +108,13 @@ DDP_ELASTIC_RESTARTS = 3
 RESTARTABLE_TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
+# torchrun as the local launcher runs it: ranks forked from it with torch and the rank already imported, each
+# running FORKED_RANK (the rank's entry point as a file), rather than an interpreter started anew per rank and
+# restart (rank/forked_torchrun.py says why).
+FORKED_TORCHRUN = "ringflow.training.rank.forked_torchrun"
+FORKED_RANK = Path(__file__).resolve().parents[1] / "rank" / "forked_rank.py"
+
+
 def torchrun_command(config_path: str, num_workers: int, python: str = sys.executable,
                      port: int | None = None, restarts: int = 0) -> list[str]:
     """torchrun for one host: a c10d rendezvous on 127.0.0.1 at a free port, N ranks, `restarts` restarts.
@@ -123,9 +131,9 @@ def torchrun_command(config_path: str, num_workers: int, python: str = sys.execu
     global cursor (rank/stream_deal.py) keeps every sample trained once across a restart on any world size,
     and the accumulation and learning rate are rescaled (rank/world_size_change.py)."""
     endpoint = f"127.0.0.1:{port or free_port()}"
-    return [python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(num_workers),
+    return [python, "-u", "-m", FORKED_TORCHRUN, "--nnodes", "1", "--nproc-per-node", str(num_workers),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--local-addr", "127.0.0.1",
-            "--max-restarts", str(restarts), "-m", "ringflow.training", config_path]
+            "--max-restarts", str(restarts), "--run-path", "--start-method", "fork", str(FORKED_RANK), config_path]
 
 
 # The launcher programs this ringflow has (the engine table's `launcher`), each one's command; torchrun has no

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 from typing import Any, Mapping
@@ -299,29 +300,34 @@ class ElasticConfig:
     rank copies the training state into its own memory (model, optimizer, the global cursor, the step): what
     the survivors go back to, so what a death costs at most in steps redone. rejoin_seconds: how long a slot
     whose worker died stays out before a new worker is started on it (Horovod's blacklist cooldown); None:
-    never (the job goes on with the survivors). peer_timeout_seconds: how long Gloo waits on a silent peer
-    process before the collective fails (Horovod's default is 30 s): a worker whose peer died notices at once
+    never (the job goes on with the survivors). peer_timeout_seconds: how long a collective waits on a silent
+    peer process before it fails (Gloo's; Horovod's default is 30 s): a worker whose peer died notices at once
     only when it was talking to that peer; the others wait this long, so it bounds the recovery. Only a peer
     process that answers nothing counts: a rank whose training thread lags (a slow step, a hang) keeps its
-    Horovod background thread talking, and a hang is the stall watchdog's (rank/elastic.py). It also bounds the
-    rendezvous (Horovod uses one timeout for both): the survivors wait this long for a joining worker that is
-    still importing torch, and one message's transfer (the commit broadcast to it). 3 s recovers in 0.35-4.0 s
-    (bench/results/elastic_recovery.md) but failed a join on a loaded 2-core host (the newcomer's start took
-    longer): the default keeps 10 s. A worker process the kernel reports stopped (SIGSTOP) this long, with
-    either engine, is killed by the launcher, so that the job goes on without it
-    (backends/processes/frozen_watch.py). wait_seconds: how long the job waits, with fewer than min_workers left, for workers
+    Horovod background thread talking, and a hang is the stall watchdog's (rank/elastic.py). One message's
+    transfer must fit in it too (a fused gradient buffer, up to HOROVOD_FUSION_THRESHOLD; the commit broadcast to
+    a newcomer, the model and optimizer state in one message): raise it where a slow link between hosts carries
+    a big model. It needs the
+    Horovod that docker/build-horovod.sh builds (its gloo-op-timeout patch: stock Horovod bounds collectives
+    and the rendezvous with one timeout, and then rendezvous_timeout_seconds bounds both; the rank says so in
+    its log). A worker process the kernel reports stopped (SIGSTOP) this long, with either engine, is killed by
+    the launcher, so that the job goes on without it (backends/processes/frozen_watch.py).
+    rendezvous_timeout_seconds: how long the workers of a new round wait in Gloo's rendezvous for each other,
+    for a joining worker still importing torch above all (3 s failed such a join on a loaded 2-core host,
+    docs/guides/reliability.md). wait_seconds: how long the job waits, with fewer than min_workers left, for workers
     to come back (a rejoin, a new slot) before it ends and the task's retry takes over (Horovod's elastic
-    timeout; its default is 600 s: fewer than min_workers is the retry's business, soon). It stays under the
-    silence allowed in a rendezvous (health.stall_seconds, or STARTUP_SECONDS if longer), or the wait would end
-    in a stall verdict instead of its own reason (JobConfig's check).
+    timeout; its default is 600 s: fewer than min_workers is the retry's business, soon). It and
+    rendezvous_timeout_seconds stay under the silence allowed in a rendezvous (health.stall_seconds, or
+    STARTUP_SECONDS if longer), or the wait would end in a stall verdict instead of its own reason (JobConfig's check).
     """
 
     min_workers: int = 1
     max_workers: int | None = None
     commit_every_steps: int = 50
     rejoin_seconds: float | None = None
-    peer_timeout_seconds: float = 10.0
+    peer_timeout_seconds: float = 3.0
     wait_seconds: float = 45.0
+    rendezvous_timeout_seconds: float = 30.0
 
     def __post_init__(self) -> None:
         _positive_int(self, "min_workers", "elastic.min_workers")
@@ -335,10 +341,13 @@ class ElasticConfig:
             _positive_number(self, "rejoin_seconds", "elastic.rejoin_seconds")
         _positive_number(self, "peer_timeout_seconds", "elastic.peer_timeout_seconds")
         _positive_number(self, "wait_seconds", "elastic.wait_seconds")
+        _positive_number(self, "rendezvous_timeout_seconds", "elastic.rendezvous_timeout_seconds")
 
     def environment(self) -> dict[str, str]:
-        """What every worker sets before hvd.init()."""
-        return {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(1, round(self.peer_timeout_seconds)))}
+        """What every worker sets before hvd.init(): Gloo's rendezvous timeout (whole seconds, as Horovod reads
+        it) and, through docker/build-horovod.sh's patch, its collectives' own."""
+        return {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(1, math.ceil(self.rendezvous_timeout_seconds))),
+                "HOROVOD_GLOO_OP_TIMEOUT_SECONDS": f"{self.peer_timeout_seconds:g}"}
 
     def bounds(self, num_workers: int) -> tuple[int, int]:
         """(fewest, most) workers of a launch of `num_workers`."""
@@ -404,10 +413,12 @@ def check_engine_fits(cfg: "JobConfig", engine: str) -> None:
         # The survivors wait for workers in a rendezvous, which the watchdogs judge as start-up: a wait as long as
         # that allowance would end in a stall verdict instead of the launcher's own reason.
         allowed = max(cfg.health.stall_seconds, STARTUP_SECONDS)
-        _require(engine != HOROVOD or cfg.elastic.wait_seconds < allowed, "elastic.wait_seconds",
-                 f"is {cfg.elastic.wait_seconds:g} s, not under the {allowed:g} s a worker may wait in a rendezvous "
-                 f"before it is judged stalled (health.stall_seconds, or {STARTUP_SECONDS:g} s if longer)",
-                 f"use less than {allowed:g} s, or raise health.stall_seconds above it")
+        for field in ("wait_seconds", "rendezvous_timeout_seconds"):
+            seconds = getattr(cfg.elastic, field)
+            _require(engine != HOROVOD or seconds < allowed, f"elastic.{field}",
+                     f"is {seconds:g} s, not under the {allowed:g} s a worker may wait in a rendezvous "
+                     f"before it is judged stalled (health.stall_seconds, or {STARTUP_SECONDS:g} s if longer)",
+                     f"use less than {allowed:g} s, or raise health.stall_seconds above it")
     if engine == TENSORFLOW:
         _require(cfg.precision == "fp32", "precision", f'is {cfg.precision!r} with engine "{TENSORFLOW}"',
                  f'use "fp32": the TensorFlow engine trains in fp32 on CPUs, or use engine {others} for bf16/fp16')

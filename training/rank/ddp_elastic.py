@@ -21,7 +21,7 @@ host's copy of the newest state (peer_copy.py) rather than from the store.
 
 A rank that ends on purpose (a health verdict, bad input, out of memory: run_rank's exit code) notes its code in
 the copy folder; torchrun restarts on any failure, and the restarted ranks then end at once with that code, so
-the failure policy sees the verdict as without elastic (a few seconds of process starts later). A crash, a kill
+the failure policy sees the verdict as without elastic (one restart later: forked ranks, rank/forked_torchrun.py). A crash, a kill
 or a stall is restarted.
 
 Fewer workers after a restart happen only where torchrun runs one agent per host (--nnodes MIN:MAX); the local

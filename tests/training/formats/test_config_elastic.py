@@ -1,5 +1,7 @@
 """elastic: recovery inside the job (Horovod elastic), checked before any process starts: its bounds, commit
 interval, rejoin cooldown and peer timeout, and refused where it cannot run (DDP, TensorFlow, a user's script)."""
+import math
+
 import pytest
 
 from ringflow.training.formats.config import ConfigError, ElasticConfig, JobConfig
@@ -11,7 +13,7 @@ BASE = {"manifest_uri": "/m/manifest.json", "run_uri": "/r", "engine": "horovod"
     (None, None, None),
     ({}, ElasticConfig(), (1, 3)),
     ({"min_workers": 2, "max_workers": 4, "commit_every_steps": 50, "rejoin_seconds": 5, "peer_timeout_seconds": 20,
-      "wait_seconds": 30}, ElasticConfig(2, 4, 50, 5, 20, 30), (2, 4)),
+      "wait_seconds": 30, "rendezvous_timeout_seconds": 40}, ElasticConfig(2, 4, 50, 5, 20, 30, 40), (2, 4)),
 ])
 def test_elastic_is_off_unless_given(section, expected, bounds_of_3):
     cfg = JobConfig.from_dict(BASE | {"elastic": section})
@@ -19,7 +21,18 @@ def test_elastic_is_off_unless_given(section, expected, bounds_of_3):
     assert JobConfig.from_dict(cfg.to_dict()) == cfg  # round-trips
     if expected is not None:
         assert cfg.elastic.bounds(3) == bounds_of_3
-        assert cfg.elastic.environment() == {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(round(expected.peer_timeout_seconds))}
+        assert cfg.elastic.environment() == {
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": str(math.ceil(expected.rendezvous_timeout_seconds)),
+            "HOROVOD_GLOO_OP_TIMEOUT_SECONDS": f"{expected.peer_timeout_seconds:g}"}
+
+
+@pytest.mark.parametrize("section, rendezvous, collectives", [
+    ({}, "30", "3"),                                              # the defaults: joins get time, deaths are found fast
+    ({"peer_timeout_seconds": 0.5, "rendezvous_timeout_seconds": 12.5}, "13", "0.5"),  # Horovod reads whole seconds
+])
+def test_gloo_gets_a_rendezvous_timeout_and_a_collectives_timeout_of_its_own(section, rendezvous, collectives):
+    env = JobConfig.from_dict(BASE | {"elastic": section}).elastic.environment()
+    assert env == {"HOROVOD_GLOO_TIMEOUT_SECONDS": rendezvous, "HOROVOD_GLOO_OP_TIMEOUT_SECONDS": collectives}
 
 
 @pytest.mark.parametrize("fields, field, says", [
@@ -29,6 +42,8 @@ def test_elastic_is_off_unless_given(section, expected, bounds_of_3):
     ({"elastic": {"rejoin_seconds": 0}}, "elastic.rejoin_seconds", "use a number > 0"),
     ({"elastic": {"peer_timeout_seconds": -1}}, "elastic.peer_timeout_seconds", "use a number > 0"),
     ({"elastic": {"wait_seconds": 0}}, "elastic.wait_seconds", "use a number > 0"),
+    ({"elastic": {"rendezvous_timeout_seconds": 0}}, "elastic.rendezvous_timeout_seconds", "use a number > 0"),
+    ({"elastic": {"rendezvous_timeout_seconds": 120}}, "elastic.rendezvous_timeout_seconds", "use less than 120 s"),
     ({"elastic": {"workers": 2}}, "elastic.workers", "remove it or use one of"),
     ({"elastic": 2}, "elastic", "give a JSON object"),
     ({"engine": "ddp", "elastic": {}, "ddp": {"local_sgd": {"period": 4}}}, "elastic", "is set with ddp.local_sgd"),

@@ -5,6 +5,7 @@ Started by horovodrun (local runs) or mpirun (an MPIJob); see launcher.py.
 from __future__ import annotations
 
 import os
+import sys
 
 from ...formats.config import CYCLE_TIME_ENV, HorovodConfig, JobConfig
 from ...formats.engines import HOROVOD
@@ -21,6 +22,16 @@ LOCAL_RANK_ENV = (
     ("HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),                  # horovodrun --gloo
     ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),                        # MPICH's and Intel MPI's mpiexec (hydra)
 )
+
+
+# The patch of docker/build-horovod.sh that gives Gloo's collectives a timeout of their own
+# (HOROVOD_GLOO_OP_TIMEOUT_SECONDS, ElasticConfig.environment), as the built package lists it.
+GLOO_OP_TIMEOUT_PATCH = "gloo-op-timeout"
+
+
+def has_gloo_op_timeout(horovod) -> bool:
+    """Whether this Horovod reads HOROVOD_GLOO_OP_TIMEOUT_SECONDS (built by docker/build-horovod.sh)."""
+    return GLOO_OP_TIMEOUT_PATCH in getattr(horovod, "RINGFLOW_PATCHES", ())
 
 
 class HorovodEngine(Engine):
@@ -48,6 +59,12 @@ class HorovodEngine(Engine):
         share = claim_cpu_share(cfg.bind_cores, *on_host) if on_host else None
         import horovod.torch as hvd
 
+        if cfg.elastic is not None and not has_gloo_op_timeout(sys.modules["horovod"]):
+            print(f"[ringflow] rank {os.environ.get('HOROVOD_RANK', '?')}: this Horovod lacks the gloo-op-timeout "
+                  f"patch of docker/build-horovod.sh, so a collective waits on a dead peer "
+                  f"elastic.rendezvous_timeout_seconds ({cfg.elastic.rendezvous_timeout_seconds:g} s), not "
+                  f"peer_timeout_seconds ({cfg.elastic.peer_timeout_seconds:g} s): build Horovod with that script "
+                  f"for the faster recovery", file=sys.stderr, flush=True)
         hvd.init()
         if share is None:  # no launcher variable names the local rank: Horovod knows it now, and binding
             # reaches every thread, the ones hvd.init() started included

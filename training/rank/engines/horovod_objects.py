@@ -25,7 +25,10 @@ def from_tensor(tensor: torch.Tensor) -> Any:
 
 def broadcast_object(hvd, obj: Any, root_rank: int, name: str) -> Any:
     """hvd.broadcast_object(obj, root_rank, name): root_rank's `obj` on every rank (the root's own object there, as
-    Horovod returns it); a collective, so every rank calls it, in the same order."""
+    Horovod returns it); a collective, so every rank calls it, in the same order. Alone (size 1), the object
+    itself, unpickled: an elastic survivor left alone syncs its own 300 MB commit at a user's size (0.5 s)."""
+    if hvd.size() == 1:
+        return obj
     if hvd.rank() == root_rank:
         tensor = as_tensor(obj)
         size = torch.tensor([tensor.numel()], dtype=torch.int64)

@@ -25,6 +25,10 @@ class TwoRanks:
                 return rank
 
             @staticmethod
+            def size():
+                return 2
+
+            @staticmethod
             def broadcast_(tensor, root_rank, name):
                 world.names.append(name)
                 if rank == root_rank:
@@ -74,3 +78,22 @@ def test_every_rank_gets_the_roots_object_the_root_keeps_its_own(root):
     # Two collectives a call, named as Horovod names its own (the size, then the bytes), on both ranks alike.
     assert world.names == ["ringflow.commit.sz", "ringflow.commit.t"] * 2
     assert world.sent["ringflow.commit.sz"].dtype == torch.int64
+
+
+def test_a_rank_alone_keeps_its_object_without_a_broadcast():
+    """An elastic survivor left alone: its own commit, not pickled and sent to nobody."""
+    class Alone:
+        @staticmethod
+        def size():
+            return 1
+
+        @staticmethod
+        def rank():
+            return 0
+
+        @staticmethod
+        def broadcast_(tensor, root_rank, name):
+            raise AssertionError(f"{name} broadcast to nobody")
+
+    state = training_state()
+    assert broadcast_object(Alone(), state, root_rank=0, name="ringflow.commit") is state
