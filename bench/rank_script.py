@@ -13,7 +13,8 @@ def rank_script_command(engine: str, config_path: str, num_workers: int, module:
     from ringflow.training.core.launcher import launch_command
 
     command = launch_command(engine, config_path, num_workers)
-    # The last `-m` (torchrun's own `-m torch.distributed.run` comes first) is followed by ringflow.training.
+    # The last `-m` is followed by ringflow.training (horovodrun's ranks; torchrun's forked ranks run
+    # `rank/forked_rank.py -m ringflow.training CONFIG`, and the launcher's own `-m` comes first).
     last_m = len(command) - 1 - command[::-1].index("-m")
     return command[:last_m + 1] + [module, *module_args]
 

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None, leave_when_done: bool = False) -> int:
         except BaseException as exc:  # a traceback as Python prints it, then the same way out
             if not leave_when_done:
                 raise
-            code = _printed(exc)
+            code = exit_code_of(exc)
         if leave_when_done:
             from .rank.process_exit import leave
 
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None, leave_when_done: bool = False) -> int:
     return run_worker(cfg)
 
 
-def _printed(exc: BaseException) -> int:
+def exit_code_of(exc: BaseException) -> int:
     """The exit code Python gives an uncaught `exc`, its traceback printed as Python prints it."""
     if isinstance(exc, SystemExit):
         if exc.code is None or isinstance(exc.code, int):

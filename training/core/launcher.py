@@ -109,8 +109,8 @@ RESTARTABLE_TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 # torchrun as the local launcher runs it: ranks forked from it with torch and the rank already imported, each
-# running FORKED_RANK (the rank's entry point as a file), rather than an interpreter started anew per rank and
-# restart (rank/forked_torchrun.py says why).
+# running FORKED_RANK (`-m ringflow.training CONFIG` there, as python would), rather than an interpreter started
+# anew per rank and restart (rank/forked_torchrun.py says why).
 FORKED_TORCHRUN = "ringflow.training.rank.forked_torchrun"
 FORKED_RANK = Path(__file__).resolve().parents[1] / "rank" / "forked_rank.py"
 
@@ -133,7 +133,8 @@ def torchrun_command(config_path: str, num_workers: int, python: str = sys.execu
     endpoint = f"127.0.0.1:{port or free_port()}"
     return [python, "-u", "-m", FORKED_TORCHRUN, "--nnodes", "1", "--nproc-per-node", str(num_workers),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--local-addr", "127.0.0.1",
-            "--max-restarts", str(restarts), "--run-path", "--start-method", "fork", str(FORKED_RANK), config_path]
+            "--max-restarts", str(restarts), "--run-path", "--start-method", "fork", str(FORKED_RANK),
+            "-m", "ringflow.training", config_path]
 
 
 # The launcher programs this ringflow has (the engine table's `launcher`), each one's command; torchrun has no

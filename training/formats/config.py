@@ -292,8 +292,8 @@ class ElasticConfig:
     the job as before (the task's retry resumes from the last checkpoint). With engine "ddp" (rank/ddp_elastic.py)
     torchrun restarts every worker at once instead, in the same try, and they resume from the newest copy of the
     state a host keeps on its memory disk (written every commit_every_steps steps) or the store's newest
-    checkpoint, whichever is newer; rejoin_seconds and wait_seconds are Horovod's only, and so is peer_timeout_seconds,
-    but for a stopped worker process (below).
+    checkpoint, whichever is newer; rejoin_seconds, wait_seconds and rendezvous_timeout_seconds are Horovod's only, and so
+    is peer_timeout_seconds, but for a stopped worker process (below).
 
     min_workers: the fewest workers the job trains on. max_workers: the most (a worker that comes back, or a
     new slot, joins up to it); None: the launch's worker count. commit_every_steps: every this many steps each
@@ -340,6 +340,8 @@ class ElasticConfig:
         if self.rejoin_seconds is not None:
             _positive_number(self, "rejoin_seconds", "elastic.rejoin_seconds")
         _positive_number(self, "peer_timeout_seconds", "elastic.peer_timeout_seconds")
+        _require(self.peer_timeout_seconds >= 0.1, "elastic.peer_timeout_seconds", f"is {self.peer_timeout_seconds:g} s",
+                 "use at least 0.1 s: a collective's wait on a live peer takes a few milliseconds, its messages more")
         _positive_number(self, "wait_seconds", "elastic.wait_seconds")
         _positive_number(self, "rendezvous_timeout_seconds", "elastic.rendezvous_timeout_seconds")
 

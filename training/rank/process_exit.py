@@ -12,6 +12,7 @@ objects.
 from __future__ import annotations
 
 import atexit
+import multiprocessing
 import os
 import sys
 import threading
@@ -19,10 +20,20 @@ from typing import NoReturn
 
 
 def leave(code: int) -> NoReturn:
-    # The interpreter's own first step of finalization, from the main thread: threading's exit hooks (a thread
-    # pool's workers told to end), then every non-daemon thread joined (a script's upload thread finishes).
-    # Then the script's atexit handlers (a tracker's flush), logging's shutdown. Whatever one step raises (a
-    # Ctrl-C while threads are joined), the next runs and the code stands.
+    """Ends the process with `code` after finish(). A rank forked from torchrun (rank/forked_rank.py) has no
+    interpreter teardown to skip and torchrun waits for its return, so there `code` goes back to forked_rank
+    (SystemExit), which finishes the same way."""
+    if multiprocessing.parent_process() is not None:
+        raise SystemExit(code)
+    finish()
+    os._exit(code)
+
+
+def finish() -> None:
+    """What the interpreter does first when it ends, from the main thread: threading's exit hooks (a thread
+    pool's workers told to end), then every non-daemon thread joined (a script's upload thread finishes), then
+    the atexit handlers (a tracker's flush, logging's shutdown), then stdout and stderr flushed. Whatever one
+    step raises (a Ctrl-C while threads are joined), the next runs."""
     for step in (threading._shutdown, atexit._run_exitfuncs):  # type: ignore[attr-defined]
         try:
             step()
@@ -34,7 +45,6 @@ def leave(code: int) -> NoReturn:
                 stream.flush()
         except (OSError, ValueError):  # a closed pipe: nothing more can be said
             pass
-    os._exit(code)
 
 
 def _tell(line: str) -> None:

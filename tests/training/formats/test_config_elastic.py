@@ -41,6 +41,7 @@ def test_gloo_gets_a_rendezvous_timeout_and_a_collectives_timeout_of_its_own(sec
     ({"elastic": {"commit_every_steps": 0}}, "elastic.commit_every_steps", "use a whole number >= 1"),
     ({"elastic": {"rejoin_seconds": 0}}, "elastic.rejoin_seconds", "use a number > 0"),
     ({"elastic": {"peer_timeout_seconds": -1}}, "elastic.peer_timeout_seconds", "use a number > 0"),
+    ({"elastic": {"peer_timeout_seconds": 0.0001}}, "elastic.peer_timeout_seconds", "use at least 0.1 s"),
     ({"elastic": {"wait_seconds": 0}}, "elastic.wait_seconds", "use a number > 0"),
     ({"elastic": {"rendezvous_timeout_seconds": 0}}, "elastic.rendezvous_timeout_seconds", "use a number > 0"),
     ({"elastic": {"rendezvous_timeout_seconds": 120}}, "elastic.rendezvous_timeout_seconds", "use less than 120 s"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ringflow.training.rank.engines import horovod_objects
 from ringflow.training.rank.engines.horovod_objects import as_tensor, broadcast_object, from_tensor
 
 
@@ -76,7 +77,7 @@ def test_every_rank_gets_the_roots_object_the_root_keeps_its_own(root):
     assert kept is state
     assert same(got, state) and got is not state
     # Two collectives a call, named as Horovod names its own (the size, then the bytes), on both ranks alike.
-    assert world.names == ["ringflow.commit.sz", "ringflow.commit.t"] * 2
+    assert world.names == ["ringflow.commit.sz", "ringflow.commit.t0"] * 2
     assert world.sent["ringflow.commit.sz"].dtype == torch.int64
 
 
@@ -97,3 +98,15 @@ def test_a_rank_alone_keeps_its_object_without_a_broadcast():
 
     state = training_state()
     assert broadcast_object(Alone(), state, root_rank=0, name="ringflow.commit") is state
+
+
+def test_a_large_object_goes_in_pieces_each_one_message(monkeypatch):
+    """Each piece must arrive within the collectives' timeout on a slow link: none larger than CHUNK_BYTES."""
+    monkeypatch.setattr(horovod_objects, "CHUNK_BYTES", 4096)
+    world, state = TwoRanks(), training_state()
+    broadcast_object(world.rank_view(0), state, root_rank=0, name="c")
+    got = broadcast_object(world.rank_view(1), None, root_rank=0, name="c")
+    pieces = [name for name in world.sent if name.startswith("c.t")]
+    assert len(pieces) == -(-as_tensor(state).numel() // 4096) > 1
+    assert all(world.sent[name].numel() <= 4096 for name in pieces)
+    assert same(got, state)

@@ -1,8 +1,9 @@
 """What a process tracker is: the set of every process one job made, whatever they did to leave their parent.
 
 A job's processes cannot be found by their process group or their parent: `horovodrun` starts `mpirun` in a
-session of its own, Open MPI puts each rank in a process group of its own, torchrun starts each rank in a
-session of its own, and a double fork or a dead `mpirun` leaves processes with a parent outside the job.
+session of its own, Open MPI puts each rank in a process group of its own, plain torchrun starts each rank in
+a session of its own (ringflow's forks them: rank/forked_torchrun.py), and a double fork or a dead `mpirun`
+leaves processes with a parent outside the job.
 A tracker knows them anyway (a cgroup they inherit, or a subreaper they stay under), so a stop can reach
 every one directly instead of trusting a launcher in between to pass a signal on.
 
