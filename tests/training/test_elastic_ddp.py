@@ -4,7 +4,8 @@ they resume from the copy of the state the host keeps in memory (newer than the 
 new rank 0 claiming the run folder. One `ringflow train`, one try: every training row of every epoch is trained
 on exactly once (the ranks' row logs, less the steps the first round trained after the copy the restart went
 back to; a row log's "round" is torchrun's restart count), the change is in result.json, the health records
-and the log, and the copies are gone when the job has ended."""
+and the log, and the copies are gone when the job has ended. Then the deaths a copy and an upload make harder:
+a worker killed inside a copy, rank 0 killed while its checkpoint uploads."""
 import json
 import os
 
@@ -81,3 +82,42 @@ def test_a_rank_that_ends_on_a_verdict_is_not_restarted_into_training_again(modu
     assert code == exit_codes.for_verdict("OOM") and "health verdict OOM" in out, out[-4000:]
     assert out.count("fault: out of memory") == 1, out[-4000:]  # never trained again
     assert "before torchrun restarted it: ending with it" in out, out[-4000:]
+
+
+def ddp_faults_config(module_jobs, run: str, faults: list[dict]) -> dict:
+    return module_jobs.config(run, engine="ddp", epochs=3, checkpoint={"every_steps": 10}, health={"every_steps": 5},
+                              elastic={"commit_every_steps": COMMIT_EVERY}, faults=faults,
+                              row_log_dir=str(module_jobs.root / f"{run}-rows"))
+
+
+def one_restart(module_jobs, cfg: dict, code: int, out: str) -> dict:
+    """The one change of a DDP job that succeeded in one try, without a retry."""
+    assert code == 0 and out.count("job exited with") == 1, out[-6000:]
+    result = module_jobs.result(cfg)
+    assert result.succeeded and result.resumed_from is None, result
+    (change,) = result.membership_changes
+    assert change["why"] == "left" and change["from_world_size"] == change["to_world_size"], change
+    assert_every_row_once(cfg, [change])
+    return change
+
+
+def test_a_worker_killed_inside_a_peer_copy_is_restarted_from_a_whole_copy(module_jobs):
+    """Rank 1 dies in the commit of step 10 (the host's writer, rank 0, copies the state then): the restart goes
+    back to a copy that was written whole, step 5's or step 10's, and every row is still trained once."""
+    cfg = ddp_faults_config(module_jobs, "ddp-in-commit", [{"kind": "crash_in_commit", "rank": 1, "step": 10}])
+    code, out = module_jobs.run(cfg, np=3, timeout=180)
+    assert "fault: SIGKILL in the commit of step 10" in out, out[-6000:]
+    change = one_restart(module_jobs, cfg, code, out)
+    assert change["commit_step"] in (5, 10), change
+
+
+def test_rank_0_killed_while_its_checkpoint_uploads_under_ddp(module_jobs):
+    """Rank 0, the run folder's writer, dies with the checkpoint of step 10 half written: the restarted rank 0
+    claims the run folder again, and the killed upload never counts as a complete checkpoint."""
+    cfg = ddp_faults_config(module_jobs, "ddp-in-upload", [{"kind": "crash_in_upload", "rank": 0, "step": 10}])
+    code, out = module_jobs.run(cfg, np=2, timeout=180)
+    assert "fault: SIGKILL in the upload of the checkpoint of step 10" in out, out[-6000:]
+    change = one_restart(module_jobs, cfg, code, out)
+    assert change["commit_step"] >= 5, change
+    newest = module_jobs.checkpoints(cfg).latest_valid()
+    assert newest.manifest.step > 10 and newest.manifest.meta.get("final"), newest.manifest
