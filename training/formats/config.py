@@ -305,12 +305,11 @@ class ElasticConfig:
     only when it was talking to that peer; the others wait this long, so it bounds the recovery. Only a peer
     process that answers nothing counts: a rank whose training thread lags (a slow step, a hang) keeps its
     Horovod background thread talking, and a hang is the stall watchdog's (rank/elastic.py). One message's
-    transfer must fit in it too (a fused gradient buffer, up to HOROVOD_FUSION_THRESHOLD; the commit broadcast to
-    a newcomer, the model and optimizer state in one message): raise it where a slow link between hosts carries
-    a big model. It needs the
-    Horovod that docker/build-horovod.sh builds (its gloo-op-timeout patch: stock Horovod bounds collectives
-    and the rendezvous with one timeout, and then rendezvous_timeout_seconds bounds both; the rank says so in
-    its log). A worker process the kernel reports stopped (SIGSTOP) this long, with either engine, is killed by
+    transfer must fit in it too (a fused gradient buffer, up to HOROVOD_FUSION_THRESHOLD; a piece of an object
+    broadcast, horovod_objects.CHUNK_BYTES): raise it where a slow link between hosts carries a big model. It
+    needs the Horovod that docker/build-horovod.sh builds (its gloo-op-timeout patch: stock Horovod bounds
+    collectives and the rendezvous with one timeout, and then rendezvous_timeout_seconds bounds both; the rank
+    says so in its log). A worker process the kernel reports stopped (SIGSTOP) this long, with either engine, is killed by
     the launcher, so that the job goes on without it (backends/processes/frozen_watch.py).
     rendezvous_timeout_seconds: how long the workers of a new round wait in Gloo's rendezvous for each other,
     for a joining worker still importing torch above all (3 s failed such a join on a loaded 2-core host,
