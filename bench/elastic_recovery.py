@@ -19,8 +19,10 @@ committing never (1e9 steps), interleaved, samples/s after the warm-up from resu
 At a user's size (--real-size): the workload of tests/real_size_workload.py, as bench/real_sizes.py runs it (1 GB
 of shards in S3 (moto) behind a throttling proxy of 8 MB/s shared by both ranks, a 25 M-parameter model whose
 checkpoint with Adam's state is ~300 MB), np=2, rank 1 SIGKILLed at step REAL_KILL_AT: after the checkpoint of step
-50 (the default interval) is published, so the retry resumes from it and reads its 300 MB back through the link,
-while elastic's survivor goes back to its in-memory commit of step 50 (the default interval too). Measured as above,
+50 (the default interval) is published (the one due at step 100 waits for it), while the one of step 100 uploads (at
+this size an upload takes about as long as a checkpoint interval: one is almost always in flight), so the retry
+resumes from step 50's and reads its 300 MB back through the link, while elastic's survivor goes back to its
+in-memory commit of step 100 (the default interval too), its first data loading beside that upload. Measured as above,
 plus the retry's split: kill -> the next try's `start` record (new processes, the checkpoint read back) and
 `start` -> its first step (the first data window through the link). A run takes 3-4 min to reach the kill (start-up
 and steps are bound by the link), so this case runs ONE repeat of each job by default, elastic first, and the
@@ -51,9 +53,9 @@ from .common import (BATCH, Moto, environment, machine, read_health, read_result
 from .results_file import add_results_arguments, write_results
 
 KILL_AT = 40
-# The real-size case's kill: 40 steps after the checkpoint of step 50 began its upload (~90 s through the link
-# while the data streams, bench/results/real_sizes.md; a step takes ~3 s there), before the next one (step 100).
-REAL_KILL_AT = 90
+# The real-size case's kill: 10 steps after the checkpoint of step 100 began its upload, which waited for step 50's
+# (an upload takes ~90-120 s through the link while the data streams, bench/results/real_sizes.md; a step ~1.5 s).
+REAL_KILL_AT = 110
 # How long a real-size job may take to reach its measured step (start-up ~75 s, then ~3 s a step).
 REAL_TIMEOUT_SECONDS = 900
 KILL_LINE = re.compile(r"fault: SIGKILL at step (\d+) \(unix time ([0-9.]+)\)")
@@ -285,6 +287,10 @@ def real_size_lines(summary: dict) -> list[str]:
     elastic, retry, repeats = summary["elastic"], summary["retry"], summary["repeats"]
     e, t = [r["seconds"] for r in elastic], [r["seconds"] for r in retry]
     published = sorted({c["step"] for r in elastic + retry for c in r["published_before_kill"]})
+    # The newest checkpoint due by the kill (every checkpoint interval is over the 30 s floor here): not published
+    # then, it was uploading.
+    due = REAL_KILL_AT // CheckpointConfig().cadence_steps * CheckpointConfig().cadence_steps
+    uploading = f", while the one of step {due} uploaded" if due and due not in published else ""
     return [f"# What a worker's death costs at a user's size: recovery inside the job (elastic) against a retry "
             f"({repeats} run{'s' if repeats > 1 else ''} of each, median (min-max))", "",
             f"The workload of tests/real_size_workload.py, as bench/real_sizes.py runs it: a "
@@ -295,7 +301,8 @@ def real_size_lines(summary: dict) -> list[str]:
             f"{CheckpointConfig().cadence_steps} steps and elastic commits every "
             f"{ElasticConfig().commit_every_steps} (the defaults), health every step. Rank 1 SIGKILLed at "
             f"step {REAL_KILL_AT}, after the checkpoint of step(s) {', '.join(map(str, published)) or 'none'} had "
-            "been published. Seconds from the kill to the end of the survivor's first step (elastic, defaults) or "
+            f"been published{uploading}. Seconds from the kill to the end of the survivor's first step (elastic, "
+            "defaults) or "
             "of the next try's first step "
             "(`ringflow train --retries 1`, which resumes from that checkpoint, read back through the link; a shell "
             "retry starts at once, an Airflow task's waits its retry_delay, 30 s by default, on top). "

@@ -63,6 +63,24 @@ def test_rank_0_killed_while_its_checkpoint_uploads(module_jobs):
     assert newest.manifest.step > 10 and newest.manifest.meta.get("final"), newest.manifest
 
 
+def test_a_worker_killed_while_rank_0_uploads_does_not_wait_for_the_upload(module_jobs):
+    """Rank 0's checkpoint of step 10 is still uploading (held 8 s) when rank 1 dies at step 12: the survivor
+    trains on at once, the upload going on beside it (the next round takes the writer over), and the checkpoint
+    of step 10 is published and recorded; the next one waits for it, so checkpoints stay in step order."""
+    cfg = elastic_config(module_jobs, "elastic-beside-upload", [
+        {"kind": "slow_upload", "rank": 0, "step": 10, "seconds": 8}, {"kind": "crash", "rank": 1, "step": 12}])
+    code, out = module_jobs.run(cfg, np=2, timeout=240)
+    assert "fault: the upload of the checkpoint of step 10 held 8s" in out, out[-5000:]
+    change = only_change(module_jobs, cfg, code, out)
+    assert (change["why"], change["from_world_size"], change["to_world_size"], change["rank0_changed"]) == (
+        "left", 2, 1, False)
+    written = [r for r in module_jobs.health(cfg) if r["type"] == "checkpoint"]
+    (ten,) = [r for r in written if r["step"] == 10]  # recorded once published (checkpoint_writer.py)
+    assert change["resumed_at"] < ten["time"], (change, ten)  # the first step came before the upload ended
+    assert [r["step"] for r in written] == sorted(r["step"] for r in written), written
+    assert_every_row_once(cfg, [change])
+
+
 @pytest.mark.background  # mostly a hang waited out (stall_seconds): beside the main lane (scripts/test.sh)
 def test_a_hung_rank_is_dropped(module_jobs):
     """Rank 2 hangs (alive, its training thread blocked): its peers' collective times out after

@@ -442,7 +442,8 @@ class FaultConfig:
     `crash_in_commit` inside an elastic job's commit of the step (its state copied, before the collective check
     for changed hosts: rank/elastic.py); `crash_in_upload` (rank 0) from the
     checkpoint writer's thread once the first bytes of the step's checkpoint are written, before its
-    MANIFEST."""
+    MANIFEST; `slow_upload` (rank 0) holds that thread there `seconds`, once (a checkpoint still uploading
+    when something else happens)."""
 
     kind: str
     rank: int = 0
@@ -452,7 +453,7 @@ class FaultConfig:
     above_batch: int = 0
 
     KINDS = ("nan_gradient", "slow_rank", "slow_sync", "perturb_replica", "hang", "stop", "crash",
-             "crash_in_commit", "crash_in_upload", "oom")
+             "crash_in_commit", "crash_in_upload", "slow_upload", "oom")
 
     def __post_init__(self) -> None:
         _require(self.kind in self.KINDS, "faults[].kind", f"is {self.kind!r}", f"use one of {self.KINDS}")

@@ -15,9 +15,15 @@ both judge the same quantities (liveness.py decides):
 - `waiting_on_peers`: an elastic rank's training thread is blocked in a collective (rank/elastic.py sets the
   check, `peers_check`): its silence is judged with a longer limit (liveness.PEER_WAIT_STALLS), in the job and
   from the heartbeat alike.
+
+It also carries one rule between the rank's threads, data first: while the training thread waits for the data
+its next step needs (`awaiting_data`), or that data loads before it waits (`data_first_until`: a trainer's
+first window), a background write (rank 0's checkpoint upload) holds back between its chunks
+(`yield_to_data`), so on a link both share the step's data is not slowed by a write nothing waits for.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import threading
@@ -54,6 +60,11 @@ class Progress:
         # Whether the training thread is blocked in a collective now (set once, before anything reads; None:
         # never asked, a rank whose peers' silence is no different from its own).
         self.peers_check: Callable[[], bool] | None = None
+        # Set unless data the training thread needs next is awaited (awaiting_data, data_first_until): what
+        # yield_to_data waits for; how many such waits are open.
+        self._data_not_awaited = threading.Event()
+        self._data_not_awaited.set()
+        self._data_awaited = 0
 
     def _moved(self) -> None:
         self._mono, self._wall = time.monotonic(), time.time()
@@ -104,6 +115,36 @@ class Progress:
                 if self._step is None:  # start-up: what the phase has read or written so far
                     self._done["bytes"] = self._done.get("bytes", 0) + op.reading().bytes
                 self._moved()
+
+    def _await_data(self, delta: int) -> None:
+        with self._lock:
+            self._data_awaited += delta
+            if self._data_awaited:
+                self._data_not_awaited.clear()
+            else:
+                self._data_not_awaited.set()
+
+    @contextlib.contextmanager
+    def awaiting_data(self, op: StoreOp) -> Iterator[StoreOp]:
+        """waiting(op) for the data the training thread's next step needs: the wait background writes give
+        way to (yield_to_data)."""
+        self._await_data(1)
+        try:
+            with self.waiting(op):
+                yield op
+        finally:
+            self._await_data(-1)
+
+    def data_first_until(self, load: "concurrent.futures.Future") -> None:
+        """Background writes give way from now until `load` is done: the load of the data the training thread
+        will need first, started before it waits (a trainer's first window, loading while the loop is set up)."""
+        self._await_data(1)
+        load.add_done_callback(lambda _: self._await_data(-1))
+
+    def yield_to_data(self, limit: float) -> None:
+        """From a background write's thread, between two of its chunks: hold while the training thread waits
+        for its data (awaiting_data), at most `limit` seconds."""
+        self._data_not_awaited.wait(limit)
 
     def read(self) -> ProgressReading:
         with self._lock:

@@ -25,12 +25,14 @@ class StoreOp:
         self.started = self._last_moved = time.monotonic()
         self.ended: float | None = None
         self._bytes = 0
+        self._bytes_lock = threading.Lock()  # several transfer threads may report at once
         self._done = threading.Event()
         self.error: BaseException | None = None
 
     def moved(self, nbytes: int) -> None:
-        # Two plain assignments: a reader may see the bytes a moment before the time, never a torn value.
-        self._bytes += nbytes
+        # A reader may see the bytes a moment before the time, never a torn value.
+        with self._bytes_lock:
+            self._bytes += nbytes
         self._last_moved = time.monotonic()
 
     def finish(self, error: BaseException | None = None) -> None:

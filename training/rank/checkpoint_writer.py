@@ -16,7 +16,8 @@ AsyncCheckpointer: stage to host memory, then write off the critical path).
   training thread stops with NONFINITE.
 - The writer's thread runs at a lower scheduling priority than training (WRITER_NICENESS): on a host whose
   cores the ranks fill, its serialising and hashing take a core's time when training leaves some, and a
-  checkpoint interval is long enough for that.
+  checkpoint interval is long enough for that. On the link, likewise: while the training thread waits for the
+  data of its next step, the upload holds back between chunks (DATA_FIRST_HOLD_SECONDS at a time).
 - The files are uploaded first and MANIFEST.json last (checkpoint.py), so a crash or a kill during a write
   leaves the previous checkpoint the newest valid one; then the checkpoint is published (`publish`: the run
   folder's pointer, run_folder.py), and what that drops from keep_last is deleted.
@@ -42,6 +43,11 @@ if TYPE_CHECKING:  # the writer is torch-free: a script's state (script_state.py
     from .training_state import TrainingState
 
 
+# The longest a chunk of an upload holds back while the training thread waits for its data
+# (Progress.yield_to_data): the step's data comes first on a link both share (a window of a user's size took
+# twice as long beside an upload in flight, bench/results/elastic_recovery_real_size.md), and a part's request
+# never idles long enough for the server to drop it (S3 drops a request idle for 20 s).
+DATA_FIRST_HOLD_SECONDS = 5.0
 # How much nicer than the training thread the writer's thread runs (Linux: the thread alone; 19 at most).
 # Not the lowest: on a host crowded with other work a thread at 19 gets almost no CPU, and a write that
 # outlasts the checkpoint interval makes the next checkpoint wait on the training thread.
@@ -119,6 +125,13 @@ class AsyncCheckpointWriter:
         self._future = self._pool.submit(self._write, self._op, step, state, meta, final, waited, snapshot)
         return name
 
+    def hand_to(self, on_written: Callable[[WrittenCheckpoint], None], publish: Callable[[str], None],
+                on_bytes: Callable[[int], None]) -> None:
+        """The next round of an elastic job, on the process that stays the writer, takes this writer over: a
+        write still in flight goes on, and is published and recorded through the new round's callbacks (the
+        same run folder and health log), so the old round's trainer is not kept alive by it."""
+        self._on_written, self._publish, self._on_bytes = on_written, publish, on_bytes
+
     def snapshot(self, state: TrainingState, pin_memory: bool = False) -> TrainingState:
         """A host copy of `state` for submit() to write (call it in submit's take_state), in the memory of the
         last snapshot written where there is one."""
@@ -178,6 +191,7 @@ class AsyncCheckpointWriter:
                 def moved(nbytes: int) -> None:
                     op.moved(nbytes)
                     self._on_bytes(step)
+                    self._progress.yield_to_data(DATA_FIRST_HOLD_SECONDS)
 
                 name = self._checkpoints.save_files(step, {state.file_name: path}, meta, progress=moved)
             self._publish(name)

@@ -195,12 +195,14 @@ class _Beat(Callback):
 
 class PeerCopyRun:
     """What worker.Trainer reads of an elastic run (as of elastic.ElasticRun): `state.committed` (the copy it
-    resumes from, or None: the store's checkpoint), `round`, `resumed_from`, `changes`."""
+    resumes from, or None: the store's checkpoint), `round`, `resumed_from`, `changes`, `checkpoint_writer`
+    (always None: a restarted worker is a new process, and no upload of the one before goes on)."""
 
     def __init__(self, cfg: JobConfig, start: RankStart, local_rank: int, round_: int):
         self.cfg, self.start, self.round = cfg, start, round_
         self.folder = copy_folder(cfg.run_uri, start.attempt)
         self.writer: CopyWriter | None = None
+        self.checkpoint_writer = None
         self.beat: BeatFile | None = None
         if local_rank == 0:
             if round_ == 0:  # the attempt's first start: nothing there can be this attempt's

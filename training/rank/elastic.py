@@ -10,7 +10,9 @@ retry of the whole job.
                    another world size: the epoch's unseen rows dealt among the workers there are now, the
                    accumulation and learning rate rescaled (world_size_change.py); the first round resumes
                    from the run folder as any attempt does. The new rank 0 claims the run folder when it was
-                   not the writer (the old writer, if it is alive and frozen, is fenced from then on).
+                   not the writer (the old writer, if it is alive and frozen, is fenced from then on); a writer
+                   that stays rank 0 keeps its checkpoint writer, whose upload in flight goes on beside the
+                   next round (ElasticRun.checkpoint_writer).
         commit     every elastic.commit_every_steps steps (ElasticCommit): each rank copies its state into its
                    own memory, then Horovod's check for changed hosts, a collective, so every rank raises
                    HostsUpdatedInterrupt at the same step
@@ -107,6 +109,11 @@ class ElasticRun:
         self.resumed_from: str | None = None  # the run folder's checkpoint the first round resumed from
         self.workers: tuple[str, ...] = ()  # this round's workers by name, in rank order
         self._pending: dict[str, Any] | None = None  # the change seen, until the next round has resumed
+        # The run folder writer's checkpoint writer, from round to round while this process stays rank 0: the
+        # upload a round left in flight goes on beside the next one, whose trainer takes the writer over, so a
+        # survivor goes on at once, not after the upload's rest (at a user's size, tens of seconds through a
+        # slow link). None on the other ranks.
+        self.checkpoint_writer = None
 
     # -- what run_rank's store-failure path reads --------------------------------------------------------------
 
@@ -177,6 +184,7 @@ class ElasticRun:
                          "workers": self.workers}
         print(f"[ringflow] rank {trainer.rank}: workers changed at step {step} ({why}: {detail})", flush=True)
         trainer.let_go()
+        self.checkpoint_writer = trainer.writer
 
     def _take_writer(self, rank: int) -> None:
         """The round's rank 0 writes the run folder: a process that becomes rank 0 claims it (fencing the old
@@ -188,6 +196,9 @@ class ElasticRun:
                 self._pending["rank0_changed"] = True
             start.claim()
         elif rank != 0 and start.guard is not None:
+            if self.checkpoint_writer is not None:  # its upload in flight ends first, published as it was due
+                self.checkpoint_writer.wait_for(self.cfg.health.store_timeout_seconds)
+                self.checkpoint_writer = None
             if start.liveness.heartbeat is not None:
                 start.liveness.heartbeat.stop()
                 start.liveness.heartbeat = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import threading
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -32,10 +33,15 @@ from ..formats.manifest import ShardManifest, ShardSchema
 from .partition_stream import StreamedPartition
 from . import stream_deal
 from .stream_deal import Ranges
-from ..store.base import ObjectStore
+from ..store.base import ObjectStore, TransferCancelled
 
 # Row groups shuffled together: with the shard step's ~4 MiB row groups, a 16 MiB shuffle buffer.
 SHUFFLE_WINDOW = 4
+# Row groups fetched at once (a window's, with the shard step's ~4 MiB groups): each ranged read waits a
+# request's latency before its first byte (tens of ms on S3, more through a slow link or from a busy server),
+# and one connection seldom fills a link alone. One after another, a window of a user's size took twice as long
+# through the real-size bench's link as the link's bandwidth allows (elastic_recovery_real_size.md).
+FETCHES_IN_FLIGHT = SHUFFLE_WINDOW
 # Files a window's store operation names one by one (more are counted).
 NAMED_FILES = 3
 # A stream whose decoded rows take at most this is decoded once and kept, not streamed each epoch: about the
@@ -231,6 +237,9 @@ class PartitionBatches:
                                                     dtype=np.int64).reshape(-1, 2)))
         # One loader thread: Parquet decoding releases the GIL, so the next window loads while this one trains.
         self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringflow-prefetch")
+        self._fetcher = concurrent.futures.ThreadPoolExecutor(max_workers=FETCHES_IN_FLIGHT,
+                                                              thread_name_prefix="ringflow-fetch")
+        self._closed = threading.Event()
         # (seed, epoch, window start, this rank's spans of it), its load
         self._ahead: tuple[tuple, "_Pending"] | None = None
 
@@ -238,8 +247,21 @@ class PartitionBatches:
         return self.rows
 
     def close(self) -> None:
-        """Stop the loader thread (a load in flight is dropped): this reader serves nothing more."""
+        """Stop the loader thread: this reader serves nothing more. A load in flight is dropped and its read
+        abandoned at its next chunk (TransferCancelled): left to run, it would share the link with the next
+        reader's first window, which an elastic job's survivors wait for (a window of a user's size through a
+        slow link: seconds)."""
+        self._closed.set()
         self._loader.shutdown(wait=False, cancel_futures=True)
+        self._fetcher.shutdown(wait=False, cancel_futures=True)
+
+    def prefetch(self, seed: int, cursor: Cursor) -> None:
+        """Start loading the cursor's first window now, for the batches(seed, cursor) call that comes next: a
+        trainer calls it once it knows where it resumes, so the window loads while the rest of it is built, and
+        a checkpoint upload in flight (an elastic job's, going on from the round before) gives way to it."""
+        self._load_ahead(seed, cursor)
+        if self._ahead is not None:
+            self.progress.data_first_until(self._ahead[1].future)
 
     def _source(self, file: int, moved: Callable[[int], None] | None = None) -> StreamedPartition:
         """File `file`, opened on first use (its footer read and checked: a store operation).
@@ -309,22 +331,34 @@ class PartitionBatches:
         op = StoreOp(f"read of {where} row groups {sorted(blocks)}", self._store.uri, self._bytes(blocks))
         return _Pending(op, self._loader.submit(self._load, w, op, spans), w.start)
 
+    def _moved(self, op: StoreOp) -> Callable[[int], None]:
+        """The load's progress: the op's bytes, until the reader is closed."""
+        def moved(nbytes: int) -> None:
+            if self._closed.is_set():
+                raise TransferCancelled(f"{op.what}: the reader was closed")
+            op.moved(nbytes)
+        return moved
+
     def _bytes(self, blocks: Sequence[int]) -> int:
         entries = [self.entries[self.blocks[b].file] for b in blocks]
         return sum(e.row_groups[self.blocks[b].group].length for e, b in zip(entries, blocks))
 
     def _read(self, blocks: Sequence[int], moved) -> tuple["pa.Table", np.ndarray | None]:
-        """The rows of `blocks`: each file's row groups in one read, the files' tables joined as they came
-        (a chunk each, no copy), and which of its rows are `blocks`' rows in that order (None: all of them,
-        in order). Not sliced into blocks and put back in order here: that left a chunk per block, which
-        to_arrays then had to join column by column (bench/results/stream_profile.md); the order is a
-        permutation the window's gather takes for free."""
+        """The rows of `blocks`: their row groups fetched FETCHES_IN_FLIGHT at a time, each file's decoded in
+        one read, the files' tables joined as they came (a chunk each, no copy), and which of its rows are
+        `blocks`' rows in that order (None: all of them, in order). Not sliced into blocks and put back in
+        order here: that left a chunk per block, which to_arrays then had to join column by column
+        (bench/results/stream_profile.md); the order is a permutation the window's gather takes for free."""
         by_file: dict[int, list[int]] = {}
         for b in blocks:
             by_file.setdefault(self.blocks[b].file, []).append(b)
+        sources = {file: self._source(file, moved) for file in by_file}  # opened (their footers) one by one
+        wanted = [b for mine in by_file.values() for b in mine]
+        fetched = dict(zip(wanted, self._fetcher.map(
+            lambda b: sources[self.blocks[b].file].fetch(self.blocks[b].group, moved), wanted)))
         tables, start, at = [], {}, 0
         for file, mine in by_file.items():
-            tables.append(self._source(file, moved).read([self.blocks[b].group for b in mine], self._columns, moved))
+            tables.append(sources[file].table({self.blocks[b].group: fetched[b] for b in mine}, self._columns))
             for b in mine:
                 start[b], at = at, at + self.blocks[b].rows
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
@@ -340,24 +374,26 @@ class PartitionBatches:
         return np.stack([files, rows], axis=1).astype(np.int64)
 
     def _wait(self, pending: "_Pending") -> "_Loaded":
-        """The window's tensors and row ids; a wait for them is a wait for the store."""
+        """The window's tensors and row ids; a wait for them is a wait for the store, and for data (a checkpoint
+        upload gives way to it: Progress.awaiting_data)."""
         if not pending.future.done():
-            with self.progress.waiting(pending.op):
+            with self.progress.awaiting_data(pending.op):
                 return pending.future.result()
         return pending.future.result()
 
     def _load(self, w: Window, op: StoreOp, spans: tuple[tuple[int, int], ...]) -> "_Loaded":
+        moved = self._moved(op)
         try:
             order = w.order[np.concatenate([np.arange(a, b) for a, b in spans]).astype(np.int64)
                             if spans else np.zeros(0, dtype=np.int64)]
             ids = self._ids(w.groups)[order]
             if not self._keep_decoded:
-                table, read_order = self._read(w.groups, op.moved)
+                table, read_order = self._read(w.groups, moved)
                 x, y = self._decode(table)
                 index = self._index(order if read_order is None else read_order[order])
             else:  # this rank's rows of the window, permuted, picked straight from the decoded stream
                 if self._decoded is None:  # rows in block order
-                    table, read_order = self._read(range(len(self.blocks)), op.moved)
+                    table, read_order = self._read(range(len(self.blocks)), moved)
                     x, y = self._decode(table)
                     if read_order is not None:
                         x, y = x[self._index(read_order)], y[self._index(read_order)]
@@ -391,14 +427,14 @@ class PartitionBatches:
                     out.append((w, lo - w.start, hi - w.start))
         return out
 
-    def _load_ahead(self, seed: int, epoch: int) -> None:
-        """Start loading `epoch`'s first window for the batches() call that comes next, so no epoch starts
+    def _load_ahead(self, seed: int, cursor: Cursor) -> None:
+        """Start loading the cursor's first window for the batches() call that comes next, so no epoch starts
         by waiting for its data (a stream of one window waited at every epoch). After the last epoch
         this loads one window that nobody takes."""
-        pieces = self._pieces(seed, Cursor(epoch))
+        pieces = self._pieces(seed, cursor)
         if pieces:
             spans = _spans(pieces, pieces[0][0])
-            self._ahead = ((seed, epoch, pieces[0][0].start, spans), self._submit(pieces[0][0], spans))
+            self._ahead = ((seed, cursor.epoch, pieces[0][0].start, spans), self._submit(pieces[0][0], spans))
 
     # The hooks a subclass overrides to serve its library's tensors (numpy arrays here).
     def _decode(self, table: "pa.Table") -> tuple[Any, Any]:
@@ -445,7 +481,7 @@ class PartitionBatches:
                 if following is not None:
                     pending = self._submit(following, _spans(pieces, following))
                 else:
-                    self._load_ahead(seed, cursor.epoch + 1)
+                    self._load_ahead(seed, Cursor(cursor.epoch + 1))
                     pending = None
             at = loaded[1].offsets[first]
             x, y, ids = (part[at:at + end - first] for part in loaded[1][:3])

@@ -41,17 +41,21 @@ class StreamedPartition:
                                     f"re-run the shard step")
         self.group_rows = [self.metadata.row_group(g).num_rows for g in range(self.metadata.num_row_groups)]
 
-    def read(self, groups: Sequence[int], columns: Sequence[str], moved: Moved = None) -> pa.Table:
-        groups = list(groups)
+    def fetch(self, group: int, moved: Moved = None) -> bytes:
+        """Row group `group`'s bytes (one ranged read), checked against the manifest: safe from several
+        threads at once, so a window's row groups can be in flight together."""
+        listed = self._entry.row_groups[group]
+        data = self._store.get_range(self.key, listed.offset, listed.length, progress=moved)
+        listed.check(data, f"row group {group} of partition {self.key!r}")
+        return data
+
+    def table(self, fetched: dict[int, bytes], columns: Sequence[str]) -> pa.Table:
+        """The row groups fetched (group -> its bytes, from fetch), decoded, in the mapping's order."""
         segments = {self._entry.footer.offset: self._footer}
-        for g in groups:
-            listed = self._entry.row_groups[g]
-            data = self._store.get_range(self.key, listed.offset, listed.length, progress=moved)
-            listed.check(data, f"row group {g} of partition {self.key!r}")
-            segments[listed.offset] = data
+        segments.update((self._entry.row_groups[g].offset, data) for g, data in fetched.items())
         # No pre-buffering: it coalesces column chunks across small holes, reading bytes that were not fetched.
         reader = pq.ParquetFile(_SparseFile(self._entry.size, segments), metadata=self.metadata, pre_buffer=False)
-        return reader.read_row_groups(groups, columns=list(columns))
+        return reader.read_row_groups(list(fetched), columns=list(columns))
 
 
 class _SparseFile(io.RawIOBase):

@@ -125,9 +125,17 @@ class Trainer(RankRun):
         # to whichever worker has its rank after the change.
         faults = self.faults = FaultInjection(
             cfg if elastic is None or elastic.round == 0 else dataclasses.replace(cfg, faults=()), self.rank)
-        writer = (AsyncCheckpointWriter(CheckpointStore(guard.store, keep_last=None), progress,
-                                        self._on_checkpoint_written, self._publish_checkpoint, faults.in_upload)
-                  if guard is not None else None)
+        # A later round of an elastic job on the process that was already the writer takes its writer over,
+        # with the upload that may still be in flight (rank/elastic.py ElasticRun.checkpoint_writer).
+        carried = elastic.checkpoint_writer if elastic is not None else None
+        if guard is not None and carried is not None:
+            writer = carried
+            writer.hand_to(self._on_checkpoint_written, self._publish_checkpoint, faults.in_upload)
+        else:
+            writer = (AsyncCheckpointWriter(CheckpointStore(guard.store, keep_last=None), progress,
+                                            self._on_checkpoint_written, self._publish_checkpoint, faults.in_upload)
+                      if guard is not None else None)
+        self.writer = writer
         self.checkpointing = Checkpointing(writer, cfg.checkpoint.cadence_steps, self.size, {
             "manifest_uri": cfg.manifest_uri, "model": json.loads(json.dumps(cfg.to_dict()["model"])),
             "learning_rate": cfg.learning_rate,  # the config's, per worker (_restore compares a retry's)
@@ -344,11 +352,10 @@ class Trainer(RankRun):
         return commit
 
     def let_go(self) -> None:
-        """An elastic job's round ended by a change of workers: finish rank 0's checkpoint upload in flight (it
-        is published: the survivors' next checkpoint names its step or a later one), stop this round's
-        threads. The process, its liveness and its health log go on into the next round."""
-        if self.checkpointing is not None:
-            self.checkpointing.settle(self.cfg.health.store_timeout_seconds)
+        """An elastic job's round ended by a change of workers: stop this round's threads (its data reader's
+        read in flight abandoned). Rank 0's checkpoint upload in flight goes on: the next round waits for it
+        only when its own first checkpoint falls due, not before its first step (ElasticRun.checkpoint_writer). The
+        process, its liveness and its health log go on into the next round."""
         self.data.close()
         for callback in self.callbacks:
             if isinstance(callback, RowLog):
@@ -362,9 +369,11 @@ class Trainer(RankRun):
 
     def train(self) -> int:
         cfg = self.cfg
-        self.say_memory()
         if self.resumed_from is not None and self.cursor.epoch >= cfg.epochs:
+            self.say_memory()
             return self.finish_finished()
+        self.data.prefetch(cfg.seed, self.cursor)  # the first window loads while the loop is set up
+        self.say_memory()
         self.loop = TrainingLoop(self.engine, self.engine.training_model(self.model), self.loss_fn, self.optimizer, self.data, cfg.epochs,
                                  cfg.seed, cfg.health.stop_on_degraded, self.callbacks, step=self.step,
                                  cursor=self.cursor, last_loss=self.last_loss)

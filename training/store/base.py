@@ -10,8 +10,15 @@ import dataclasses
 from typing import Callable, Iterator
 
 # Called with the number of bytes just moved by a transfer, from whichever thread moves them: how a
-# watcher tells a slow store that still moves bytes from one that is stuck (health/store_ops.py).
+# watcher tells a slow store that still moves bytes from one that is stuck (health/store_ops.py). A read
+# (get_bytes, get_range) lets it raise TransferCancelled to abandon the read.
 Progress = Callable[[int], None]
+
+
+class TransferCancelled(BaseException):
+    """Raised by a read's Progress callback: whoever wanted the bytes has gone (a data reader closed while its
+    next window was loading), so the rest is not fetched and the connection is closed. A BaseException, as
+    KeyboardInterrupt is: no store's error handling or retry takes it for the store failing."""
 
 
 class ObjectNotFound(KeyError):

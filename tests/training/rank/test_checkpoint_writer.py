@@ -118,6 +118,36 @@ def test_a_checkpoint_due_while_the_last_one_uploads_waits_for_it_as_a_wait_for_
     assert checkpoints.names() == ["ckpt-000000008", "ckpt-000000004"]
 
 
+class ChunkedUploads(LocalFolderStore):
+    """Uploads of state.pt report their bytes in chunks, as an S3 upload does: `chunks` counts those sent."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.chunks = 0
+
+    def put_file(self, key, path, *, progress=None):
+        if key.endswith(STATE_FILE) and progress is not None:
+            for _ in range(20):
+                progress(1)
+                self.chunks += 1
+        super().put_file(key, path, progress=progress)
+
+
+def test_an_upload_holds_back_while_the_training_thread_waits_for_its_data(tmp_path):
+    """Data first on a shared link: while the training thread waits for a window its step needs, the upload
+    sends no further chunk; it goes on once the data came."""
+    from ringflow.training.health.store_ops import StoreOp
+
+    store, progress = ChunkedUploads(tmp_path), Progress(step=4)
+    writer = AsyncCheckpointWriter(CheckpointStore(store), progress)
+    with progress.awaiting_data(StoreOp("read of part-00000.parquet row groups [0, 1]", store.uri)):
+        writer.submit(4, lambda: state(4), {})
+        time.sleep(0.5)
+        held = store.chunks
+    writer.wait()
+    assert (held, store.chunks) == (0, 20)
+
+
 def test_a_state_holding_nan_is_never_written(tmp_path):
     checkpoints = CheckpointStore(LocalFolderStore(tmp_path))
     writer = AsyncCheckpointWriter(checkpoints, Progress())

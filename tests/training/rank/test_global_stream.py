@@ -19,6 +19,7 @@ from ringflow.training.formats.datasets import load_builtin
 from ringflow.training.health.progress import Progress
 from ringflow.training.rank.data import Cursor, PartitionData, epoch_order, to_tensors
 from ringflow.training.store import LocalFolderStore
+from ringflow.training.store.base import TransferCancelled
 
 BATCH = 16
 
@@ -200,3 +201,62 @@ def test_a_wait_for_a_window_names_the_files_it_reads(shards):
     served_from = {manifest.partitions[file].key for file in np.unique(ids[:, 0])}
     assert len(served_from) > 1 and all(key in waiting.what for key in served_from), (served_from, waiting.what)
     assert progress.read().waiting is None
+
+
+class ChunkedStore(CountingStore):
+    """Ranged reads that report their bytes a chunk at a time, as the S3 store's do; a read of a row group (not
+    a footer) is held after its first chunk until released: row groups in flight."""
+
+    CHUNK = 1024
+
+    def __init__(self, inner, footers):
+        super().__init__(inner)
+        self.footers, self.released, self.chunks = footers, threading.Event(), {}
+        self.held = threading.Semaphore(0)
+
+    def get_range(self, key, start, length, progress=None):
+        data = super().get_range(key, start, length)
+        for at in range(0, length, self.CHUNK):
+            if progress is not None:
+                progress(min(self.CHUNK, length - at))
+            self.chunks[key, start] = self.chunks.get((key, start), 0) + 1
+            if at == 0 and (key, start) not in self.footers:
+                self.held.release()
+                assert self.released.wait(30)
+        return data
+
+
+def test_a_window_s_row_groups_are_fetched_together_and_closing_abandons_them(shards):
+    """A window's row groups are in flight at once (each read waits a request's latency before its first byte),
+    and closing the reader (an elastic round's end) abandons every one of them at its next chunk, instead of
+    leaving them to share a slow link with the next round's first window, which the survivors wait for."""
+    store, manifest = shards
+    chunked = ChunkedStore(store, {(p.key, p.footer.offset) for p in manifest.partitions})
+    data = PartitionData(chunked, manifest, rank=0, world_size=1, batch_size=BATCH, window=4)
+    data.prefetch(5, Cursor(0))
+    for _ in range(partition_batches.FETCHES_IN_FLIGHT):  # the first window's 4 row groups, all in flight
+        assert chunked.held.acquire(timeout=10)
+    data.close()
+    chunked.released.set()
+    _, pending = data._ahead
+    with pytest.raises(TransferCancelled):
+        pending.future.result(10)
+    groups = {r: n for r, n in chunked.chunks.items() if r not in chunked.footers}
+    assert len(groups) == 4 and set(groups.values()) == {1}, groups  # no other read, none past its first chunk
+
+
+@pytest.mark.parametrize("cursor", [Cursor(0), Cursor(1, 3)])
+def test_a_prefetched_window_is_the_one_served(shards, cursor):
+    """A trainer prefetches its cursor's first window once it knows where it resumes; batches() from that
+    cursor serves it without reading it again."""
+    store, manifest = shards
+    counting, plain = CountingStore(store), PartitionData(store, manifest, rank=1, world_size=2, batch_size=BATCH)
+    data = PartitionData(counting, manifest, rank=1, world_size=2, batch_size=BATCH)
+    data.prefetch(5, cursor)
+    data._loader.submit(lambda: None).result(10)
+    prefetched = list(counting.ranges)
+    served = serve(data, cursor, count=3)
+    assert prefetched and counting.ranges[:len(prefetched)] == prefetched
+    assert not set(counting.ranges[len(prefetched):]) & set(prefetched)  # the next window's reads only
+    expected = serve(plain, cursor, count=3)
+    assert all(torch.equal(a[1], b[1]) and np.array_equal(a[3], b[3]) for a, b in zip(served, expected))

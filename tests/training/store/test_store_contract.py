@@ -17,6 +17,7 @@ import pytest
 
 from ringflow.training.store import (InvalidKey, LocalFolderStore, ObjectInfo, ObjectNotFound, PreconditionFailed,
                                      S3Settings, S3Store, StoreConfigError, open_store, split_uri)
+from ringflow.training.store.base import TransferCancelled
 from ringflow.training.store.local import LOCK_SUFFIX, TMP_SUFFIX
 
 from empty_stores import empty_store
@@ -250,6 +251,26 @@ def test_local_lock_files_are_hidden_and_reserved(tmp_path):
     with pytest.raises(InvalidKey, match="reserved"):
         store.put_bytes(f"m/.ptr{LOCK_SUFFIX}", b"")
     assert not list(tmp_path.glob(f"**/*{TMP_SUFFIX}"))
+
+
+def test_a_read_whose_progress_cancels_it_stops_there(object_store):
+    """A reader that has gone raises TransferCancelled from its progress callback: the read ends there, with no
+    retry (the callback is not called again) and no store error; the store reads on as before. S3 reads 1 MiB
+    chunks, so a 4 MiB range is abandoned after its first."""
+    data = os.urandom(4 * 1024 * 1024)
+    object_store.put_bytes("big.bin", data)
+    calls = []
+
+    def gone(nbytes: int) -> None:
+        calls.append(nbytes)
+        raise TransferCancelled("the reader was closed")
+
+    with pytest.raises(TransferCancelled):
+        object_store.get_range("big.bin", 0, len(data), progress=gone)
+    with pytest.raises(TransferCancelled):
+        object_store.get_bytes("big.bin", progress=gone)
+    assert len(calls) == 2
+    assert object_store.get_range("big.bin", 1, 10) == data[1:11]
 
 
 def test_missing_objects_raise_object_not_found(object_store, tmp_path):

@@ -64,6 +64,11 @@ class FaultInjection(Callback):
     def in_upload(self, step: int) -> None:
         """From the checkpoint writer's thread: bytes of the checkpoint of `step` were written, its MANIFEST
         not yet."""
+        slow = self._due("slow_upload", step)
+        if slow is not None:
+            print(f"[ringflow] fault: the upload of the checkpoint of step {step} held {slow.seconds:g}s", file=sys.stderr,
+                  flush=True)
+            time.sleep(slow.seconds)
         if self._due("crash_in_upload", step) is not None:
             _sigkill(f"in the upload of the checkpoint of step {step}")
 
