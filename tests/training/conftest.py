@@ -1,8 +1,6 @@
 """Real Horovod jobs for the training tests: digits shards, a job config, and `ringflow train` as a process."""
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +8,7 @@ import torch
 
 from ringflow.training.formats.run_folder import RunFolder
 from run_folder_files import read_health, read_result
+from train_command import run_train
 from ringflow.training.formats.run_result import RunResult
 from ringflow.training.store import LocalFolderStore
 from ringflow.training.rank.training_state import STATE_FILE, TrainingState
@@ -31,10 +30,7 @@ class JobRunner:
         """`ringflow train` on `cfg` (`args`: more of its flags): (exit code, output)."""
         path = self.root / f"{Path(cfg['run_uri']).name}-{len(list(self.root.glob('*.json')))}.json"
         path.write_text(json.dumps(cfg))
-        proc = subprocess.run([sys.executable, "-m", "ringflow.training.core.cli", "train", str(path), "--np", str(np),
-                               "--controller", controller, *args], capture_output=True, text=True, timeout=timeout,
-                              env=os.environ | {"PYTHONUNBUFFERED": "1"})
-        return proc.returncode, proc.stdout + proc.stderr
+        return run_train(path, "--np", str(np), "--controller", controller, *args, timeout=timeout)
 
     @staticmethod
     def result(cfg: dict) -> RunResult:

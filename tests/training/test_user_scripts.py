@@ -8,10 +8,7 @@ refused before any rank runs it.
 
 Each `ringflow train` runs once, in a module-scoped fixture, and the tests read its run folder."""
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +21,7 @@ from ringflow.training.formats.manifest import load_manifest
 from ringflow.training.formats.script_checkpoint import STATE_FILES
 from ringflow.training.rank.script_state import load_state
 from run_folder_files import read_result
+from train_command import run_train
 from ringflow.training.store import LocalFolderStore
 
 pytestmark = pytest.mark.job
@@ -61,10 +59,7 @@ def train(jobs, cfg: dict, np: int = 2, *extra: str, name: str | None = None, ti
     """`ringflow train` on `cfg` (its exit code and output)."""
     path = jobs.root / f"{name or Path(cfg['run_uri']).name}.json"
     path.write_text(json.dumps(cfg))
-    proc = subprocess.run([sys.executable, "-m", "ringflow.training.core.cli", "train", str(path), "--np", str(np),
-                           "--controller", "gloo", *extra], capture_output=True, text=True, timeout=timeout,
-                          env=os.environ | {"PYTHONUNBUFFERED": "1"})
-    return proc.returncode, proc.stdout + proc.stderr
+    return run_train(path, "--np", str(np), "--controller", "gloo", *extra, timeout=timeout)
 
 
 def script_config(jobs, run: str, folder, **overrides) -> dict:
