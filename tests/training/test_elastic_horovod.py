@@ -18,7 +18,10 @@ KILLED_AT = 13  # mid-epoch 0: 15 steps an epoch on 3 workers
 
 @pytest.fixture(scope="module")
 def elastic_job(module_jobs):
-    cfg = module_jobs.config("elastic-horovod", engine="horovod", epochs=40, checkpoint={"every_steps": 20},
+    # Epochs enough for the rejoin: the killed slot comes back after rejoin_seconds and its new worker imports
+    # torch (~2 s here), while the two survivors ran 40 epochs of digits in 2 s once recovery got quick (the
+    # job once ended before anyone rejoined).
+    cfg = module_jobs.config("elastic-horovod", engine="horovod", epochs=100, checkpoint={"every_steps": 20},
                              health={"every_steps": 5},
                              elastic={"min_workers": 1, "commit_every_steps": 5, "rejoin_seconds": 2},
                              faults=[{"kind": "crash", "rank": 0, "step": KILLED_AT}],

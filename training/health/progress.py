@@ -142,8 +142,8 @@ class Progress:
         load.add_done_callback(lambda _: self._await_data(-1))
 
     def yield_to_data(self, limit: float) -> None:
-        """From a background write's thread, between two of its chunks: hold while the training thread waits
-        for its data (awaiting_data), at most `limit` seconds."""
+        """From a background write's thread, between two of its chunks: hold while data the training thread
+        needs next is awaited (awaiting_data, data_first_until), at most `limit` seconds."""
         self._data_not_awaited.wait(limit)
 
     def read(self) -> ProgressReading:

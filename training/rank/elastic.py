@@ -184,7 +184,7 @@ class ElasticRun:
                          "workers": self.workers}
         print(f"[ringflow] rank {trainer.rank}: workers changed at step {step} ({why}: {detail})", flush=True)
         trainer.let_go()
-        self.checkpoint_writer = trainer.writer
+        self.checkpoint_writer = trainer.checkpointing.writer
 
     def _take_writer(self, rank: int) -> None:
         """The round's rank 0 writes the run folder: a process that becomes rank 0 claims it (fencing the old

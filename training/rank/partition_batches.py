@@ -259,9 +259,9 @@ class PartitionBatches:
         """Start loading the cursor's first window now, for the batches(seed, cursor) call that comes next: a
         trainer calls it once it knows where it resumes, so the window loads while the rest of it is built, and
         a checkpoint upload in flight (an elastic job's, going on from the round before) gives way to it."""
-        self._load_ahead(seed, cursor)
-        if self._ahead is not None:
-            self.progress.data_first_until(self._ahead[1].future)
+        pending = self._load_ahead(seed, cursor)
+        if pending is not None:
+            self.progress.data_first_until(pending.future)
 
     def _source(self, file: int, moved: Callable[[int], None] | None = None) -> StreamedPartition:
         """File `file`, opened on first use (its footer read and checked: a store operation).
@@ -427,14 +427,17 @@ class PartitionBatches:
                     out.append((w, lo - w.start, hi - w.start))
         return out
 
-    def _load_ahead(self, seed: int, cursor: Cursor) -> None:
+    def _load_ahead(self, seed: int, cursor: Cursor) -> "_Pending | None":
         """Start loading the cursor's first window for the batches() call that comes next, so no epoch starts
-        by waiting for its data (a stream of one window waited at every epoch). After the last epoch
-        this loads one window that nobody takes."""
+        by waiting for its data (a stream of one window waited at every epoch); its load (None: nothing left
+        to read). After the last epoch this loads one window that nobody takes."""
         pieces = self._pieces(seed, cursor)
-        if pieces:
-            spans = _spans(pieces, pieces[0][0])
-            self._ahead = ((seed, cursor.epoch, pieces[0][0].start, spans), self._submit(pieces[0][0], spans))
+        if not pieces:
+            return None
+        spans = _spans(pieces, pieces[0][0])
+        pending = self._submit(pieces[0][0], spans)
+        self._ahead = ((seed, cursor.epoch, pieces[0][0].start, spans), pending)
+        return pending
 
     # The hooks a subclass overrides to serve its library's tensors (numpy arrays here).
     def _decode(self, table: "pa.Table") -> tuple[Any, Any]:

@@ -128,14 +128,14 @@ class Trainer(RankRun):
         # A later round of an elastic job on the process that was already the writer takes its writer over,
         # with the upload that may still be in flight (rank/elastic.py ElasticRun.checkpoint_writer).
         carried = elastic.checkpoint_writer if elastic is not None else None
-        if guard is not None and carried is not None:
+        if guard is None:
+            writer = None
+        elif carried is not None:
             writer = carried
             writer.hand_to(self._on_checkpoint_written, self._publish_checkpoint, faults.in_upload)
         else:
-            writer = (AsyncCheckpointWriter(CheckpointStore(guard.store, keep_last=None), progress,
-                                            self._on_checkpoint_written, self._publish_checkpoint, faults.in_upload)
-                      if guard is not None else None)
-        self.writer = writer
+            writer = AsyncCheckpointWriter(CheckpointStore(guard.store, keep_last=None), progress,
+                                           self._on_checkpoint_written, self._publish_checkpoint, faults.in_upload)
         self.checkpointing = Checkpointing(writer, cfg.checkpoint.cadence_steps, self.size, {
             "manifest_uri": cfg.manifest_uri, "model": json.loads(json.dumps(cfg.to_dict()["model"])),
             "learning_rate": cfg.learning_rate,  # the config's, per worker (_restore compares a retry's)
@@ -354,8 +354,9 @@ class Trainer(RankRun):
     def let_go(self) -> None:
         """An elastic job's round ended by a change of workers: stop this round's threads (its data reader's
         read in flight abandoned). Rank 0's checkpoint upload in flight goes on: the next round waits for it
-        only when its own first checkpoint falls due, not before its first step (ElasticRun.checkpoint_writer). The
-        process, its liveness and its health log go on into the next round."""
+        only when its own first checkpoint falls due, not before its first step
+        (ElasticRun.checkpoint_writer). The process, its liveness and its health log go on into the next
+        round."""
         self.data.close()
         for callback in self.callbacks:
             if isinstance(callback, RowLog):

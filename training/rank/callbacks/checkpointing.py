@@ -91,6 +91,11 @@ class Checkpointing(Callback):
     def blocked_seconds(self) -> float:
         return self._writer.blocked_seconds if self._writer is not None else 0.0
 
+    @property
+    def writer(self) -> AsyncCheckpointWriter | None:
+        """Rank 0's background writer (None on the other ranks)."""
+        return self._writer
+
     def settle(self, seconds: float) -> bool:
         """Wait at most `seconds` for the checkpoint in flight (rank 0's; as a wait for the store): whether
         none is left. A replay reads the newest published checkpoint after it."""

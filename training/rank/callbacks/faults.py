@@ -66,8 +66,8 @@ class FaultInjection(Callback):
         not yet."""
         slow = self._due("slow_upload", step)
         if slow is not None:
-            print(f"[ringflow] fault: the upload of the checkpoint of step {step} held {slow.seconds:g}s", file=sys.stderr,
-                  flush=True)
+            print(f"[ringflow] fault: the upload of the checkpoint of step {step} held {slow.seconds:g}s",
+                  file=sys.stderr, flush=True)
             time.sleep(slow.seconds)
         if self._due("crash_in_upload", step) is not None:
             _sigkill(f"in the upload of the checkpoint of step {step}")
