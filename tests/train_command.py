@@ -5,6 +5,7 @@ output and processes gone with the test's temporary folder)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,5 +48,19 @@ def describe_tree(root: int) -> str:
         except OSError:
             continue
         lines.append(f"  {pid} {stat[0]} {cmdline}\n    threads: {', '.join(threads)}")
+        lines.extend(python_stacks(pid))
         todo.extend(int(child) for child in children)
     return "\n".join(lines)
+
+
+def python_stacks(pid: int) -> list[str]:
+    """Each thread's Python stack in `pid`, by py-spy where it is on PATH (it is not one of the project's
+    dependencies: put it there to read a hang), else nothing."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return []
+    try:
+        dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [f"    py-spy: {exc}"]
+    return ["    " + line for line in (dump.stdout + dump.stderr).splitlines()]

@@ -28,20 +28,35 @@ pytestmark = pytest.mark.job
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "dags" / "scripts"
 CRASH_AT = 15  # mid-epoch 0 (22 steps an epoch on 2 workers): resumed from the step-10 checkpoint
+CRASH_HOLD = (CRASH_AT, "ckpt-000000010")
 
 # Run beside the DDP example in its bundle: every report() first logs the rows of the batch it reports
-# (DatasetShard.row_ids) with the step, epoch, rank and attempt, then the example runs unchanged.
+# (DatasetShard.row_ids) with the step, epoch, rank and attempt, then the example runs unchanged. Given a step
+# and a checkpoint (a run with a crash fault at that step), a fresh attempt's rank 1 reports that step only once
+# rank 0 has published that checkpoint: the rank dies in report(), and rank 0's upload of a checkpoint 5 steps
+# back may still be in flight on a loaded host (torchrun then ends rank 0 with it: seen once, nothing to resume).
 ROW_LOGGER = '''
-import json, os, runpy, sys
+import json, os, runpy, sys, time
 
 import ringflow.training.api as ringflow
+from ringflow.training.formats.run_folder import RunFolder
+from ringflow.training.store import LocalFolderStore
 
 log_dir, report, steps = sys.argv[1], ringflow.report, [0]
+hold = (int(sys.argv[2]), sys.argv[3]) if len(sys.argv) > 3 else None
+
+
+def published(run_uri):
+    return RunFolder(LocalFolderStore(run_uri)).checkpoints().names()
 
 
 def logged(metrics, checkpoint=None):
     ctx, shard = ringflow.get_context(), ringflow.get_dataset_shard()
     steps[0] += 1
+    if hold and ctx.rank == 1 and ctx.resumed_from is None and steps[0] == hold[0]:
+        deadline = time.monotonic() + 60
+        while hold[1] not in published(ctx.config.run_uri) and time.monotonic() < deadline:
+            time.sleep(0.05)
     line = {"attempt": ctx.attempt, "resumed_from": ctx.resumed_from, "n": steps[0], "epoch": shard.cursor.epoch,
             "world_size": ctx.world_size, "rows": shard.row_ids.tolist()}
     with open(os.path.join(log_dir, f"rows-{ctx.attempt}-{ctx.rank}.jsonl"), "a") as fh:
@@ -86,10 +101,12 @@ def logged_ddp(tmp_path_factory) -> Path:
     return folder
 
 
-def logged_run(jobs, logged_ddp, run: str, **overrides) -> dict:
+def logged_run(jobs, logged_ddp, run: str, hold: tuple[int, str] | None = None, **overrides) -> dict:
+    """The row-logged DDP example's config; `hold`: (step, checkpoint) rank 1 waits for (ROW_LOGGER)."""
     log_dir = jobs.root / f"{run}-rows"
     log_dir.mkdir()
-    return script_config(jobs, run, logged_ddp, entry={"script": "logged.py", "args": [str(log_dir)]}, **overrides)
+    args = [str(log_dir), *(map(str, hold) if hold else ())]
+    return script_config(jobs, run, logged_ddp, entry={"script": "logged.py", "args": args}, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +119,8 @@ def ddp_run(module_jobs, logged_ddp):
 @pytest.fixture(scope="module")
 def ddp_retried(module_jobs, logged_ddp):
     """The same run with rank 1 SIGKILLed at step CRASH_AT, retried once by `ringflow train --retries 1`."""
-    cfg = logged_run(module_jobs, logged_ddp, "ddp-retried", faults=[{"kind": "crash", "rank": 1, "step": CRASH_AT}])
+    cfg = logged_run(module_jobs, logged_ddp, "ddp-retried", hold=CRASH_HOLD,
+                     faults=[{"kind": "crash", "rank": 1, "step": CRASH_AT}])
     code, out = train(module_jobs, cfg, 2, "--retries", "1")
     return cfg, code, out
 
@@ -110,7 +128,7 @@ def ddp_retried(module_jobs, logged_ddp):
 @pytest.fixture(scope="module")
 def ddp_on_one(module_jobs, logged_ddp):
     """Rank 1 SIGKILLed at step CRASH_AT on 2 workers; then the same run_uri trained on 1 worker, no fault."""
-    cfg = logged_run(module_jobs, logged_ddp, "ddp-on-one")
+    cfg = logged_run(module_jobs, logged_ddp, "ddp-on-one", hold=CRASH_HOLD)
     crashed = train(module_jobs, cfg | {"faults": [{"kind": "crash", "rank": 1, "step": CRASH_AT}]}, 2,
                     name="ddp-on-one-crash")
     return cfg, crashed, train(module_jobs, cfg, 1)
