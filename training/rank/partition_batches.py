@@ -354,8 +354,13 @@ class PartitionBatches:
             by_file.setdefault(self.blocks[b].file, []).append(b)
         sources = {file: self._source(file, moved) for file in by_file}  # opened (their footers) one by one
         wanted = [b for mine in by_file.values() for b in mine]
-        fetched = dict(zip(wanted, self._fetcher.map(
-            lambda b: sources[self.blocks[b].file].fetch(self.blocks[b].group, moved), wanted)))
+        try:
+            fetched = dict(zip(wanted, self._fetcher.map(
+                lambda b: sources[self.blocks[b].file].fetch(self.blocks[b].group, moved), wanted)))
+        except RuntimeError:  # "cannot schedule new futures after shutdown": closed while submitting
+            if self._closed.is_set():
+                raise TransferCancelled("the window's read: the reader was closed") from None
+            raise
         tables, start, at = [], {}, 0
         for file, mine in by_file.items():
             tables.append(sources[file].table({self.blocks[b].group: fetched[b] for b in mine}, self._columns))

@@ -245,6 +245,16 @@ def test_a_window_s_row_groups_are_fetched_together_and_closing_abandons_them(sh
     assert len(groups) == 4 and set(groups.values()) == {1}, groups  # no other read, none past its first chunk
 
 
+def test_a_reader_closed_while_a_load_submits_its_fetches_cancels_that_load(shards):
+    """close() may come while a load is still handing its row groups to the fetch pool, which then refuses the
+    rest: that load ends cancelled, as one closed mid-read does, not with the pool's RuntimeError (seen once)."""
+    store, manifest = shards
+    data = PartitionData(store, manifest, rank=0, world_size=1, batch_size=BATCH, window=4)
+    data.close()
+    with pytest.raises(TransferCancelled):
+        data._read(range(4), lambda nbytes: None)
+
+
 @pytest.mark.parametrize("cursor", [Cursor(0), Cursor(1, 3)])
 def test_a_prefetched_window_is_the_one_served(shards, cursor):
     """A trainer prefetches its cursor's first window once it knows where it resumes; batches() from that
