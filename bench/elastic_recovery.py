@@ -380,11 +380,13 @@ def main() -> None:
              "instead (result.json's elastic_commit_seconds / elastic_commits, rank 0's training thread, against the "
              "steps between two commits at the job's own samples/s): the commits take "
              f"**{statistics.median(shares):.2%}** ({min(shares):.2%}-{max(shares):.2%}) of the training time.", "",
-             "Where a killed worker was not the peer the others were waiting on, they wait out the peer timeout "
-             f"(elastic.peer_timeout_seconds, {ElasticConfig().peer_timeout_seconds:g} s: the collectives' own "
-             "timeout, docker/build-horovod.sh's gloo-op-timeout patch; the rendezvous keeps "
-             f"rendezvous_timeout_seconds, {ElasticConfig().rendezvous_timeout_seconds:g} s) before they notice: "
-             "that is the 3-worker rows' spread.",
+             "A survivor waiting on another survivor, not on the killed worker, is told at once when that one, "
+             "having noticed the death, shuts Horovod down and its Gloo connections close (docker/build-horovod.sh's "
+             "gloo-finalize-process-sets patch; before it they stayed open and such a survivor waited out the peer "
+             f"timeout, elastic.peer_timeout_seconds, {ElasticConfig().peer_timeout_seconds:g} s: the 3-worker rows "
+             "of elastic_recovery-before_gloo_finalize.md). The peer timeout is still what finds a worker that "
+             "stops answering without closing its connections (a frozen process, a host cut off); the rendezvous "
+             f"keeps rendezvous_timeout_seconds, {ElasticConfig().rendezvous_timeout_seconds:g} s.",
              f"Machine: {summary['machine']}"]
     write_results(args, summary, lines)
 
