@@ -15,11 +15,12 @@ is not party to the cut and waits on rank 0 (the ring's receive). Patched, rank 
 (12 runs in 12 when the patch was made); stock, it waited the whole op timeout (5 in 5)."""
 from __future__ import annotations
 
-import json
 import os
 import pathlib
+import queue
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -150,11 +151,18 @@ def test_a_survivor_gives_up_on_a_dead_peer_after_the_collectives_timeout_not_th
 
 
 def lines_until(proc: subprocess.Popen, prefix: str, deadline: float) -> list[str]:
-    """The rank's output lines up to and including the first that starts with `prefix` (all of it if none)."""
+    """The rank's output lines up to and including the first that starts with `prefix` (what came by the deadline
+    if none), read on a thread of their own so that a rank that prints nothing more cannot hold the test."""
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)],
+                     daemon=True).start()
     seen = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        if line is None:
             break
         seen.append(line)
         if line.startswith(prefix):

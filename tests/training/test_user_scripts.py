@@ -4,7 +4,7 @@ MultiWorkerMirroredStrategy) train on 2 local workers to a final checkpoint with
 SIGKILLed mid-epoch is retried and resumes sample-exact through the training API (the same parameters as a run
 never interrupted; every row of each epoch trained once, on 2 workers and after a resume on 1); a script that
 calls none of the API still gets its ranks, liveness and result; a bundle changed after the launch pinned it is
-refused before any rank runs it.
+refused before any rank runs it; a rank's NaN loss stops the run at once, even before the first health gather.
 
 Each `ringflow train` runs once, in a module-scoped fixture, and the tests read its run folder."""
 import json
@@ -55,7 +55,10 @@ def logged(metrics, checkpoint=None):
     steps[0] += 1
     if hold and ctx.rank == 1 and ctx.resumed_from is None and steps[0] == hold[0]:
         deadline = time.monotonic() + 60
-        while hold[1] not in published(ctx.config.run_uri) and time.monotonic() < deadline:
+        while hold[1] not in published(ctx.config.run_uri):
+            if time.monotonic() > deadline:
+                print(f"row logger: {hold[1]} not published after 60 s", file=sys.stderr, flush=True)
+                break
             time.sleep(0.05)
     line = {"attempt": ctx.attempt, "resumed_from": ctx.resumed_from, "n": steps[0], "epoch": shard.cursor.epoch,
             "world_size": ctx.world_size, "rows": shard.row_ids.tolist()}
@@ -272,3 +275,36 @@ def test_a_bundle_changed_after_the_launch_is_refused_before_any_rank_runs_it(mo
     (said,) = out.strip().splitlines()
     assert said.startswith("[ringflow] the code bundle ") and "refused, nothing of it ran" in said, out
     assert not marker.exists() and not (Path(cfg.run_uri) / "attempts").exists()
+
+
+# -- a NaN loss ------------------------------------------------------------------------------------------------
+
+NAN_SCRIPT = '''
+import torch, torch.distributed as dist, torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ringflow.training.api as ringflow
+
+dist.init_process_group("gloo")
+ctx, shard = ringflow.get_context(), ringflow.get_dataset_shard()
+model = torch.nn.Linear(shard.schema.num_features, shard.schema.num_outputs)
+ddp_model, optimizer = DDP(model), torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in shard.epochs():
+    for n, (x, y) in enumerate(shard, 1):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(ddp_model(x), y)
+        loss.backward()
+        optimizer.step()
+        ringflow.report({"loss": float("nan") if ctx.rank == 1 and n == 3 else loss.item()})
+dist.destroy_process_group()
+'''
+
+
+def test_a_nan_loss_before_the_first_health_gather_stops_the_run_at_once(module_jobs, tmp_path):
+    """Rank 1 reports a NaN loss at step 3, before any health step (every 10): it stops with NONFINITE at once,
+    making no collective the other rank does not (the gather's own process group is one)."""
+    (tmp_path / "train.py").write_text(NAN_SCRIPT)
+    cfg = script_config(module_jobs, "nan", tmp_path, health={"every_steps": 10, "stall_seconds": 120})
+    code, out = train(module_jobs, cfg, timeout=120)
+    assert code != 0 and "reported a NaN/Inf loss at step 3 on rank 1" in out, out[-4000:]
+    assert "STALLED" not in out, out[-4000:]

@@ -357,7 +357,9 @@ class PartitionBatches:
         try:
             fetched = dict(zip(wanted, self._fetcher.map(
                 lambda b: sources[self.blocks[b].file].fetch(self.blocks[b].group, moved), wanted)))
-        except RuntimeError:  # "cannot schedule new futures after shutdown": closed while submitting
+        except (RuntimeError, concurrent.futures.CancelledError):
+            # close() shut the pool down meanwhile: it refused the rest ("cannot schedule new futures after
+            # shutdown") or cancelled those still queued.
             if self._closed.is_set():
                 raise TransferCancelled("the window's read: the reader was closed") from None
             raise

@@ -210,9 +210,12 @@ class ScriptRun(RankRun):
 
     def _measure(self, step: int, interval: float, loss: float | None, finite: bool) -> None:
         row = [interval, 0.0, loss if loss is not None and finite else 0.0, -1.0 if finite else float(step)]
-        if self._gather is None:
-            self._gather = gatherer() or (lambda r: [r])
-        rows = self._gather(row) if finite else [row]  # a NaN rank stops now: no collective the others skip
+        if finite:
+            if self._gather is None:  # made at the first finite gather, every rank at the same step
+                self._gather = gatherer() or (lambda r: [r])
+            rows = self._gather(row)
+        else:  # a NaN rank stops now: no collective the others skip (making the gather's group is one)
+            rows = [row]
         if self.guard is None:
             return
         epoch = self._shard.cursor.epoch if self._shard is not None else 0
@@ -328,6 +331,9 @@ class ScriptRun(RankRun):
         try:
             exit_code = run_entry(entry, self.code_dir)
         except StopRun as stop:
+            if self.rank != 0:  # this rank's own NaN loss: rank 0, which says a verdict, may never hear of it
+                print(f"[ringflow] rank {self.rank}: health verdict {stop.verdict.status}: {stop.verdict.reason}",
+                      file=sys.stderr, flush=True)
             return self.stop_on(stop.verdict)
         finally:
             self._pulsing.set()
