@@ -23,7 +23,8 @@
 # under 1 s, 3 runs in 13). The patch releases every context in Finalize(), enabled or not, so the pairs
 # close and the peer is told at once ("Connection closed by peer").
 #
-# The built package lists its patches in horovod.RINGFLOW_PATCHES, which the rank reads (training/rank/engines/horovod.py) and a wheel is reused by.
+# The built package lists its patches in horovod.RINGFLOW_PATCHES, which the rank reads
+# (training/rank/engines/horovod.py) and a wheel is reused by.
 #
 # Used by scripts/setup.sh (local machine) and docker/training.Dockerfile (the image), so both build
 # Horovod the same way.

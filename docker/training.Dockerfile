@@ -59,10 +59,11 @@ RUN --mount=type=secret,id=ca_bundle \
     else \
       pip install --index-url "${TORCH_INDEX_URL}" --extra-index-url https://pypi.org/simple "torch==${TORCH_VERSION}"; \
     fi
-# Horovod exactly as scripts/setup.sh builds it (its patches: C++17, gloo-op-timeout, gloo-finalize-process-sets; MPI and Gloo
-# controllers); on CPU builds a wheel from the wheelhouse is taken as already built (build-horovod.sh skips the
-# build when OUT_DIR has one carrying its patches, else rebuilds); GPU builds always compile, with NCCL, and fail here unless Horovod came out NCCL-built (a rank on
-# a GPU refuses a Horovod without it: training/rank/devices.py).
+# Horovod exactly as scripts/setup.sh builds it (its patches: C++17, gloo-op-timeout,
+# gloo-finalize-process-sets; MPI and Gloo controllers); on CPU builds a wheel from the wheelhouse is taken as
+# already built (build-horovod.sh skips the build when OUT_DIR has one carrying its patches, else rebuilds);
+# GPU builds always compile, with NCCL, and fail here unless Horovod came out NCCL-built (a rank on a GPU
+# refuses a Horovod without it: training/rank/devices.py).
 COPY versions.env /src/versions.env
 COPY docker/build-horovod.sh /src/docker/build-horovod.sh
 RUN --mount=type=secret,id=ca_bundle \
