@@ -21,7 +21,7 @@ import pytest
 
 from memory_cgroup import CgroupUnavailable, memory_cgroup
 from ringflow.training.formats import exit_codes
-from ringflow.training.health.oom import OOM_LINE, oom_in_log
+from ringflow.training.health.verdict_line import VERDICT_LINE, verdict_in_log
 
 pytestmark = pytest.mark.job
 
@@ -82,7 +82,7 @@ def test_the_kernel_oom_killer_on_a_local_rank_through_the_trigger(tmp_path, dig
     status = wait_until_finished(backend, job_id)
     assert status.exit_code == exit_codes.BY_VERDICT["OOM"] == 9, status
     log = (tmp_path / "jobs" / job_id / "output.log").read_text()
-    assert OOM_LINE in log and "health verdict OOM" in log
+    assert VERDICT_LINE in log and "health verdict OOM" in log
 
 
 def wait_until_finished(backend, job_id, seconds=60):
@@ -124,7 +124,7 @@ def test_memory_error_on_tensorflow_worker_1_ends_the_job(jobs, ranks_find_the_m
     said = f"rank 1 ran out of memory at step {AT_STEP}: TensorFlow's ResourceExhaustedError"
     assert f"rank 1: health verdict OOM: {said}" in out, out[-3000:]  # worker 1's own word
     assert f"[ringflow] health verdict OOM: {said}" in out  # the launcher's, from the line it read
-    verdicts = [oom_in_log(line) for line in out.splitlines() if OOM_LINE in line]
+    verdicts = [verdict_in_log(line) for line in out.splitlines() if VERDICT_LINE in line]
     assert verdicts and all(v.status == "OOM" for v in verdicts), out[-3000:]
     evidence = verdicts[-1].evidence  # numpy's MemoryError, raised out of the step by TensorFlow as its own
     assert (evidence["kind"], evidence["rank"], evidence["step"]) == ("tf_resource_exhausted", 1, AT_STEP), evidence

@@ -19,6 +19,7 @@ from ringflow.training.formats import exit_codes
 from ringflow.training.formats.checkpoint import step_of
 from ringflow.training.formats.manifest import load_manifest
 from ringflow.training.formats.script_checkpoint import STATE_FILES
+from ringflow.training.health.verdict import NONFINITE
 from ringflow.training.rank.script_state import load_state
 from run_folder_files import read_result
 from train_command import run_train
@@ -300,11 +301,15 @@ dist.destroy_process_group()
 '''
 
 
-def test_a_nan_loss_before_the_first_health_gather_stops_the_run_at_once(module_jobs, tmp_path):
+def test_a_nan_loss_on_rank_1_before_the_first_health_gather_ends_the_run_nonfinite_at_once(module_jobs, tmp_path):
     """Rank 1 reports a NaN loss at step 3, before any health step (every 10): it stops with NONFINITE at once,
-    making no collective the other rank does not (the gather's own process group is one)."""
+    making no collective the other rank does not (the gather's own process group is one). Rank 0 fails in the
+    all-reduce rank 1 left and writes no result: rank 1's verdict line is what ends the run NONFINITE, not
+    retried (health/verdict_line.py)."""
     (tmp_path / "train.py").write_text(NAN_SCRIPT)
     cfg = script_config(module_jobs, "nan", tmp_path, health={"every_steps": 10, "stall_seconds": 120})
-    code, out = train(module_jobs, cfg, timeout=120)
-    assert code != 0 and "reported a NaN/Inf loss at step 3 on rank 1" in out, out[-4000:]
+    code, out = train(module_jobs, cfg, 2, "--retries", "1", timeout=120)
+    assert code == exit_codes.for_verdict(NONFINITE), out[-4000:]
+    assert "health verdict NONFINITE: the script reported a NaN/Inf loss at step 3 on rank 1" in out, out[-4000:]
+    assert "no next try" in out and out.count("job exited with") == 1, out[-4000:]
     assert "STALLED" not in out, out[-4000:]

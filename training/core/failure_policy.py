@@ -47,9 +47,10 @@ class Action(Choice):
 # again (a data-parallel rank's memory does not depend on its luck), so retrying it as-is only spends the
 # retries; the OOM verdict's advice says what to change (health/oom_advice.py).
 NOT_RETRYABLE = (NONFINITE, DIVERGED, OOM)
-# Verdicts seen from outside the job that explain its end when it wrote no result (a rank OOM-killed, or a
-# rank's OOM while rank 0 died with the job): the job exits with the verdict's code, not the launcher's 1.
-EXPLAINS_END = (OOM,)
+# Verdicts seen from outside the job that explain its end when it wrote no result (a rank OOM-killed; a rank's
+# OOM, or a script's NaN loss on a rank other than 0, while rank 0 died with the job in the collective that
+# rank left: health/verdict_line.py): the job exits with the verdict's code, not the launcher's 1.
+EXPLAINS_END = (OOM, NONFINITE)
 # The job's state when nothing could be asked of its backend (watching it failed).
 UNKNOWN = "unknown"
 

@@ -28,8 +28,8 @@ from .backends.processes.supervise import shell_status
 from .backends.processes.tracker import RELEASE_WAIT_SECONDS, ProcessTracker
 from .backends.processes.tracking import mode_from_env, start_tracking
 from ..formats.config import JobConfig
-from ..health.oom import oom_line
 from ..health.oom_advice import JobShape
+from ..health.verdict_line import SaidVerdict, verdict_line
 from .failure_policy import Decision, Observation, decide
 from ..rank.engines import ENGINE_ENV, engine_name
 from ..formats.engines import CONTROLLERS, DDP, DEFAULT_CONTROLLER, TABLE, EngineError, engine_spec
@@ -218,13 +218,15 @@ def run_attempt(config_path: str, num_workers: int, controller: str = DEFAULT_CO
         except FileNotFoundError as exc:
             raise EngineError(str(exc)) from exc
     oom = OomWatch(JobShape.of(cfg, num_workers, engine), lambda: _heartbeat_step(cfg))
+    said = SaidVerdict()  # a verdict a rank reached alone (an OOM it caught, a script's NaN on it alone)
     with (start_tracking(f"train-{os.getpid()}", mode_from_env()) as tracker, _StopOnSignal(tracker, grace),
           contextlib.ExitStack() as stack):
         try:
             ended_for: list[str] = []  # an elastic job's reason to end: too few workers (elastic_hosts.py)
 
             def on_job_line(line: str) -> None:
-                oom.feed(line)  # a rank's memory line or printed OOM verdict
+                oom.feed(line)  # a rank's memory line
+                said.feed(line)
                 on_line(line)
                 too_few = too_few_workers(line, cfg.elastic) if cfg.elastic is not None else None
                 if too_few is not None and not ended_for:
@@ -253,7 +255,7 @@ def run_attempt(config_path: str, num_workers: int, controller: str = DEFAULT_CO
                     for line in proc.stdout:
                         on_job_line(line.rstrip("\n"))
                     launcher_code = proc.wait()
-            seen = local_observation(launcher_code, _result_of(cfg, attempt), attempt, oom.verdict,
+            seen = local_observation(launcher_code, _result_of(cfg, attempt), attempt, said.verdict or oom.verdict,
                                      reason=ended_for[0] if ended_for and launcher_code != 0 else "")
         finally:
             stop_leftovers(tracker, grace, _say)
@@ -357,14 +359,15 @@ def _heartbeat_step(cfg: JobConfig) -> int | None:
     return max(known) if known else None
 
 
-def local_observation(launcher_code: int, result, attempt: str | None = None, oom=None,
+def local_observation(launcher_code: int, result, attempt: str | None = None, verdict=None,
                       reason: str = "") -> Observation:
     """A local attempt as the failure policy sees it: the launcher's code, this attempt's RunResult (None when
-    rank 0 wrote none), `oom`, an OOM verdict seen in the ranks' log or by the launcher (OomWatch), and
-    `reason`, why the launcher's log says the job ended (an elastic job left with too few workers)."""
+    rank 0 wrote none), `verdict`, one a rank said in the log (health/verdict_line.py) or the launcher saw (an
+    OOM kill: OomWatch), and `reason`, why the launcher's log says the job ended (an elastic job left with too
+    few workers)."""
     state = JobState.SUCCEEDED if launcher_code == 0 else JobState.FAILED
-    return Observation(state, launcher_code, reason=reason, result=result, attempt=attempt, verdict=oom,
-                       fatal=oom is not None)
+    return Observation(state, launcher_code, reason=reason, result=result, attempt=attempt, verdict=verdict,
+                       fatal=verdict is not None)
 
 
 def attempt_exit_code(seen: Observation, decision: Decision | None = None) -> int:
@@ -375,5 +378,5 @@ def attempt_exit_code(seen: Observation, decision: Decision | None = None) -> in
     decision = decision or decide(seen)
     if seen.verdict is not None and decision.verdict is seen.verdict:
         _say(f"health verdict {seen.verdict.status}: {seen.verdict.reason}")
-        print(oom_line(seen.verdict), file=sys.stderr, flush=True)
+        print(verdict_line(seen.verdict), file=sys.stderr, flush=True)
     return decision.exit_code

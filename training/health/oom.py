@@ -9,13 +9,11 @@ had and the advice (oom_advice.py). Torch-free and TensorFlow-free: an exception
 NAME (`classify`), so a TensorFlow rank calls the same functions without this module importing TF.
 
 A rank other than 0 writes nothing to the run folder (rank 0 holds the fence), so the verdict travels as
-one line of the job's log (`oom_line`, read back by `oom_in_log`): the launcher and the trigger read that
-log anyway, on every backend.
+one line of the job's log (verdict_line.py), which the launcher and the trigger read anyway, on every backend.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from typing import Any, Mapping
 
@@ -43,9 +41,7 @@ _TORCH_MESSAGE = re.compile(r"DefaultCPUAllocator: (?:can't allocate memory|not 
 _REQUESTED = re.compile(r"tried to allocate ([0-9.]+) ?(bytes|[KMGT]iB|B)", re.I)
 _UNITS = {"bytes": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
-OOM_LINE = "[ringflow] out of memory: "
 STEP_NOT_KNOWN = "at a step not known"
-_OOM_RE = re.compile(re.escape(OOM_LINE) + r"(\{.*\})")
 
 
 def classify(exc: BaseException) -> str | None:
@@ -130,23 +126,3 @@ def with_step(verdict: Verdict, step: int | None) -> Verdict:
         return verdict
     return Verdict(OOM, verdict.reason.replace(STEP_NOT_KNOWN, f"at step {step}", 1),
                    dict(verdict.evidence) | {"step": step})
-
-
-def oom_line(verdict: Verdict) -> str:
-    return OOM_LINE + json.dumps(verdict.to_dict(), sort_keys=True, default=str)
-
-
-def oom_in_log(line: str) -> Verdict | None:
-    """The OOM verdict if `line` is an OOM_LINE (as printed, or prefixed by mpirun's tag)."""
-    match = _OOM_RE.search(line)
-    if not match:
-        return None
-    text = match.group(1)
-    # mpirun may repeat its tag after the line ("...}[1,0]<stderr>:"): the JSON ends at its last brace.
-    try:
-        doc = json.loads(text[: text.rfind("}") + 1])
-    except ValueError:
-        return None
-    if not isinstance(doc, dict) or doc.get("status") != OOM:
-        return None
-    return Verdict(OOM, doc.get("reason", ""), doc.get("evidence") or {})

@@ -14,9 +14,10 @@ from ..formats import exit_codes
 from ..formats.config import JobConfig
 from ..formats.run_result import FAILED
 from ..health.memory_limits import MemoryLimits
-from ..health.oom import MemoryEvidence, oom_line, oom_verdict, requested_bytes
+from ..health.oom import MemoryEvidence, oom_verdict, requested_bytes
 from ..health.oom_advice import JobShape
 from ..health.records import record
+from ..health.verdict_line import verdict_line
 from .rank_start import LAST_WORD_SECONDS, RankStart, write_failed_result, within
 
 
@@ -42,7 +43,7 @@ def end_on_oom(exc: BaseException, kind: str, cfg: JobConfig, engine, trainer, s
     evidence = oom_evidence(exc, kind, engine.rank, step, device_memory(engine) if device_memory else None)
     verdict = oom_verdict(evidence, JobShape.of(cfg, engine.size, engine.name))  # the engine that ran
     print(f"[ringflow] rank {engine.rank}: health verdict OOM: {verdict.reason}", file=sys.stderr, flush=True)
-    print(oom_line(verdict), file=sys.stderr, flush=True)
+    print(verdict_line(verdict), file=sys.stderr, flush=True)
     if trainer is not None and getattr(trainer, "guard", None) is not None \
             and getattr(trainer, "health_log", None) is not None:
         trainer.guard.check()

@@ -33,6 +33,7 @@ from ..formats.run_result import FAILED, SUCCEEDED, RunResult
 from ..health.progress import FIRST_STEP, RESTORE
 from ..health.records import record, step_record
 from ..health.verdict import HEALTHY, NONFINITE, HealthJudge, Verdict
+from ..health.verdict_line import verdict_line
 from .callbacks.logging import say
 from .checkpoint_writer import AsyncCheckpointWriter, WrittenCheckpoint
 from .partition_batches import Cursor, to_arrays
@@ -331,9 +332,11 @@ class ScriptRun(RankRun):
         try:
             exit_code = run_entry(entry, self.code_dir)
         except StopRun as stop:
-            if self.rank != 0:  # this rank's own NaN loss: rank 0, which says a verdict, may never hear of it
+            if self.rank != 0:  # its own NaN loss: rank 0 fails in the collective this rank leaves, writing no
+                # result, so the verdict goes out in the log (health/verdict_line.py: the launcher and trigger read it)
                 print(f"[ringflow] rank {self.rank}: health verdict {stop.verdict.status}: {stop.verdict.reason}",
                       file=sys.stderr, flush=True)
+                print(verdict_line(stop.verdict), file=sys.stderr, flush=True)
             return self.stop_on(stop.verdict)
         finally:
             self._pulsing.set()

@@ -92,8 +92,9 @@ ROWS = {
     "its work done and recorded, then killed": (seen("failed", 137, "killed (SIGKILL)", result("succeeded", "HEALTHY")),
                                                 RETRY, False, 137, "killed (SIGKILL)"),
     "killed before any result": (seen("failed", 137, "killed (SIGKILL)"), RETRY, False, 137, "killed (SIGKILL)"),
-    "no result, the watch saw NaN": (seen("failed", 1, "the job failed", verdict="NONFINITE"), FAIL, False, 1,
-                                     "the job failed — health verdict NONFINITE"),
+    "no result, a rank's NaN in the log (a script's, on a rank other than 0): its code, no retry": (
+        seen("failed", 1, "the job failed", verdict="NONFINITE"), FAIL, False, 3,
+        "the job failed — health verdict NONFINITE"),
     "no result, no reason: the exit status's words": (seen("failed", 143), RETRY, False, 143, "terminated (SIGTERM)"),
     # --- out of memory: a retry as-is meets the same OOM at the same step; fail, saying what to change
     "the result says OOM (rank 0's own)": (seen("failed", 1, "the job failed", result(verdict="OOM")), FAIL, False, 9,

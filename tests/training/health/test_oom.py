@@ -1,11 +1,11 @@
 """The one OOM verdict (health/oom.py): an exception classified by its type's name (TensorFlow's without
-TensorFlow), the evidence and its words, the log line that carries it out of a rank other than 0."""
+TensorFlow), the evidence and its words (the log line that carries it out of a rank other than 0:
+test_verdict_line.py)."""
 import pytest
 import torch
 
-from ringflow.training.health.oom import (KERNEL_OOM_KILLER, MEMORY_ERROR, OOM_LINE, TF_RESOURCE_EXHAUSTED,
-                                         TORCH_OOM, MemoryEvidence, classify, oom_in_log, oom_line, oom_verdict,
-                                         requested_bytes, with_step)
+from ringflow.training.health.oom import (KERNEL_OOM_KILLER, MEMORY_ERROR, TF_RESOURCE_EXHAUSTED, TORCH_OOM,
+                                         MemoryEvidence, classify, oom_verdict, requested_bytes, with_step)
 from ringflow.training.health.oom_advice import JobShape
 from ringflow.training.health.verdict import FATAL, OOM
 
@@ -90,21 +90,6 @@ def test_the_verdict_names_rank_step_memory_and_what_to_change():
 def test_bad_kind_is_named():
     with pytest.raises(ValueError, match="OOM kind 'swap'"):
         evidence(kind="swap")
-
-
-@pytest.mark.parametrize("prefix, suffix", [("", ""), ("[1,1]<stderr>:", ""), ("[1,1]<stderr>:", "[1,1]<stderr>:"),
-                                            ("[default1]:", "")])
-def test_the_log_line_carries_the_verdict(prefix, suffix):
-    verdict = oom_verdict(evidence(), None)
-    line = prefix + oom_line(verdict) + suffix
-    assert line.startswith(prefix + OOM_LINE)
-    assert oom_in_log(line) == verdict
-
-
-@pytest.mark.parametrize("line", ["[ringflow] rank 1: health verdict OOM: rank 1 ran out", OOM_LINE + "{not json",
-                                  OOM_LINE + '{"status": "STALLED"}', "step=3 loss=0.2"])
-def test_other_lines_carry_none(line):
-    assert oom_in_log(line) is None
 
 
 def test_a_step_learnt_elsewhere_fills_one_not_known():

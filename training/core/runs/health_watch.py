@@ -14,10 +14,10 @@ import time
 
 from ...formats.config import HealthConfig
 from ...health.heartbeat import attempt_in_log, read_heartbeat
-from ...health.oom import oom_in_log
 from ...health.liveness import LATE_AFTER_INTERVALS, judged_outside
 from ...health.records import HealthReader
 from ...health.verdict import HealthJudge
+from ...health.verdict_line import SaidVerdict
 from ...formats.run_folder import RunFolder
 from .store_probe import StoreProbe
 from ...store.base import ObjectStore
@@ -61,9 +61,9 @@ class HealthWatch:
         self._watched: tuple[tuple[str, str], ObjectStore] | None = None
         self._left_over: list[dict] = []  # the records an earlier claim of the attempt wrote last
         self._first_current: int | None = None  # the pointer's attempt number at the first poll
-        # An OOM verdict a rank (or the launcher, for a rank the kernel killed) printed in the job's log: a
-        # rank other than 0 writes no health record, so its log line is the verdict's way out (health/oom.py).
-        self._oom = None
+        # A verdict a rank reached alone (or the launcher, for a rank the kernel killed) printed in the job's log:
+        # a rank other than 0 writes no health record, so its log line is the verdict's way out (verdict_line.py).
+        self._said = SaidVerdict()
         self.last_step: int | None = None  # the last step rank 0's heartbeat or records showed
 
     def learn_from_log(self, lines: list[str]) -> None:
@@ -71,9 +71,7 @@ class HealthWatch:
             found = attempt_in_log(line)
             if found:
                 self.attempt, self._from_log = found, True
-            oom = oom_in_log(line) if self._oom is None else None
-            if oom is not None:
-                self._oom = oom
+            self._said.feed(line)
 
     def poll(self, now: float | None, watching_since: float | None) -> dict | None:
         """The verdict on the watched attempt so far, with `fatal`; None while there is nothing to say.
@@ -93,8 +91,8 @@ class HealthWatch:
         steps = [s for s in (heartbeat.step if heartbeat is not None and heartbeat.attempt == self.attempt else None,
                              self._judge.last_step, self.last_step) if s is not None]
         self.last_step = max(steps) if steps else None
-        if self._oom is not None:
-            return self._dict(self._oom)
+        if self._said.verdict is not None:
+            return self._dict(self._said.verdict)
         if self._follow_latest and self._judge.started:
             self.attempt = self._judge.attempt
         own = self.attempt is not None and self._judge.started and self._judge.attempt == self.attempt

@@ -76,6 +76,22 @@ def test_attempt_from_the_log_is_judged_at_once(tmp_path):
     assert got["status"] == "NONFINITE" and got["fatal"]
 
 
+def test_a_verdict_a_rank_said_in_the_log_is_the_watch_s_at_once(tmp_path):
+    """A script's NaN on rank 1 alone: rank 1 writes no record and rank 0 fails without one; the line rank 1
+    printed is the verdict (health/verdict_line.py), fatal, though the records say HEALTHY."""
+    from ringflow.training.health.verdict import Verdict
+    from ringflow.training.health.verdict_line import verdict_line
+
+    run = Run(tmp_path)
+    run.attempt("a1", record("start", step=0), *steps(1, 3))
+    watch = HealthWatch(run.store, HEALTH, attempt="a1")
+    assert watch.poll(None, None)["status"] == "HEALTHY"
+    said = Verdict("NONFINITE", "the script reported a NaN/Inf loss at step 4 on rank 1", {"step": 4, "ranks": [1]})
+    watch.learn_from_log(["[default0]:step 4", "[default1]:" + verdict_line(said)])
+    got = watch.poll(None, None)
+    assert (got["status"], got["reason"], got["fatal"]) == ("NONFINITE", said.reason, True), got
+
+
 def test_no_records_for_longer_than_stall_seconds_is_not_a_stall(tmp_path):
     """health.enabled false (only start and end) or slow steps between records: the heartbeat decides."""
     run = Run(tmp_path)

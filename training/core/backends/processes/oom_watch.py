@@ -1,5 +1,5 @@
-"""The launcher's eye on its ranks' memory: an OOM a rank printed, and a local rank the kernel's OOM killer
-ended, which can print nothing.
+"""The launcher's eye on its ranks' memory: a local rank the kernel's OOM killer ended, which can print nothing
+(an OOM a rank caught, it says in the log itself: health/verdict_line.py).
 
 The kernel's OOM killer SIGKILLs its victim: no handler runs, nothing is written. So each rank says, when
 training starts, which process it is, its memory cgroup and that cgroup's OOM-kill count (the rank's
@@ -19,7 +19,7 @@ from . import proc
 from .poller import Poller
 from .proc import Process
 from ....health.memory_limits import MemoryLimits, memories_in_log, oom_kills
-from ....health.oom import KERNEL_OOM_KILLER, MemoryEvidence, oom_in_log, oom_verdict
+from ....health.oom import KERNEL_OOM_KILLER, MemoryEvidence, oom_verdict
 from ....health.oom_advice import JobShape
 from ....health.verdict import Verdict
 
@@ -27,8 +27,8 @@ POLL_SECONDS = 0.2
 
 
 class OomWatch:
-    """Fed the job's log lines (`feed`), it keeps what each rank said of its memory and the first OOM
-    verdict seen: printed by a rank, or found by `look` (a rank gone, its cgroup's OOM-kill count up).
+    """Fed the job's log lines (`feed`), it keeps what each rank said of its memory and the OOM verdict
+    `look` found (a rank gone, its cgroup's OOM-kill count up).
     `running()` looks every POLL_SECONDS on a thread of its own while the job runs."""
 
     def __init__(self, shape: JobShape | None, heartbeat_step: Callable[[], int | None] = lambda: None):
@@ -48,10 +48,6 @@ class OomWatch:
         if memories:
             with self._lock:
                 self._ranks.update((m.rank, m) for m in memories)
-            return
-        printed = oom_in_log(line)
-        if printed is not None:
-            self._found(printed)
 
     def _found(self, verdict: Verdict) -> None:
         with self._lock:

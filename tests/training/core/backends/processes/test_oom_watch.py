@@ -1,9 +1,9 @@
-"""The launcher's OomWatch: a rank's OOM line is taken as it is; a rank gone while its memory cgroup's
-OOM-kill count rose is one the kernel's OOM killer ended. The cgroups here are folders laid out as the
-kernel's; the ranks are this process (alive) or it with another start time (gone)."""
+"""The launcher's OomWatch: a rank gone while its memory cgroup's OOM-kill count rose is one the kernel's OOM
+killer ended (an OOM a rank caught and printed: health/verdict_line.py). The cgroups here are folders laid out
+as the kernel's; the ranks are this process (alive) or it with another start time (gone)."""
 from ringflow.training.core.backends.processes.oom_watch import OomWatch
 from ringflow.training.health.memory_limits import MemoryLimits
-from ringflow.training.health.oom import KERNEL_OOM_KILLER, MEMORY_ERROR, MemoryEvidence, oom_line, oom_verdict
+from ringflow.training.health.oom import KERNEL_OOM_KILLER
 from ringflow.training.health.oom_advice import JobShape
 from ringflow.training.health.verdict import OOM
 
@@ -54,15 +54,6 @@ def test_one_gone_of_a_shared_cgroup_while_the_other_lives_is_the_one(tmp_path):
     watch.feed(rank(1, shared, alive=False).line())
     cgroup(tmp_path, "job", kills=1)
     assert watch.look().evidence["rank"] == 1
-
-
-def test_a_printed_verdict_is_the_first_and_stays(tmp_path):
-    printed = oom_verdict(MemoryEvidence(MEMORY_ERROR, 1, 3, "rank 1 itself"), SHAPE)
-    watch = OomWatch(SHAPE)
-    watch.feed("[1,1]<stderr>:" + oom_line(printed))
-    watch.feed(rank(0, cgroup(tmp_path, "r0", kills=0), alive=False).line())
-    cgroup(tmp_path, "r0", kills=1)
-    assert watch.look() == printed and watch.verdict == printed
 
 
 def test_running_looks_until_it_finds_one(tmp_path):
