@@ -10,12 +10,17 @@ dealt to the ranks by the global cursor), on the same dataset of a few hundred M
    that revision, alternating; samples/s after warm-up as the job's result.json counts it (the slowest
    rank's rate times the ranks).
 
+3. With `--feeds stream memory`, each revision's job is run twice a repeat: streaming (as above) and fed from
+   memory (bench/memory_feed/: each rank reads its whole epoch before the first step, outside the timed
+   steps, and the loader thread is idle after it). Between the revisions, the memory-fed ratio is the training
+   loops' alone; each revision's streaming / memory-fed ratio is what its reader costs the job.
+
 Ratios are this checkout's over the baseline's: the ratio of the medians, and the ratio within each repeat
 (median, min–max), measured side by side: the machine is shared, so absolute figures vary run to run and only
 the ratios are meant to be compared.
 
-    .venv/bin/python -m bench.sharding_order [--rows 400000] [--repeats 4] [--baseline REV] [--out NAME]
-                                             [--results-dir DIR]
+    .venv/bin/python -m bench.sharding_order [--rows 400000] [--repeats 4] [--baseline REV]
+                                             [--feeds stream [memory]] [--out NAME] [--results-dir DIR]
 
 Results: bench/results/<out>.json and <out>.md, with the command (linked from docs/benchmarks.md).
 """
@@ -99,19 +104,39 @@ def shard(env: dict[str, str], dataset: Path, out: Path) -> float:
 SAME_TUNING = {"horovod": {"cycle_time_ms": 1.0}}
 
 
-def train(env: dict[str, str], manifest: Path, run: Path) -> float:
+STREAM, MEMORY = "stream", "memory"
+FEEDS = {STREAM: "streaming", MEMORY: "fed from memory"}
+MEMORY_FEED = Path(__file__).parent / "memory_feed"
+
+
+def fed(env: dict[str, str], feed: str) -> dict[str, str]:
+    """`env` whose ranks are fed as `feed` says: the memory feed's sitecustomize first on their PYTHONPATH."""
+    if feed == STREAM:
+        return env
+    return env | {"PYTHONPATH": os.pathsep.join([str(MEMORY_FEED), env["PYTHONPATH"]])}
+
+
+def train(env: dict[str, str], manifest: Path, run: Path, feed: str = STREAM) -> float:
     config = run.with_suffix(".json")
     config.write_text(json.dumps({"manifest_uri": str(manifest), "run_uri": str(run), "epochs": 1,
                                   "batch_size": BATCH, "learning_rate": 0.01, "engine": "horovod",
                                   "model": {"hidden": HIDDEN}} | SAME_TUNING))
     proc = subprocess.run([sys.executable, "-m", "ringflow.training.core.cli", "train", str(config), "--np", "2"],
-                          env=env, capture_output=True, text=True)
+                          env=fed(env, feed), capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"the job on {manifest} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    said = (proc.stdout + proc.stderr).count("[bench] memory feed:")
+    if said != (2 if feed == MEMORY else 0):  # both ranks, or neither
+        raise SystemExit(f"the {FEEDS[feed]} job on {manifest}: {said} rank(s) said they were fed from memory")
     from .common import read_result
     from ringflow.training.store import LocalFolderStore
 
     return float(read_result(LocalFolderStore(str(run))).samples_per_sec_after_warmup)
+
+
+def arm(name: str, feed: str) -> str:
+    """A job's row in the results: the revision, and how it was fed when more than one feed was run."""
+    return name if feed == STREAM else f"{name}, {FEEDS[feed]}"
 
 
 def main() -> None:
@@ -120,6 +145,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--baseline", default=PER_RANK_REVISION,
                         help="the git revision to compare against (default: the last with per-rank partitions)")
+    parser.add_argument("--feeds", nargs="+", choices=list(FEEDS), default=[STREAM],
+                        help="how each revision's job is fed: streaming (the default), and/or from memory "
+                             "(bench/memory_feed/)")
     add_results_arguments(parser, "sharding_order")
     args = parser.parse_args()
 
@@ -129,44 +157,65 @@ def main() -> None:
         dataset = root / "data.parquet"
         data_bytes = write_dataset(dataset, args.rows)
         shard_seconds: dict[str, list[float]] = {name: [] for name in envs}
-        rates: dict[str, list[float]] = {name: [] for name in envs}
+        rates: dict[str, list[float]] = {arm(name, feed): [] for feed in args.feeds for name in envs}
         for r in range(args.repeats):
             order = list(envs) if r % 2 == 0 else list(reversed(envs))
+            feeds = args.feeds if r % 2 == 0 else list(reversed(args.feeds))
             for name in order:
                 out = root / f"shards-{r}-{list(envs).index(name)}"
                 shard_seconds[name].append(shard(envs[name], dataset, out))
-            for name in order:
-                out = root / f"shards-{r}-{list(envs).index(name)}"
-                rates[name].append(train(envs[name], out / "manifest.json", root / f"run-{r}-{list(envs).index(name)}"))
+            for feed in feeds:
+                for name in order:
+                    index = list(envs).index(name)
+                    rates[arm(name, feed)].append(train(envs[name], root / f"shards-{r}-{index}" / "manifest.json",
+                                                        root / f"run-{r}-{index}-{feed}", feed))
             for name in envs:  # a few hundred MB each: only one repeat's on disk at a time
                 shutil.rmtree(root / f"shards-{r}-{list(envs).index(name)}", ignore_errors=True)
-                shutil.rmtree(root / f"run-{r}-{list(envs).index(name)}", ignore_errors=True)
+                for feed in args.feeds:
+                    shutil.rmtree(root / f"run-{r}-{list(envs).index(name)}-{feed}", ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    def ratio(series: dict[str, list[float]]) -> float:
-        return statistics.median(series[THIS]) / statistics.median(series[BASELINE])
+    def ratio(series: dict[str, list[float]], this: str = THIS, base: str = BASELINE) -> float:
+        return statistics.median(series[this]) / statistics.median(series[base])
 
-    def per_repeat(series: dict[str, list[float]]) -> list[float]:
-        return [a / b for a, b in zip(series[THIS], series[BASELINE])]
+    def per_repeat(series: dict[str, list[float]], this: str = THIS, base: str = BASELINE) -> list[float]:
+        return [a / b for a, b in zip(series[this], series[base])]
 
     summary = {"rows": args.rows, "data_mb": round(data_bytes / 2**20), "baseline": args.baseline,
-               "repeats": args.repeats, "shard_seconds": shard_seconds, "samples_per_sec": rates,
-               "shard_time_ratio": ratio(shard_seconds), "throughput_ratio": ratio(rates),
-               "shard_time_ratio_per_repeat": per_repeat(shard_seconds),
-               "throughput_ratio_per_repeat": per_repeat(rates), "same_tuning": SAME_TUNING, "machine": machine()}
+               "repeats": args.repeats, "feeds": args.feeds, "shard_seconds": shard_seconds,
+               "samples_per_sec": rates, "shard_time_ratio": ratio(shard_seconds),
+               "shard_time_ratio_per_repeat": per_repeat(shard_seconds), "same_tuning": SAME_TUNING,
+               "machine": machine()}
     lines = [f"# World-size-free shards against per-rank partitions ({args.rows:,} rows, "
              f"{summary['data_mb']} MB of float32 rows, 2 files, 2 Horovod workers)", "",
              "| | shard time, s | training, samples/s |", "|---|---|---|"]
-    for name in (BASELINE, THIS):
-        lines.append(f"| {name} | {spread(shard_seconds[name], 1)} | {spread(rates[name], 0)} |")
-    lines += [f"| **ratio, this / baseline** | **{summary['shard_time_ratio']:.2f}** | "
-              f"**{summary['throughput_ratio']:.2f}** |",
-              f"| ratio within each repeat | {spread(summary['shard_time_ratio_per_repeat'])} | "
-              f"{spread(summary['throughput_ratio_per_repeat'])} |", "",
-              f"Medians (min–max) of {args.repeats} repeats, the two revisions alternating; baseline = "
-              f"`{args.baseline}`, run from an export of that revision. Both jobs are given {json.dumps(SAME_TUNING)} "
-              f"beside their defaults. Machine: {machine()['cpus']} CPUs, shared."]
+    for feed in args.feeds:
+        for name in (BASELINE, THIS):
+            shard_cell = spread(shard_seconds[name], 1) if feed == args.feeds[0] else ""
+            lines.append(f"| {arm(name, feed)} | {shard_cell} | {spread(rates[arm(name, feed)], 0)} |")
+    for feed in args.feeds:
+        this, base = arm(THIS, feed), arm(BASELINE, feed)
+        summary[f"throughput_ratio_{feed}"] = ratio(rates, this, base)
+        summary[f"throughput_ratio_{feed}_per_repeat"] = per_repeat(rates, this, base)
+        shard_cells = (f"**{summary['shard_time_ratio']:.2f}**", spread(summary["shard_time_ratio_per_repeat"])) \
+            if feed == args.feeds[0] else ("", "")
+        what = "" if len(args.feeds) == 1 else f", {FEEDS[feed]}"
+        lines += [f"| **ratio, this / baseline{what}** | {shard_cells[0]} | "
+                  f"**{summary[f'throughput_ratio_{feed}']:.2f}** |",
+                  f"| ratio within each repeat{what} | {shard_cells[1]} | "
+                  f"{spread(summary[f'throughput_ratio_{feed}_per_repeat'])} |"]
+    if set(args.feeds) == set(FEEDS):  # what each revision's reader costs its job
+        for name in (BASELINE, THIS):
+            key = "reader_cost_" + ("this" if name == THIS else "baseline")
+            summary[key] = per_repeat(rates, arm(name, STREAM), arm(name, MEMORY))
+            lines.append(f"| {name}: streaming / fed from memory, within each repeat | | {spread(summary[key])} |")
+    lines += ["", f"Medians (min–max) of {args.repeats} repeats, the revisions (and feeds) alternating; baseline = "
+              f"`{args.baseline}`, run from an export of that revision. Every job is given {json.dumps(SAME_TUNING)} "
+              f"beside its defaults. Machine: {machine()['cpus']} CPUs, shared."]
+    if MEMORY in args.feeds:
+        lines.append("Fed from memory: each rank reads its whole epoch before the first step (bench/memory_feed/), "
+                     "outside the timed steps, its loader thread idle after it.")
     write_results(args, summary, lines)
 
 

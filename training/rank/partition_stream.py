@@ -5,7 +5,8 @@ groups from it on its loader thread.
 """
 from __future__ import annotations
 
-import io
+import mmap
+import sys
 from typing import Sequence
 
 import pyarrow as pa
@@ -29,7 +30,6 @@ class StreamedPartition:
         self.key, self.store_uri = entry.key, store.uri
         footer = store.get_range(entry.key, entry.footer.offset, entry.footer.length, progress=moved)
         entry.footer.check(footer, f"the footer of partition {entry.key!r}")
-        self._footer = footer
         # The footer alone, behind a leading magic, parses as the file's metadata (offsets into the real file).
         self.metadata = pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
         if self.metadata.num_row_groups != len(entry.row_groups):
@@ -50,59 +50,34 @@ class StreamedPartition:
         return data
 
     def table(self, fetched: dict[int, bytes], columns: Sequence[str]) -> pa.Table:
-        """The row groups fetched (group -> its bytes, from fetch), decoded, in the mapping's order."""
-        segments = {self._entry.footer.offset: self._footer}
-        segments.update((self._entry.row_groups[g].offset, data) for g, data in fetched.items())
+        """The row groups fetched (group -> its bytes, from fetch), decoded, in the mapping's order. Parquet
+        reads them from an image of the file in memory (file_image), so its reads never call into Python."""
+        image = file_image(self._entry.size, {self._entry.row_groups[g].offset: data for g, data in fetched.items()},
+                           self.key)
         # No pre-buffering: it coalesces column chunks across small holes, reading bytes that were not fetched.
-        reader = pq.ParquetFile(_SparseFile(self._entry.size, segments), metadata=self.metadata, pre_buffer=False)
+        reader = pq.ParquetFile(pa.BufferReader(image), metadata=self.metadata, pre_buffer=False)
         return reader.read_row_groups(list(fetched), columns=list(columns))
 
 
-class _SparseFile(io.RawIOBase):
-    """A file of `size` bytes of which only some ranges are here (the footer, the row groups being read):
-    what pyarrow's Parquet reader is given, so it decodes from memory what the ranged reads fetched. A read
-    outside them is a bug in the index, and fails loudly rather than returning zeros."""
+# Linux's MAP_NORESERVE (the same value on x86-64 and arm64), which Python's mmap module does not name: the
+# image's address space is not charged against the kernel's overcommit limit, only the pages written are.
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
 
-    def __init__(self, size: int, segments: dict[int, bytes]):
-        super().__init__()
-        self._size = size
-        self._segments = sorted(segments.items())
-        self._pos = 0
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = base + offset
-        return self._pos
-
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            size = self._size - self._pos
-        size = min(size, self._size - self._pos)
-        if size <= 0:
-            return b""
-        # Parquet may coalesce the column chunks of adjacent row groups into one read: join the segments.
-        parts, at, end = [], self._pos, self._pos + size
-        for start, data in self._segments:
-            if start <= at < start + len(data):
-                take = data[at - start:min(end, start + len(data)) - start]
-                parts.append(take)
-                at += len(take)
-                if at == end:
-                    self._pos = end
-                    return b"".join(parts)
-        raise OSError(f"bytes [{at}, {end}) of the partition were not fetched "
-                      f"(fetched: {[(s, s + len(d)) for s, d in self._segments]})")
-
-    def readinto(self, buffer) -> int:
-        data = self.read(len(buffer))
-        buffer[:len(data)] = data
-        return len(data)
+def file_image(size: int, segments: dict[int, bytes], key: str) -> pa.Buffer:
+    """A file of `size` bytes in memory holding `segments` (offset -> bytes) at their offsets: what pyarrow's
+    Parquet reader decodes the fetched row groups from. An anonymous private mapping, so only the segments'
+    pages are ever committed, however large the file. Read natively: a Python file object instead (read()
+    called for every column chunk, 128 times a row group here) takes the GIL away from the training thread on
+    each call, which cost a 2-rank job on 2 cores a fifth of its samples/s (bench/results/stream_profile.md).
+    Parquet reads nothing outside the segments: the metadata's column chunks of a row group lie inside the
+    span the manifest lists for it (checked when the partition is opened), which is what fetch reads."""
+    try:
+        image = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+    except OSError as exc:
+        raise MemoryError(f"could not map {size} bytes of address space to decode row groups of partition "
+                          f"{key!r} ({exc.strerror}): the host refuses large mappings (vm.overcommit_memory=2); "
+                          "shard into more, smaller partitions") from exc
+    for offset, data in segments.items():
+        image[offset:offset + len(data)] = data
+    return pa.py_buffer(image)
