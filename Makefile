@@ -35,7 +35,7 @@ bench: setup
 	$(PY) -m bench.checkpoint_profile
 	$(PY) -m bench.bind_cores
 	$(PY) -m bench.shard_throughput
-	$(PY) -m bench.sharding_order  # against the last revision with per-rank partitions
+	$(PY) -m bench.sharding_order --rows 400000 --repeats 8 --feeds stream memory --out sharding_order-split  # against the last revision with per-rank partitions
 	$(PY) -m bench.promotion
 	$(PY) -m bench.orchestration_overhead
 	$(PY) -m bench.data_scaling
