@@ -30,6 +30,11 @@ bench stops each job once its measured step is in the store: what comes after it
 slow test tests/training/test_real_sizes.py runs this workload to its end). ~10 min in all:
 
     .venv/bin/python -m bench.elastic_recovery --real-size --out elastic_recovery_real_size
+
+With --engine ddp the same case under DDP: elastic is torchrun's restart of every worker (2 -> 2) from the copy
+of the state the host keeps in memory (rank/ddp_elastic.py), its commits every commit_every_steps too:
+
+    .venv/bin/python -m bench.elastic_recovery --real-size --engine ddp --out elastic_recovery_real_size-ddp
 """
 from __future__ import annotations
 
@@ -166,15 +171,15 @@ def in_memory_cost(repeats: int, cost: Callable[[int], tuple[float, float, float
 
 # -- at a user's size (--real-size) -----------------------------------------------------------------------------------
 
-def real_job(workload, moto: Moto, endpoint: str, run_uri: str, manifest_uri: str, folder: Path, *, elastic: bool,
-             retries: int, until: Callable[[list[dict], str], bool]) -> tuple[list[dict], str]:
+def real_job(workload, moto: Moto, endpoint: str, run_uri: str, manifest_uri: str, folder: Path, *, engine: str,
+             elastic: bool, retries: int, until: Callable[[list[dict], str], bool]) -> tuple[list[dict], str]:
     """`ringflow train --np 2 --controller gloo --retries N` of the real-size job (the workload's config and
     environment, the store reached through the link at `endpoint`), rank 1 SIGKILLed at REAL_KILL_AT, health every
     step; stopped (SIGTERM: the launcher stops its ranks) once `until(records, output)` holds, polled from the
     store itself as a watcher beside it would. The run folder's health records then, and the job's output."""
     from ringflow.training.store import open_store
 
-    overrides = {"engine": "horovod", "health": {"every_steps": 1},
+    overrides = {"engine": engine, "health": {"every_steps": 1},
                  "faults": [{"kind": "crash", "rank": 1, "step": REAL_KILL_AT}]} | ({"elastic": {}} if elastic else {})
     job = workload.RealSizeJob(endpoint, moto, run_uri, manifest_uri, **overrides)
     name = run_uri.rsplit("/", 1)[-1]
@@ -212,9 +217,10 @@ def published_before(records: list[dict], died: float) -> list[dict]:
             for r in records if r["type"] == "checkpoint" and r["time"] < died]
 
 
-def real_elastic(workload, moto: Moto, endpoint: str, bucket: str, manifest_uri: str, folder: Path, n: int) -> dict:
+def real_elastic(workload, moto: Moto, endpoint: str, bucket: str, manifest_uri: str, folder: Path, n: int,
+                 engine: str) -> dict:
     records, out = real_job(workload, moto, endpoint, f"s3://{bucket}/runs/elastic-{n}", manifest_uri, folder,
-                            elastic=True, retries=0,
+                            engine=engine, elastic=True, retries=0,
                             until=lambda records, _: any(r["type"] == "membership" for r in records))
     _, died = killed_at(out)
     (change,) = [r for r in records if r["type"] == "membership"]
@@ -225,14 +231,15 @@ def real_elastic(workload, moto: Moto, endpoint: str, bucket: str, manifest_uri:
             "published_before_kill": published_before(records, died)}
 
 
-def real_retry(workload, moto: Moto, endpoint: str, bucket: str, manifest_uri: str, folder: Path, n: int) -> dict:
+def real_retry(workload, moto: Moto, endpoint: str, bucket: str, manifest_uri: str, folder: Path, n: int,
+               engine: str) -> dict:
     def next_try_stepped(records: list[dict], out: str) -> bool:
         starts = [r for r in records if r["type"] == "start"]
         return KILL_LINE.search(out) is not None and len(starts) > 1 and any(
             r["type"] == "step" and r.get("attempt") == starts[-1]["attempt"] for r in records)
 
     records, out = real_job(workload, moto, endpoint, f"s3://{bucket}/runs/retry-{n}", manifest_uri, folder,
-                            elastic=False, retries=1, until=next_try_stepped)
+                            engine=engine, elastic=False, retries=1, until=next_try_stepped)
     step, died = killed_at(out)
     start = [r for r in records if r["type"] == "start"][-1]
     if start.get("resumed_from") is None:
@@ -266,11 +273,12 @@ def real_size(args: argparse.Namespace) -> None:
             for n in range(args.repeats):
                 pair = ((real_elastic, elastic), (real_retry, retry))
                 for measure, into in (pair if n % 2 == 0 else pair[::-1]):
-                    into.append(measure(workload, moto, proxy.endpoint, bucket, manifest_uri, folder, n))
+                    into.append(measure(workload, moto, proxy.endpoint, bucket, manifest_uri, folder, n, args.engine))
                     print(f"{measure.__name__} repeat {n + 1}: {into[-1]}", flush=True)
     e, t = [r["seconds"] for r in elastic], [r["seconds"] for r in retry]
     ratio = statistics.median(t) / statistics.median(e)
-    summary = {"machine": machine(), "kill_at_step": REAL_KILL_AT, "killed_rank": 1, "workers": workload.PARTITIONS,
+    summary = {"machine": machine(), "engine": args.engine, "kill_at_step": REAL_KILL_AT, "killed_rank": 1,
+               "workers": workload.PARTITIONS,
                "parameters": workload.parameters(), "link_bytes_per_second": workload.LINK_BYTES_PER_SECOND,
                "link_latency_s": workload.LINK_LATENCY, "rows_per_partition": workload.ROWS_PER_PARTITION,
                "batch": workload.BATCH, "checkpoint_every_steps": CheckpointConfig().cadence_steps,
@@ -279,12 +287,17 @@ def real_size(args: argparse.Namespace) -> None:
     write_results(args, summary, real_size_lines(summary))
 
 
+RESTART_WORDS = ": torchrun restarts every worker from the copy of the state the host keeps in memory"
+
+
 def real_size_lines(summary: dict) -> list[str]:
     """The real-size case's results file."""
     from ringflow.training.formats.config import CheckpointConfig, ElasticConfig
 
     workload = tests_module("real_size_workload")
     elastic, retry, repeats = summary["elastic"], summary["retry"], summary["repeats"]
+    ddp = summary.get("engine") == "ddp"
+    workers = summary["workers"]
     e, t = [r["seconds"] for r in elastic], [r["seconds"] for r in retry]
     published = sorted({c["step"] for r in elastic + retry for c in r["published_before_kill"]})
     # The newest checkpoint due by the kill (every checkpoint interval is over the 30 s floor here): not published
@@ -295,14 +308,16 @@ def real_size_lines(summary: dict) -> list[str]:
             f"({repeats} run{'s' if repeats > 1 else ''} of each, median (min-max))", "",
             f"The workload of tests/real_size_workload.py, as bench/real_sizes.py runs it: a "
             f"{workload.parameters() / 1e6:.1f} M-parameter MLP (checkpoints of ~300 MB with Adam's state), 2 ranks "
-            f"(Horovod, Gloo) on 2 shared cores, {workload.PARTITIONS} partitions of {workload.ROWS_PER_PARTITION} "
+            f"({'DDP' if ddp else 'Horovod'}, Gloo) on 2 shared cores, {workload.PARTITIONS} partitions of "
+            f"{workload.ROWS_PER_PARTITION} "
             f"rows (~1 GB) in S3 (moto) behind a link of {workload.LINK_BYTES_PER_SECOND / 1e6:g} MB/s shared by both "
             f"ranks with {workload.LINK_LATENCY * 1000:g} ms a request; checkpoints every "
             f"{CheckpointConfig().cadence_steps} steps and elastic commits every "
             f"{ElasticConfig().commit_every_steps} (the defaults), health every step. Rank 1 SIGKILLed at "
             f"step {REAL_KILL_AT}, after the checkpoint of step(s) {', '.join(map(str, published)) or 'none'} had "
-            f"been published{uploading}. Seconds from the kill to the end of the survivor's first step (elastic, "
-            "defaults) or "
+            f"been published{uploading}. Seconds from the kill to the end of the "
+            f"{'restarted workers' if ddp else 'survivor'}'s first step (elastic, defaults"
+            f"{RESTART_WORDS if ddp else ''}) or "
             "of the next try's first step "
             "(`ringflow train --retries 1`, which resumes from that checkpoint, read back through the link; a shell "
             "retry starts at once, an Airflow task's waits its retry_delay, 30 s by default, on top). "
@@ -311,10 +326,13 @@ def real_size_lines(summary: dict) -> list[str]:
             f"is in the store. Writing the shards took {summary['shard_seconds']:.0f} s.", "",
             "| workers | killed | elastic: to the next step | steps redone | retry: to the next step | steps redone | "
             "retry / elastic |", "|---|---|---|---|---|---|---|",
-            f"| 2 -> 1 | rank 1 | {spread(e)} s | {spread([r['steps_redone'] for r in elastic], 0)} | {spread(t)} s | "
+            f"| {workers} -> {f'{workers} (restarted)' if ddp else workers - 1} | rank 1 | {spread(e)} s | "
+            f"{spread([r['steps_redone'] for r in elastic], 0)} | {spread(t)} s | "
             f"{spread([r['steps_redone'] for r in retry], 0)} | **{summary['retry_over_elastic']:.1f}x** |", "",
-            f"Elastic: the survivor noticed the death {spread([r['noticed_s'] for r in elastic])} s after the kill "
-            f"and ended its first step {spread([r['failed_to_next_step_s'] for r in elastic])} s after that, from "
+            f"Elastic: {'the last step before the death ended' if ddp else 'the survivor noticed the death'} "
+            f"{spread([r['noticed_s'] for r in elastic])} s {'from' if ddp else 'after'} the kill "
+            f"and {'the restarted workers' if ddp else 'it'} ended {'their' if ddp else 'its'} first step "
+            f"{spread([r['failed_to_next_step_s'] for r in elastic])} s after that, from "
             f"{elastic[0]['went_back_to']}. Retry: the next try's `start` record (new processes, the checkpoint read "
             f"back) {spread([r['to_start_s'] for r in retry])} s after the kill, its first step (the first data "
             f"through the link) {spread([r['start_to_step_s'] for r in retry])} s after that, from "
@@ -334,6 +352,8 @@ def main() -> None:
     parser.add_argument("--real-size", action="store_true",
                         help="only the recovery at a user's size (tests/real_size_workload.py), e.g. with "
                              "--out elastic_recovery_real_size")
+    parser.add_argument("--engine", choices=("horovod", "ddp"), default="horovod",
+                        help="the real-size case's engine (the small cases are Horovod's)")
     add_results_arguments(parser, "elastic_recovery")
     args = parser.parse_args()
     if args.real_size:
