@@ -297,6 +297,7 @@ def real_size_lines(summary: dict) -> list[str]:
     workload = tests_module("real_size_workload")
     elastic, retry, repeats = summary["elastic"], summary["retry"], summary["repeats"]
     ddp = summary.get("engine") == "ddp"
+    whose = "restarted workers'" if ddp else "survivor's"
     workers = summary["workers"]
     e, t = [r["seconds"] for r in elastic], [r["seconds"] for r in retry]
     published = sorted({c["step"] for r in elastic + retry for c in r["published_before_kill"]})
@@ -316,7 +317,7 @@ def real_size_lines(summary: dict) -> list[str]:
             f"{ElasticConfig().commit_every_steps} (the defaults), health every step. Rank 1 SIGKILLed at "
             f"step {REAL_KILL_AT}, after the checkpoint of step(s) {', '.join(map(str, published)) or 'none'} had "
             f"been published{uploading}. Seconds from the kill to the end of the "
-            f"{'restarted workers' if ddp else 'survivor'}'s first step (elastic, defaults"
+            f"{whose} first step (elastic, defaults"
             f"{RESTART_WORDS if ddp else ''}) or "
             "of the next try's first step "
             "(`ringflow train --retries 1`, which resumes from that checkpoint, read back through the link; a shell "
