@@ -10,14 +10,13 @@ launcher prints the verdict it ended a job on the same way, for whoever reads it
 from __future__ import annotations
 
 import json
-import re
 
 from .verdict import NONFINITE, OOM, Verdict
 
 VERDICT_LINE = "[ringflow] verdict: "
 # The verdicts a rank reaches alone and says in the log; any other status in such a line is not read.
 SAID_IN_LOG = (OOM, NONFINITE)
-_VERDICT_RE = re.compile(re.escape(VERDICT_LINE) + r"(\{.*\})")
+_JSON = json.JSONDecoder()
 
 
 def verdict_line(verdict: Verdict) -> str:
@@ -25,21 +24,21 @@ def verdict_line(verdict: Verdict) -> str:
 
 
 def verdict_in_log(line: str) -> Verdict | None:
-    """The verdict if `line` is a VERDICT_LINE of one of SAID_IN_LOG (as printed, or prefixed by a launcher's
-    tag: mpirun's "[1,0]<stderr>:", torchrun's "[default1]:")."""
-    match = _VERDICT_RE.search(line)
-    if not match:
-        return None
-    text = match.group(1)
-    # mpirun may repeat its tag after the line ("...}[1,0]<stderr>:"): the JSON ends at its last brace.
-    try:
-        doc = json.loads(text[: text.rfind("}") + 1])
-    except ValueError:
-        return None
-    if not isinstance(doc, dict) or doc.get("status") not in SAID_IN_LOG:
-        return None
-    evidence = doc.get("evidence")
-    return Verdict(doc["status"], str(doc.get("reason", "")), evidence if isinstance(evidence, dict) else {})
+    """The first verdict of one of SAID_IN_LOG in `line`: as printed, prefixed by a launcher's tag (mpirun's
+    "[1,0]<stderr>:", torchrun's "[default1]:"), or run into another rank's output when both wrote at once (each
+    VERDICT_LINE's JSON object is read on its own, whatever follows it on the line)."""
+    at = line.find(VERDICT_LINE)
+    while at >= 0:
+        start = at + len(VERDICT_LINE)
+        try:
+            doc, _ = _JSON.raw_decode(line, start)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict) and doc.get("status") in SAID_IN_LOG:
+            evidence = doc.get("evidence")
+            return Verdict(doc["status"], str(doc.get("reason", "")), evidence if isinstance(evidence, dict) else {})
+        at = line.find(VERDICT_LINE, start)
+    return None
 
 
 class SaidVerdict:

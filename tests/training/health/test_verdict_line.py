@@ -12,8 +12,12 @@ NAN_VERDICT = Verdict(NONFINITE, "the script reported a NaN/Inf loss at step 3 o
 
 
 @pytest.mark.parametrize("verdict", [OOM_VERDICT, NAN_VERDICT], ids=["OOM", "NONFINITE"])
-@pytest.mark.parametrize("prefix, suffix", [("", ""), ("[1,1]<stderr>:", ""), ("[1,1]<stderr>:", "[1,1]<stderr>:"),
-                                            ("[default1]:", "")])
+@pytest.mark.parametrize("prefix, suffix", [
+    ("", ""), ("[1,1]<stderr>:", ""), ("[1,1]<stderr>:", "[1,1]<stderr>:"), ("[default1]:", ""),
+    # two ranks writing at once: another's line runs into this one's, braces and all (seen with forked ranks)
+    ("", '[ringflow] rank memory: {"pid": 28895, "rank": 0}'),
+    ('[ringflow] rank memory: {"pid": 28895}', '[ringflow] rank memory: {"pid": 28896}'),
+])
 def test_the_log_line_carries_the_verdict(verdict, prefix, suffix):
     line = prefix + verdict_line(verdict) + suffix
     assert line.startswith(prefix + VERDICT_LINE)
@@ -25,6 +29,7 @@ def test_the_log_line_carries_the_verdict(verdict, prefix, suffix):
     VERDICT_LINE + "{not json",
     VERDICT_LINE + '{"status": "STALLED", "reason": "a rank alone does not say this one"}',
     VERDICT_LINE + '["OOM"]',
+    VERDICT_LINE + "{not json" + VERDICT_LINE + '{"status": "STALLED"}',
     "step=3 loss=0.2",
 ])
 def test_other_lines_carry_none(line):
