@@ -191,6 +191,7 @@ class HealthLog:
         self._bytes = 0
         self._lock = threading.Lock()        # the lines (append, and taking a flush's snapshot)
         self._write_lock = threading.Lock()  # one writer to the store at a time, in order
+        self._close_lock = threading.Lock()
         self._last_flush = 0.0
         self._dirty = False
         self._segments = 0
@@ -221,13 +222,15 @@ class HealthLog:
         self._flusher.start()
 
     def close(self) -> None:
-        """Stop the background thread and write what is left (blocks until the store took it)."""
-        if self._flusher is not None:
-            self._closing = True
-            self._wake.set()
-            self._flusher.join()
-            self._flusher = None
-        self.flush(force=True)
+        """Stop the background thread and write what is left (blocks until the store took it). Safe from two
+        threads at once (a rank's end and SIGTERM's last word): the second waits for the first."""
+        with self._close_lock:
+            if self._flusher is not None:
+                self._closing = True
+                self._wake.set()
+                self._flusher.join()
+                self._flusher = None
+            self.flush(force=True)
 
     def _flush_loop(self) -> None:
         while not self._closing:

@@ -22,6 +22,11 @@ from .rank_start import within
 # How long a stopped rank tries to write its records: torchrun waits 30 s before SIGKILL, and a restart waits
 # for the rank to go, so a store that hangs costs the restart this long at most.
 SIGTERM_WORD_SECONDS = 5.0
+# Held by whatever writes a rank's last records and its result (RankRun.write_result; an elastic DDP rank's
+# failure path and SIGTERM's thread, ddp_elastic.py): one at a time, so SIGTERM's thread, which ends the process
+# when it is done, never ends it while another is still writing (a rank stopping on a verdict when torchrun's
+# SIGTERM comes, its peer having ended first).
+ENDING = threading.Lock()
 
 
 def on_sigterm(last_word: Callable[[], None], say: Callable[[str], None],

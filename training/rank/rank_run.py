@@ -22,6 +22,7 @@ from ..health.records import HealthLog, record
 from ..health.verdict import NONFINITE, STORE_UNAVAILABLE, Verdict
 from ..store import ObjectStore
 from .callbacks.logging import say
+from .last_word import ENDING
 from .rank_start import LAST_WORD_SECONDS, RankStart, liveness_record, store_call, store_record, within
 
 
@@ -89,9 +90,10 @@ class RankRun:
         records it has not yet written."""
         result = self.result(status, verdict, checkpoint)
         if self.guard is not None:
-            self.health_log.append(record("end", status=status, step=result.step))
-            self.health_log.close()
-            self.guard.publish_result(result.to_json())
+            with ENDING:
+                self.health_log.append(record("end", status=status, step=result.step))
+                self.health_log.close()
+                self.guard.publish_result(result.to_json())
         return result
 
     def replayed(self, verdict: Verdict) -> Verdict:

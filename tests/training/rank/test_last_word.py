@@ -75,3 +75,37 @@ def test_once_runs_the_call_once_and_a_second_caller_waits_for_the_first_to_end(
     assert second_returned.wait(5) and calls == ["written"]  # then returns, the call made once
     first.join(5)
     second.join(5)
+
+
+@pytest.mark.pure
+def test_a_rank_s_result_is_written_under_the_lock_sigterm_s_last_word_waits_on():
+    """A rank ending on a verdict writes its records and result.json while torchrun's SIGTERM may come (its peer
+    ended first): SIGTERM's thread (an elastic DDP rank's write_records) takes ENDING before it ends the process,
+    so it waits for both writes."""
+    import types
+
+    from ringflow.training.rank.last_word import ENDING
+    from ringflow.training.rank.rank_run import RankRun
+
+    seen = []
+
+    class Log:
+        def append(self, rec):
+            seen.append(("append", ENDING.locked()))
+
+        def close(self):
+            seen.append(("close", ENDING.locked()))
+
+    class Guard:
+        def publish_result(self, data):
+            seen.append(("publish", ENDING.locked()))
+
+    class Ending(RankRun):
+        def __init__(self):
+            self.guard, self.health_log = Guard(), Log()
+
+        def result(self, status, verdict, checkpoint):
+            return types.SimpleNamespace(step=3, to_json=lambda: b"{}")
+
+    Ending().write_result("failed", None, None)
+    assert seen == [("append", True), ("close", True), ("publish", True)] and not ENDING.locked()
