@@ -47,7 +47,7 @@ from ..formats.run_folder import RunFolder
 from .callbacks.base import Callback
 from .callbacks.logging import say
 from .commits import LEFT, Commit, CountedCommits, record_change
-from .last_word import ENDING, SIGTERM_WORD_SECONDS, on_sigterm, once
+from .last_word import ENDING, SIGTERM_WORD_SECONDS, on_sigterm
 from .peer_copy import (META_FILE, BeatFile, Choice, Source, choose, copy_folder, copy_name, newest_copy, read_end,
                         remove, same_host_only, write_end)
 from .rank_start import RankStart, store_call, within
@@ -306,9 +306,10 @@ def run(cfg: JobConfig, make_trainer, device_memory=None) -> int:
 
     started: list[RankStart] = []
 
-    @once  # the failure's path and SIGTERM's thread may both get here: the second waits for the first's write
     def write_records() -> None:
-        with ENDING:  # and for the result a verdict's end may be writing (RankRun.write_result)
+        # The failure's path and SIGTERM's thread may both get here, and a verdict's end may be writing the
+        # result (RankRun.write_result): each waits for the one before it; a second close writes only what is new.
+        with ENDING:
             if started and started[0].health_log is not None:
                 started[0].health_log.close()
 

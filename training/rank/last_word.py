@@ -56,23 +56,6 @@ def on_sigterm(last_word: Callable[[], None], say: Callable[[str], None],
     threading.Thread(target=wait, name="ringflow-sigterm", daemon=True).start()
 
 
-def once(call: Callable[[], None]) -> Callable[[], None]:
-    """`call` run at most once, however many threads ask: a caller that comes while it runs waits for it to end.
-    A rank's failure path and SIGTERM's thread may both write its last records; the second must not end the
-    process while the first is still writing them."""
-    lock = threading.Lock()
-    done = False
-
-    def run_once() -> None:
-        nonlocal done
-        with lock:
-            if not done:
-                done = True
-                call()
-
-    return run_once
-
-
 def _hold_sigterm() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 

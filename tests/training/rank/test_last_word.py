@@ -49,35 +49,6 @@ def test_sigterm_writes_the_records_from_a_thread_while_the_main_thread_is_block
 
 
 @pytest.mark.pure
-def test_once_runs_the_call_once_and_a_second_caller_waits_for_the_first_to_end():
-    """A rank's failure path writes its records while torchrun's SIGTERM arrives: SIGTERM's thread must not end
-    the process (os._exit) before the records the failure path is writing are written."""
-    import threading
-
-    from ringflow.training.rank.last_word import once
-
-    calls, started, release = [], threading.Event(), threading.Event()
-
-    def write():
-        started.set()
-        release.wait(5)
-        calls.append("written")
-
-    write_once = once(write)
-    first = threading.Thread(target=write_once)
-    first.start()
-    assert started.wait(5)
-    second_returned = threading.Event()
-    second = threading.Thread(target=lambda: (write_once(), second_returned.set()))
-    second.start()
-    assert not second_returned.wait(0.3)  # it waits while the first still writes
-    release.set()
-    assert second_returned.wait(5) and calls == ["written"]  # then returns, the call made once
-    first.join(5)
-    second.join(5)
-
-
-@pytest.mark.pure
 def test_a_rank_s_result_is_written_under_the_lock_sigterm_s_last_word_waits_on():
     """A rank ending on a verdict writes its records and result.json while torchrun's SIGTERM may come (its peer
     ended first): SIGTERM's thread (an elastic DDP rank's write_records) takes ENDING before it ends the process,
