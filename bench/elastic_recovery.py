@@ -287,7 +287,8 @@ def real_size(args: argparse.Namespace) -> None:
     write_results(args, summary, real_size_lines(summary))
 
 
-RESTART_WORDS = ": torchrun restarts every worker from the copy of the state the host keeps in memory"
+RESTART_WORDS = (": torchrun restarts every worker from the copy of the state the host keeps in memory, their first "
+                 "windows read from the row groups the host kept (rank/host_ranges.py)")
 
 
 def real_size_lines(summary: dict) -> list[str]:

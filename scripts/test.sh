@@ -24,8 +24,8 @@ background=$!
 "$PY" -m pytest -m "own_lane" --durations=5 --basetemp="$out/own-lane-tmp" -p no:cacheprovider "$@" \
   > "$out/own-lane.log" 2>&1 &
 own_lane=$!
-"$PY" -m pytest -m "not background" --durations=40 "$@"
-main=$?
+PYTHONUNBUFFERED=1 "$PY" -m pytest -m "not background" --durations=40 "$@" 2>&1 | tee "$out/main.log"
+main=${PIPESTATUS[0]}
 wait "$background"
 behind=$?
 wait "$own_lane"
@@ -35,11 +35,17 @@ cat "$out/background.log"
 echo "=== tests marked own_lane (ran in a lane of their own) ==="
 cat "$out/own-lane.log"
 failed=0
-# pytest's 5 is "no tests collected": a run with a -k or path that selects nothing in one of the lanes
-for lane in "main:$main" "background:$behind" "own_lane:$alone"; do
-  code=${lane#*:}
-  if [ "$code" -ne 0 ] && [ "$code" -ne 5 ]; then
-    echo "tests failed: the ${lane%%:*} lane exited $code" >&2
+# pytest's 5 is "no tests collected": a run with a -k or path that selects nothing in one of the lanes. A lane
+# whose log has no pytest summary line ("... in 12.3s") did not end as pytest ends, whatever its code: something
+# in a test ended the process itself (a thread left running that calls os._exit, as a rank's watchdog does on a
+# stall with code 5, which would otherwise read as "no tests collected").
+for lane in "main:$main:main.log" "background:$behind:background.log" "own_lane:$alone:own-lane.log"; do
+  IFS=: read -r name code log <<< "$lane"
+  if ! grep -qE '(^| )(no tests ran|[0-9]+ (passed|failed|errors?|skipped|deselected)).* in [0-9.]+s' "$out/$log"; then
+    echo "tests failed: the $name lane ended without pytest's summary (exit $code): a test ended the process" >&2
+    [ "$failed" -eq 0 ] && failed=$(( code == 0 || code == 5 ? 1 : code ))
+  elif [ "$code" -ne 0 ] && [ "$code" -ne 5 ]; then
+    echo "tests failed: the $name lane exited $code" >&2
     [ "$failed" -eq 0 ] && failed=$code
   fi
 done

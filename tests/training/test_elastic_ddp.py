@@ -47,6 +47,9 @@ def test_a_killed_worker_restarts_every_worker_from_the_peer_copy_without_a_retr
     # The host's beat: the last step ended before the death (rank 0 ended step 12; rank 1 died in 13).
     assert change["steps_redone"] == KILLED_AT - 1 - went_back, change
     assert 0 < change["recovery_seconds"] < 60, change
+    # The restarted rank 0 read its first data from what the host kept (rank/host_ranges.py), not the store: the
+    # copy of step 10 pinned the small stream whole (decoded once and kept).
+    assert change["data_from_host_bytes"] > 0, change
     assert "workers changed (left: a worker failed; torchrun restarted every worker (restart 1))" in out
     # The restarted rank 0 claimed the run folder again: one attempt id, two claims.
     pointer = json.loads((module_jobs.root / "elastic-ddp" / "run.json").read_text())

@@ -108,6 +108,9 @@ class Membership:
     seen_at_step: int | None = None  # the last step the round that ended had completed
     left: tuple[str, ...] = ()       # the workers gone, by name (worker_name: their slot), as the survivors saw them
     joined: tuple[str, ...] = ()     # the workers new in the next round
+    # Bytes of rank 0's first reads after a DDP restart served from the host's memory, not the store
+    # (host_ranges.py); None where the next round reads through its reader as it was (Horovod's survivors).
+    data_from_host_bytes: int | None = None
 
     @property
     def recovery_seconds(self) -> float:
@@ -122,7 +125,9 @@ class Membership:
                         if names)
         return (f"workers changed ({self.why}: {self.detail}{'; ' + who if who else ''}): "
                 f"{self.from_world_size} -> {self.to_world_size}, "
-                f"{went}, {self.steps_redone} step(s) redone, its first step {self.recovery_seconds:.2f}s after")
+                f"{went}, {self.steps_redone} step(s) redone, its first step {self.recovery_seconds:.2f}s after"
+                + (f" (rank 0's first data from the host's memory: {self.data_from_host_bytes / 2**20:.1f} MiB)"
+                   if self.data_from_host_bytes else ""))
 
 
 def record_change(changes: list, trainer, seen: Mapping[str, Any], **more: Any) -> Membership:

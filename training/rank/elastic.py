@@ -114,6 +114,11 @@ class ElasticRun:
         # survivor goes on at once, not after the upload's rest (at a user's size, tens of seconds through a
         # slow link). None on the other ranks.
         self.checkpoint_writer = None
+        # No ranges kept on the host (host_ranges.py): a survivor keeps its reader, and a worker that joins
+        # starts on a host that read nothing.
+        self.host_ranges = None
+        # A survivor's commit is its own, and a worker that joins has none: rank 0's state is broadcast.
+        self.restored_alike = False
 
     # -- what run_rank's store-failure path reads --------------------------------------------------------------
 

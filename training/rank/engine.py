@@ -50,7 +50,8 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def broadcast_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Make rank 0's model and optimizer state every rank's, exactly."""
+        """Make rank 0's model and optimizer state every rank's, exactly (on a resume; not where every rank
+        restored the same state: an elastic DDP restart's peer copy, worker.Trainer)."""
 
     @abc.abstractmethod
     def sync_gradients(self, optimizer: torch.optim.Optimizer) -> None:
@@ -89,7 +90,7 @@ class Engine(abc.ABC):
 
     def restore_replica_optimizer(self, optimizer: torch.optim.Optimizer,
                                   states: list[dict[str, Any]] | None) -> None:
-        """After broadcast_state on a resume: this rank's own optimizer state from a checkpoint that kept
+        """After the state is restored (and broadcast) on a resume: this rank's own optimizer state from a checkpoint that kept
         each rank's (`states`), where this engine's ranks keep their own; else rank 0's stays every rank's."""
 
     @abc.abstractmethod

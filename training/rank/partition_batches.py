@@ -29,7 +29,8 @@ from ..formats.config import ConfigError, RowRef
 from ..formats.tensor_columns import column_shape, tensor_matrix, value_size
 from ..health.progress import Progress
 from ..health.store_ops import StoreOp
-from ..formats.manifest import ShardManifest, ShardSchema
+from ..formats.manifest import ByteRange, ShardManifest, ShardSchema
+from .host_ranges import HostRanges
 from .partition_stream import StreamedPartition
 from . import stream_deal
 from .stream_deal import Ranges
@@ -42,6 +43,9 @@ SHUFFLE_WINDOW = 4
 # and one connection seldom fills a link alone. One after another, a window of a user's size took twice as long
 # through the real-size bench's link as the link's bandwidth allows (elastic_recovery_real_size.md).
 FETCHES_IN_FLIGHT = SHUFFLE_WINDOW
+# Windows a reader holds: the one its rank trains on and the next, loading (what a restart reads first, and what
+# host_ranges.py keeps of its reads).
+WINDOWS_HELD = 2
 # Files a window's store operation names one by one (more are counted).
 NAMED_FILES = 3
 # A stream whose decoded rows take at most this is decoded once and kept, not streamed each epoch: about the
@@ -194,13 +198,17 @@ class PartitionBatches:
     has to wait for one, it waits through `progress` (the store is judged, not the thread).
 
     placement: where a subclass puts the batches (data.py: devices.py's Placement); unused here.
-    skip_rows: rows never served (the job config's skip_rows); those of other partitions are ignored here."""
+    skip_rows: rows never served (the job config's skip_rows); those of other partitions are ignored here.
+    host_ranges: where the ranges read are kept on this host for a restart, and read from when kept (an
+    elastic DDP job's, host_ranges.py); `first_ranges` says which a commit pins."""
 
     def __init__(self, store: ObjectStore, manifest: ShardManifest, rank: int, world_size: int, batch_size: int,
                  window: int = SHUFFLE_WINDOW, placement: Any = None,
-                 progress: Progress | None = None, skip_rows: Sequence[RowRef] = ()):
+                 progress: Progress | None = None, skip_rows: Sequence[RowRef] = (),
+                 host_ranges: HostRanges | None = None):
         self.progress = progress or Progress()
         self._store = store
+        self._host_ranges = host_ranges
         self._sources: dict[int, StreamedPartition] = {}
         # One stream over every file, dealt to the world: the rank is not in the order.
         self.entries = manifest.partitions
@@ -242,6 +250,7 @@ class PartitionBatches:
         self._closed = threading.Event()
         # (seed, epoch, window start, this rank's spans of it), its load
         self._ahead: tuple[tuple, "_Pending"] | None = None
+        self._epoch_windows: tuple[tuple[int, int], list[Window]] | None = None  # the last (seed, epoch)'s
 
     def __len__(self) -> int:
         return self.rows
@@ -274,11 +283,11 @@ class PartitionBatches:
         if file not in self._sources:
             entry = self.entries[file]
             if moved is not None:
-                self._sources[file] = StreamedPartition(self._store, entry, moved)
+                self._sources[file] = StreamedPartition(self._store, entry, moved, self._host_ranges)
                 return self._sources[file]
             opening = StoreOp(f"read of {entry.key}'s index", self._store.uri, None)
             with self.progress.waiting(opening):
-                self._sources[file] = StreamedPartition(self._store, entry, opening.moved)
+                self._sources[file] = StreamedPartition(self._store, entry, opening.moved, self._host_ranges)
             opening.finish()
         return self._sources[file]
 
@@ -363,6 +372,9 @@ class PartitionBatches:
             if self._closed.is_set():
                 raise TransferCancelled("the window's read: the reader was closed") from None
             raise
+        if self._host_ranges is not None:  # for the workers a restart brings, before anything can fail here
+            self._host_ranges.keep([*((self.entries[f].footer, sources[f].footer) for f in by_file),
+                                    *((self._range(b), fetched[b]) for b in wanted)])
         tables, start, at = [], {}, 0
         for file, mine in by_file.items():
             tables.append(sources[file].table({self.blocks[b].group: fetched[b] for b in mine}, self._columns))
@@ -372,6 +384,27 @@ class PartitionBatches:
         if [start[b] for b in blocks] == sorted(start.values()):
             return table, None
         return table, np.concatenate([np.arange(start[b], start[b] + self.blocks[b].rows) for b in blocks])
+
+    def _range(self, block: int) -> ByteRange:
+        """Block `block`'s row group, as the manifest lists it."""
+        return self.entries[self.blocks[block].file].row_groups[self.blocks[block].group]
+
+    def first_ranges(self, seed: int, cursor: Cursor, windows: int = WINDOWS_HELD) -> list[ByteRange]:
+        """What a reader of this rank at `cursor` reads first: the row groups of its first `windows` windows
+        (all of them for a stream decoded once and kept) and their files' footers. A commit pins them on the
+        host (host_ranges.py), so the workers restarted from it read them from memory."""
+        if self._keep_decoded:
+            blocks: list[int] = list(range(len(self.blocks)))
+        else:
+            first: list[Window] = []
+            for w, _, _ in self._pieces(seed, cursor):
+                if w not in first:
+                    first.append(w)
+                if len(first) == windows:
+                    break
+            blocks = [b for w in first for b in w.groups]
+        files = sorted({self.blocks[b].file for b in blocks})
+        return [*(self.entries[f].footer for f in files), *(self._range(b) for b in blocks)]
 
     def _ids(self, blocks: Sequence[int]) -> np.ndarray:
         """(file, row in file) of every row of `blocks`, in that order."""
@@ -422,7 +455,7 @@ class PartitionBatches:
     def _pieces(self, seed: int, cursor: Cursor) -> list[tuple[Window, int, int]]:
         """(window, first, end) of every window this rank reads from the cursor on, in stream order: rows
         [first, end) of the permuted window are this rank's."""
-        windows = epoch_windows(self.group_rows, seed, cursor.epoch, self.window)
+        windows = self._windows(seed, cursor.epoch)
         run = self._run(cursor)
         skip = cursor.batch * self.batch_size
         mine = stream_deal.cut(run, skip, stream_deal.length(run) - skip)
@@ -433,6 +466,13 @@ class PartitionBatches:
                 if lo < hi:
                     out.append((w, lo - w.start, hi - w.start))
         return out
+
+    def _windows(self, seed: int, epoch: int) -> list[Window]:
+        """epoch_windows of this stream, the last epoch's kept: a commit's first_ranges asks for the epoch the
+        loop is in, whose windows (with their rows' orders) are otherwise made anew each time."""
+        if self._epoch_windows is None or self._epoch_windows[0] != (seed, epoch):
+            self._epoch_windows = ((seed, epoch), epoch_windows(self.group_rows, seed, epoch, self.window))
+        return self._epoch_windows[1]
 
     def _load_ahead(self, seed: int, cursor: Cursor) -> "_Pending | None":
         """Start loading the cursor's first window for the batches() call that comes next, so no epoch starts
@@ -535,7 +575,7 @@ class PartitionBatches:
     def _empty(self, seed: int, epoch: int, loaded) -> tuple[Any, Any]:
         """A micro-batch of no rows, shaped as the others (from the last window loaded, or the epoch's first)."""
         if loaded is None:
-            first = epoch_windows(self.group_rows, seed, epoch, self.window)[0]
+            first = self._windows(seed, epoch)[0]
             loaded = (first, self._wait(self._submit(first, ())))
         x, y = loaded[1].x, loaded[1].y
         return x[:0], y[:0]

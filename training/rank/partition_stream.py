@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from ..formats.manifest import ManifestError, PartitionEntry
 from ..formats.partition_index import row_group_span
 from ..store.base import ObjectStore, Progress
+from .host_ranges import HostRanges
 
 # How a source reports what it read: the bytes moved (store_ops.StoreOp.moved), or None.
 Moved = Progress | None
@@ -23,13 +24,20 @@ Moved = Progress | None
 class StreamedPartition:
     """Row groups of one partition file, by number, read from the store a row group at a time: the footer
     once, when opened, then each row group's byte range when asked, checked against the manifest before
-    Parquet decodes a byte of it."""
+    Parquet decodes a byte of it.
 
-    def __init__(self, store: ObjectStore, entry: PartitionEntry, moved: Moved = None):
-        self._store, self._entry = store, entry
+    host_ranges: the ranges kept on this host (an elastic DDP job's, host_ranges.py), read from there when a
+    rank kept them; `footer` is then the footer's bytes, for the reader to keep again."""
+
+    def __init__(self, store: ObjectStore, entry: PartitionEntry, moved: Moved = None,
+                 host_ranges: HostRanges | None = None):
+        self._store, self._entry, self._host_ranges = store, entry, host_ranges
         self.key, self.store_uri = entry.key, store.uri
-        footer = store.get_range(entry.key, entry.footer.offset, entry.footer.length, progress=moved)
-        entry.footer.check(footer, f"the footer of partition {entry.key!r}")
+        footer = host_ranges.get(entry.footer) if host_ranges is not None else None
+        if footer is None:
+            footer = store.get_range(entry.key, entry.footer.offset, entry.footer.length, progress=moved)
+            entry.footer.check(footer, f"the footer of partition {entry.key!r}")
+        self.footer = footer if host_ranges is not None else None
         # The footer alone, behind a leading magic, parses as the file's metadata (offsets into the real file).
         self.metadata = pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
         if self.metadata.num_row_groups != len(entry.row_groups):
@@ -42,9 +50,11 @@ class StreamedPartition:
         self.group_rows = [self.metadata.row_group(g).num_rows for g in range(self.metadata.num_row_groups)]
 
     def fetch(self, group: int, moved: Moved = None) -> bytes:
-        """Row group `group`'s bytes (one ranged read), checked against the manifest: safe from several
-        threads at once, so a window's row groups can be in flight together."""
+        """Row group `group`'s bytes (one ranged read, or the host's kept copy), checked against the manifest:
+        safe from several threads at once, so a window's row groups can be in flight together."""
         listed = self._entry.row_groups[group]
+        if self._host_ranges is not None and (kept := self._host_ranges.get(listed)) is not None:
+            return kept
         data = self._store.get_range(self.key, listed.offset, listed.length, progress=moved)
         listed.check(data, f"row group {group} of partition {self.key!r}")
         return data

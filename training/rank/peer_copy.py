@@ -10,6 +10,8 @@ state from a host that survived instead of from the store.
                 whole copies only
     beat        `beat`: the last step a worker of this host ended and when, written in place every step (an
                 mmap, no system call): after a restart it says how many steps the death cost and roughly when
+    ranges      `ranges/rank-<rank>/`: the byte ranges each rank read from the store, for the restarted
+                workers' first windows (host_ranges.py)
     ended       `ended`: the exit code of a rank that ended on purpose (a verdict): the restart torchrun makes
                 anyway ends at once with it, so the failure policy still sees the verdict, not a fresh try
     choice      the newest of the hosts' copies and the store's newest checkpoint (a copy on equal steps: it

@@ -73,8 +73,10 @@ class Trainer(RankRun):
                  start: RankStart | None = None, elastic=None):
         """callbacks: more callbacks on the loop, after fault injection and before the built-in ones.
         start: begun by main() before the engine's rendezvous; else begun here.
-        elastic: the elastic job's run (rank/elastic.py's ElasticRun) this trainer is a round of: it resumes
-        from the workers' newest commit when there is one, and commits every elastic.commit_every_steps."""
+        elastic: the elastic job's run (rank/elastic.py's ElasticRun, ddp_elastic.py's PeerCopyRun) this trainer
+        is a round of: it resumes from the workers' newest commit when there is one (without rank 0's broadcast
+        where every rank restored the same one: `restored_alike`), reads through its `host_ranges`, and commits
+        every elastic.commit_every_steps."""
         self.cfg, self.engine, self.elastic = cfg, engine, elastic
         self.rank, self.size = engine.rank, engine.size
         self.step, self.cursor, self.resumed_from, self.last_loss = 0, Cursor(), None, float("nan")
@@ -86,17 +88,15 @@ class Trainer(RankRun):
         self.checkpointing: Checkpointing | None = None
         self.health_log: HealthLog | None = None
         manifest_store, manifest = self._open(cfg, start)
-        progress, guard = self.progress, self.guard
         # The engine chose this rank's device and precision when it started (devices.py).
-        placement = engine.placement
         self.data = PartitionData(manifest_store, manifest, self.rank, self.size, cfg.batch_size,
-                                  placement=placement, progress=progress, skip_rows=cfg.skip_rows)
+                                  placement=engine.placement, progress=self.progress, skip_rows=cfg.skip_rows,
+                                  host_ranges=elastic.host_ranges if elastic is not None else None)
         if self.data.batches_per_epoch == 0:
             raise ValueError(f"batch_size {cfg.batch_size} exceeds the partition's {self.data.rows} rows")
         torch.manual_seed(cfg.seed)
-        schema = manifest.schema
         self.model, self.loss_fn = self._new_model()
-        progress.phase(RESTORE)
+        self.progress.phase(RESTORE)
         commit = elastic.state.committed if elastic is not None else None
         if commit is not None:  # a later round of an elastic job: the survivors' commit, as a checkpoint
             from .commits import as_found
@@ -104,6 +104,19 @@ class Trainer(RankRun):
             found = as_found(commit)
         else:
             found = self._find_checkpoint()
+        resumes_at = found[1].resume_cursor if found is not None else Cursor()
+        if resumes_at.epoch < cfg.epochs:  # the first window loads while the model is distributed and restored
+            self.data.prefetch(cfg.seed, resumes_at)
+        try:
+            self._set_up(cfg, engine, callbacks, elastic, commit, found)
+        except BaseException:
+            self.data.close()  # its first window loading: a set-up that failed (a peer gone meanwhile) reads no more
+            raise
+
+    def _set_up(self, cfg: JobConfig, engine: Engine, callbacks: Sequence[Callback], elastic, commit, found) -> None:
+        """The rest of __init__, once the state to resume from is found and its first window loads: the model
+        distributed and restored, the loop's callbacks made."""
+        progress, guard, placement, schema = self.progress, self.guard, engine.placement, self.manifest.schema
         # Before the optimizer is distributed: a resume on another world size changes the accumulation.
         self.world_size_change = self._plan_world_size(found)
         engine.accumulation_steps = self.world_size_change.accumulation_steps
@@ -112,7 +125,8 @@ class Trainer(RankRun):
             self._restore(*found)
         if commit is not None:
             self.resumed_from = elastic.resumed_from  # the attempt's, from the run folder
-        engine.broadcast_state(self.model, self.optimizer)
+        if commit is None or not elastic.restored_alike:
+            engine.broadcast_state(self.model, self.optimizer)
         engine.restore_replica_optimizer(self.optimizer, self.replica_optimizers)
         # After which steps every rank's replica agrees (all, unless local SGD): where checksums are compared
         # and checkpoints taken.
@@ -253,7 +267,7 @@ class Trainer(RankRun):
         scaler = self.engine.precision.scaler
         if scaler is not None and state.grad_scaler:  # fp16 goes on with its loss scale (not from fp32/bf16)
             scaler.load_state_dict(state.grad_scaler)
-        self.cursor, self.step = Cursor(*state.cursor, state.remaining), state.step
+        self.cursor, self.step = state.resume_cursor, state.step
         self.replica_optimizers = state.replica_optimizers
         torch.set_rng_state(state.torch_rng)
         self.resumed_from = loaded.manifest.name
@@ -373,7 +387,6 @@ class Trainer(RankRun):
         if self.resumed_from is not None and self.cursor.epoch >= cfg.epochs:
             self.say_memory()
             return self.finish_finished()
-        self.data.prefetch(cfg.seed, self.cursor)  # the first window loads while the loop is set up
         self.say_memory()
         self.loop = TrainingLoop(self.engine, self.engine.training_model(self.model), self.loss_fn, self.optimizer, self.data, cfg.epochs,
                                  cfg.seed, cfg.health.stop_on_degraded, self.callbacks, step=self.step,

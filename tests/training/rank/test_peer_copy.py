@@ -97,6 +97,31 @@ def test_a_copy_is_written_whole_keeps_only_the_newest_and_reads_back(tmp_path):
     assert remove(str(tmp_path)) and not remove(str(tmp_path))
 
 
+def test_a_copy_that_fails_to_be_written_removes_the_kept_ranges_and_is_written_again(tmp_path, monkeypatch):
+    """The host's copy comes first (rank/host_ranges.py): the ranks' kept ranges give way to it."""
+    from ringflow.training.rank import ddp_elastic
+    from ringflow.training.rank.commits import Commit
+    from ringflow.training.rank.host_ranges import GIVEN_WAY, rank_folder
+    from ringflow.training.rank.training_state import TrainingState
+
+    os.makedirs(rank_folder(str(tmp_path), 1))
+    write, failed = ddp_elastic.write_copy, []
+
+    def full_once(folder, commit):
+        if not failed:
+            failed.append(os.listdir(rank_folder(folder, 1)))
+            raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+        return write(folder, commit)
+
+    monkeypatch.setattr(ddp_elastic, "write_copy", full_once)
+    state = TrainingState(model={"w": torch.ones(3)}, optimizer={"state": {}, "param_groups": []}, cursor=(0, 0),
+                          step=5, torch_rng=torch.get_rng_state())
+    writer = ddp_elastic.CopyWriter(str(tmp_path))
+    writer.submit(Commit(state, {"step": 5}))
+    assert writer.wait(30) and writer.written_step == 5 and writer.failure is None
+    assert failed == [[]] and os.listdir(tmp_path / "ranges") == [GIVEN_WAY] and copy_name(5) in os.listdir(tmp_path)
+
+
 def test_a_deliberate_end_is_noted_for_the_restart_to_end_with(tmp_path):
     from ringflow.training.rank.peer_copy import read_end, write_end
 

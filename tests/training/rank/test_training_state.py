@@ -72,6 +72,22 @@ def test_fp16_loss_scale_is_kept_with_weights_only_and_restores_a_scaler():
     assert resumed.get_scale() == 2.0**19
 
 
+def test_a_state_file_loads_from_its_path_as_from_its_bytes_and_a_planted_one_is_refused(tmp_path):
+    """from_file: a host's peer copy (rank/ddp_elastic.py) read straight from the memory disk, with the same
+    weights_only loader."""
+    state, path = _real_state(), tmp_path / STATE_FILE
+    state.save(str(path))
+    loaded = TrainingState.from_file(str(path))
+    assert (loaded.cursor, loaded.step) == ((2, 5), 17)
+    torch.testing.assert_close(loaded.model, state.model)
+    torch.testing.assert_close(loaded.optimizer["state"], state.optimizer["state"])
+    marker, planted = tmp_path / "pwned", tmp_path / "planted.pt"
+    planted.write_bytes(_planted_state(marker))
+    with pytest.raises(UnsafeCheckpoint, match=r"refused to load .*planted\.pt.*nothing in it was run"):
+        TrainingState.from_file(str(planted))
+    assert not marker.exists()
+
+
 def test_a_planted_pickle_is_refused_and_runs_nothing(tmp_path):
     marker = tmp_path / "pwned"
     planted = _planted_state(marker)
