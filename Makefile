@@ -46,7 +46,7 @@ bench: setup
 	$(PY) -m bench.elastic_recovery --repeats 3
 	$(PY) -m bench.elastic_recovery --repeats 3 --commits-only --out elastic_commits
 	$(PY) -m bench.elastic_recovery --real-size --out elastic_recovery_real_size
-	$(PY) -m bench.elastic_recovery --real-size --engine ddp --repeats 2 --out elastic_recovery_real_size-ddp
+	$(PY) -m bench.elastic_recovery --real-size --engine ddp --out elastic_recovery_real_size-ddp
 	$(PY) -m bench.ddp_restart_recovery --repeats 3
 	$(PY) -m bench.data_memory  # last: it needs root (memory cgroups)
 
